@@ -1,0 +1,65 @@
+# Tessera — two commands on a fresh machine: `make up` runs the cluster, `make test` tests it.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# pip's configured extra indexes print a warning per package when absent; keep the output readable.
+QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
+APT_PACKAGES := redis-server prometheus prometheus-alertmanager
+
+.PHONY: help deps venv lint typecheck unit integration e2e test up clean
+
+help:
+	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
+	@echo "make test    install everything needed, then lint, type-check and run every test"
+
+## System packages: real server binaries from Debian, installed only when missing.
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  $$SUDO systemctl disable --now redis-server prometheus prometheus-alertmanager 2>/dev/null || true; \
+	fi
+
+## The virtualenv, rebuilt only when pyproject.toml changes.
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e ".[dev]" 2>&1 | $(QUIET_PIP)
+	@touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check libs services tests bench
+	$(BIN)/ruff format --check libs services tests bench
+
+typecheck: venv
+	$(BIN)/mypy libs services
+
+unit: deps venv
+	$(BIN)/pytest -q tests/unit
+
+integration: deps venv
+	$(BIN)/pytest -q tests/integration
+
+e2e: deps venv
+	$(BIN)/pytest -q tests/e2e
+
+test: deps venv lint typecheck
+	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
+
+up: deps venv
+	$(BIN)/tessera up
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Tessera's shared code: contracts, the pure scheduling core, runtime helpers and the CLI."""

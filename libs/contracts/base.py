@@ -1,0 +1,68 @@
+"""Base wire model and the token types shared by every contract.
+
+Every message on the wire is a frozen pydantic model that forbids unknown fields and rejects
+NaN/infinity, so a malformed message fails at the edge with an error naming the field.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+#: Subject-safe identifier: letters, digits, ``_`` and ``-`` (no dots or wildcards), 1–64 chars.
+TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+DeviceId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+RequestId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+DeploymentId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
+
+#: Unix time in seconds. Bounded so that a garbage timestamp is refused, not stored.
+Timestamp = Annotated[float, Field(ge=0.0, le=1e11)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+#: Physically possible temperatures for a device that still reports (°C).
+TemperatureC = Annotated[float, Field(ge=-60.0, le=200.0)]
+
+
+class WireModel(BaseModel):
+    """Frozen, closed, finite: the base of every message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class DeviceClass(StrEnum):
+    PHONE = "phone"
+    LAPTOP = "laptop"
+    WATCH = "watch"
+    WORKSTATION = "workstation"
+    EDGE_SERVER = "edge_server"
+    CLOUD_GPU = "cloud_gpu"
+
+    @property
+    def is_mobile(self) -> bool:
+        """Mobile classes throttle at 85 °C, the others at 95 °C (design: heat limits)."""
+        return self in (DeviceClass.PHONE, DeviceClass.WATCH, DeviceClass.LAPTOP)
+
+
+class MemoryType(StrEnum):
+    LPDDR4 = "lpddr4"
+    DDR4 = "ddr4"
+    DDR5 = "ddr5"
+    LPDDR5 = "lpddr5"
+    GDDR6 = "gddr6"
+    HBM = "hbm"
+
+
+class Mode(StrEnum):
+    """Scheduling modes (design, DWPS)."""
+
+    PERFORMANCE = "performance"
+    ENERGY = "energy"
+    BALANCED = "balanced"
+
+
+class DeviceState(StrEnum):
+    ALIVE = "alive"
+    FAILED = "failed"

@@ -1,0 +1,165 @@
+"""Every NATS subject Tessera uses, each bound to the one model it carries.
+
+This is the only place subject strings are written. A ``Channel`` renders its subject from
+validated tokens, gives the wildcard a consumer subscribes to, and encodes/decodes its model.
+Subjects are versioned (``tessera.v1.…``); a breaking change to a model gets a new channel.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from libs.contracts.base import TOKEN_PATTERN
+from libs.contracts.control import ModeChange, SchedulerCheckpoint
+from libs.contracts.device import (
+    DeviceAnnounce,
+    DeviceFailed,
+    DeviceRecovered,
+    DvfsHint,
+    Heartbeat,
+    ScoreUpdate,
+    TelemetrySample,
+)
+from libs.contracts.work import (
+    GenerationRequest,
+    PlacementDecision,
+    PlacementRequest,
+    ShardTask,
+    TokenChunk,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Largest message any consumer accepts (bytes); nats-server's default max payload is 1 MiB.
+MAX_MESSAGE_BYTES = 1024 * 1024
+
+_TOKEN = re.compile(TOKEN_PATTERN)
+
+
+class ContractError(ValueError):
+    """A message that does not fit its contract. ``reason`` is short and bounded, for counting."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Channel(Generic[M]):
+    """A subject template (``{name}`` placeholders are single tokens) and its message model."""
+
+    name: str
+    template: str
+    model: type[M]
+    #: JetStream stream that persists this channel, if any.
+    stream: str | None = None
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(f for _, f, _, _ in string.Formatter().parse(self.template) if f)
+
+    def subject(self, **tokens: str) -> str:
+        """The concrete subject. Raises ``ContractError`` on a missing or unsafe token."""
+        if set(tokens) != set(self.params):
+            raise ContractError("bad_subject", f"{self.name} needs tokens {self.params}")
+        for key, value in tokens.items():
+            if not _TOKEN.match(value):
+                raise ContractError("bad_subject", f"{key}={value!r} is not a subject token")
+        return self.template.format(**tokens)
+
+    @property
+    def wildcard(self) -> str:
+        """The subject with every placeholder replaced by ``*``: what a consumer subscribes to."""
+        return self.template.format(**{p: "*" for p in self.params})
+
+    def encode(self, message: M) -> bytes:
+        if not isinstance(message, self.model):
+            raise TypeError(f"{self.name} carries {self.model.__name__}, got {type(message)}")
+        return message.model_dump_json(exclude_defaults=False).encode()
+
+    def decode(self, data: bytes) -> M:
+        """Parse and validate. Raises ``ContractError`` whose detail names the failing fields."""
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ContractError("too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+        try:
+            return self.model.model_validate_json(data)
+        except ValidationError as exc:
+            raise ContractError(_reason(exc), _describe(exc)) from None
+
+    def token_of(self, subject: str, param: str) -> str:
+        """Read one placeholder's value back out of a concrete subject."""
+        parts = self.template.split(".")
+        index = parts.index("{" + param + "}")
+        return subject.split(".")[index]
+
+
+def _reason(exc: ValidationError) -> str:
+    kinds = {e["type"] for e in exc.errors()}
+    if "json_invalid" in kinds or "json_type" in kinds:
+        return "malformed_json"
+    if kinds & {"extra_forbidden", "missing"}:
+        return "wrong_fields"
+    if any(k.endswith("_type") or k.endswith("_parsing") for k in kinds):
+        return "wrong_type"
+    return "out_of_range"
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "<message>"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+ANNOUNCE = Channel("announce", "tessera.v1.device.announce.{device_id}", DeviceAnnounce)
+TELEMETRY = Channel("telemetry", "tessera.v1.telemetry.{device_id}", TelemetrySample)
+HEARTBEAT = Channel("heartbeat", "tessera.v1.heartbeat.{device_id}", Heartbeat)
+SCORE = Channel("score", "tessera.v1.score.{device_id}", ScoreUpdate)
+DEVICE_FAILED = Channel("device_failed", "tessera.v1.device.failed.{device_id}", DeviceFailed)
+DEVICE_RECOVERED = Channel(
+    "device_recovered", "tessera.v1.device.recovered.{device_id}", DeviceRecovered
+)
+DVFS_HINT = Channel("dvfs_hint", "tessera.v1.hint.dvfs.{device_id}", DvfsHint)
+PLACEMENT_REQUEST = Channel("placement_request", "tessera.v1.placement.request", PlacementRequest)
+PLACEMENT_DECISION = Channel(
+    "placement_decision", "tessera.v1.placement.decision.{task_id}", PlacementDecision
+)
+SHARD_TASK = Channel("shard_task", "tessera.v1.work.{device_id}", ShardTask, stream="TESSERA_WORK")
+GENERATION = Channel(
+    "generation", "tessera.v1.generate.{deployment_id}.{device_id}", GenerationRequest
+)
+TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}", TokenChunk)
+MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
+CHECKPOINT = Channel(
+    "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
+)
+
+ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
+    ANNOUNCE,
+    TELEMETRY,
+    HEARTBEAT,
+    SCORE,
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    DVFS_HINT,
+    PLACEMENT_REQUEST,
+    PLACEMENT_DECISION,
+    SHARD_TASK,
+    GENERATION,
+    TOKENS,
+    MODE_CHANGE,
+    CHECKPOINT,
+)  # type: ignore[assignment]
+
+#: JetStream streams and the subjects each persists.
+STREAMS: dict[str, tuple[str, ...]] = {
+    "TESSERA_WORK": (SHARD_TASK.wildcard,),
+    "TESSERA_STATE": (CHECKPOINT.wildcard,),
+}

@@ -1,0 +1,42 @@
+"""Control-plane messages: mode changes and the scheduler's checkpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from libs.contracts.base import Mode, Timestamp, WireModel
+from libs.contracts.work import Assignment, PlacementDecision, PlacementRequest
+
+CHECKPOINT_SCHEMA_VERSION = 1  # the Literal on SchedulerCheckpoint.schema_version
+
+
+class ModeChange(WireModel):
+    mode: Mode
+    previous: Mode
+    manual: bool
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    ts: Timestamp
+
+
+class DeploymentState(WireModel):
+    deployment_id: str
+    model: str
+    epoch: Annotated[int, Field(ge=0)]
+    context_length: Annotated[int, Field(ge=1)]
+    assignments: tuple[Assignment, ...]
+
+
+class SchedulerCheckpoint(WireModel):
+    """Everything the scheduler needs to resume after a restart (design: fast recovery)."""
+
+    schema_version: Literal[1] = 1
+    ts: Timestamp
+    mode: Mode
+    policy: str
+    weights: dict[str, Annotated[float, Field(ge=0.0, le=100.0)]]
+    deployments: tuple[DeploymentState, ...] = ()
+    placements: tuple[PlacementDecision, ...] = ()
+    queue: tuple[PlacementRequest, ...] = ()
+    counters: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)

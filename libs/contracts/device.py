@@ -1,0 +1,141 @@
+"""Device-side messages: announce, telemetry, heartbeat, score updates, failure and recovery."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from libs.contracts.base import (
+    DeviceClass,
+    DeviceId,
+    Fraction,
+    MemoryType,
+    Mode,
+    TemperatureC,
+    Timestamp,
+    WireModel,
+)
+
+NonNegative = Annotated[float, Field(ge=0.0)]
+MemoryGb = Annotated[float, Field(ge=0.0, le=65536.0)]
+PowerW = Annotated[float, Field(ge=0.0, le=100_000.0)]
+
+
+class Capabilities(WireModel):
+    """What a device can do, measured (calibration) or declared (emulated class).
+
+    Units are in the field names. ``delta_t_c`` is the temperature rise at full load over the
+    current temperature (°C per unit of task intensity, design: thermal prediction).
+    """
+
+    fp32_tflops: Annotated[float, Field(ge=0.0, le=100_000.0)]
+    int8_tops: Annotated[float, Field(ge=0.0, le=100_000.0)]
+    memory_bandwidth_gbps: Annotated[float, Field(ge=0.0, le=100_000.0)]
+    memory_total_gb: Annotated[float, Field(gt=0.0, le=65536.0)]
+    memory_type: MemoryType
+    typical_power_w: Annotated[float, Field(gt=0.0, le=100_000.0)]
+    max_power_w: Annotated[float, Field(gt=0.0, le=100_000.0)]
+    thermal_limit_c: Annotated[float, Field(ge=40.0, le=150.0)]
+    delta_t_c: Annotated[float, Field(ge=0.0, le=150.0)]
+    has_battery: bool
+    gpu_count: Annotated[int, Field(ge=0, le=1024)] = 0
+    network_bandwidth_mbps: Annotated[float, Field(ge=0.0, le=1_000_000.0)]
+
+    @model_validator(mode="after")
+    def _power_order(self) -> Capabilities:
+        if self.max_power_w < self.typical_power_w:
+            raise ValueError("max_power_w must be at least typical_power_w")
+        return self
+
+
+class DeviceAnnounce(WireModel):
+    """Sent once when an agent starts (and again on request) with the device's static facts."""
+
+    device_id: DeviceId
+    device_class: DeviceClass
+    capabilities: Capabilities
+    emulated: bool
+    ts: Timestamp
+
+
+class GpuSample(WireModel):
+    utilisation: Fraction
+    memory_used_gb: MemoryGb
+    memory_total_gb: MemoryGb
+    power_w: PowerW
+    temperature_c: TemperatureC
+
+
+class TelemetrySample(WireModel):
+    """A periodic measurement of one device (default every 5 s). Counts as a heartbeat too."""
+
+    device_id: DeviceId
+    seq: Annotated[int, Field(ge=0)]
+    ts: Timestamp
+    cpu_utilisation: Fraction
+    memory_total_gb: Annotated[float, Field(gt=0.0, le=65536.0)]
+    memory_available_gb: MemoryGb
+    power_w: PowerW
+    temperature_c: TemperatureC
+    battery_percent: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    plugged: bool | None = None
+    network_rtt_ms: Annotated[float, Field(ge=0.0, le=600_000.0)]
+    network_bandwidth_mbps: Annotated[float, Field(ge=0.0, le=1_000_000.0)]
+    running_tasks: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    queue_depth: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    measured_tokens_per_s: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
+    energy_j: NonNegative | None = None
+    frequency_scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    gpu: GpuSample | None = None
+
+    @model_validator(mode="after")
+    def _memory_fits(self) -> TelemetrySample:
+        if self.memory_available_gb > self.memory_total_gb:
+            raise ValueError("memory_available_gb exceeds memory_total_gb")
+        return self
+
+
+class Heartbeat(WireModel):
+    device_id: DeviceId
+    seq: Annotated[int, Field(ge=0)]
+    ts: Timestamp
+
+
+class ScoreUpdate(WireModel):
+    """The five capability dimensions and their weighted total, each in [0, 1] (design §2)."""
+
+    device_id: DeviceId
+    device_class: DeviceClass
+    ts: Timestamp
+    mode: Mode
+    compute: Fraction
+    memory: Fraction
+    efficiency: Fraction
+    network: Fraction
+    stability: Fraction
+    total: Fraction
+
+
+class DeviceFailed(WireModel):
+    """A device missed ``missed_heartbeats`` heartbeats in a row (3 by default)."""
+
+    device_id: DeviceId
+    ts: Timestamp
+    last_seen_ts: Timestamp
+    missed_heartbeats: Annotated[int, Field(ge=1)]
+
+
+class DeviceRecovered(WireModel):
+    device_id: DeviceId
+    ts: Timestamp
+    down_for_s: NonNegative
+
+
+class DvfsHint(WireModel):
+    """A frequency hint: ``frequency_scale`` of the device's nominal clock, in (0, 1]."""
+
+    device_id: DeviceId
+    ts: Timestamp
+    frequency_scale: Annotated[float, Field(gt=0.0, le=1.0)]
+    reason: Annotated[str, Field(min_length=1, max_length=200)]

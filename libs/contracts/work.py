@@ -1,0 +1,196 @@
+"""Work messages: placement requests and decisions, shard tasks, generation and token streams."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from libs.contracts.base import (
+    DeploymentId,
+    DeviceId,
+    Fraction,
+    Mode,
+    ModelName,
+    RequestId,
+    Timestamp,
+    WireModel,
+)
+
+Count = Annotated[int, Field(ge=0, le=10_000_000)]
+JsonScalar = str | int | float | bool | None
+
+
+class Demand(WireModel):
+    """What a task needs along the five capability dimensions, each in [0, 1].
+
+    The scheduler matches it against a device's capability vector by cosine similarity, so
+    only its direction matters; an all-zero demand is refused because it has no direction.
+    """
+
+    compute: Fraction
+    memory: Fraction
+    efficiency: Fraction
+    network: Fraction
+    stability: Fraction
+
+    @model_validator(mode="after")
+    def _not_zero(self) -> Demand:
+        if self.compute + self.memory + self.efficiency + self.network + self.stability == 0:
+            raise ValueError("demand must not be all zero")
+        return self
+
+
+class InferenceRequest(WireModel):
+    kind: Literal["inference"] = "inference"
+    request_id: RequestId
+    model: ModelName
+    prompt_tokens: Annotated[int, Field(ge=0, le=1_000_000)]
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)]
+    urgency: Fraction = 0.5
+    source: Annotated[str, Field(max_length=200)] = ""
+    deadline_ts: Timestamp | None = None
+    demand: Demand | None = None
+
+
+class ModelDeployment(WireModel):
+    kind: Literal["deployment"] = "deployment"
+    deployment_id: DeploymentId
+    model: ModelName
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+    urgency: Fraction = 0.5
+
+
+class BatchJob(WireModel):
+    kind: Literal["job"] = "job"
+    job_id: RequestId
+    task_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.]{1,128}$")]
+    work_gflop: Annotated[float, Field(gt=0.0, le=1e15)]
+    memory_gb: Annotated[float, Field(ge=0.0, le=65536.0)]
+    gpus: Annotated[int, Field(ge=0, le=1024)] = 0
+    urgency: Fraction = 0.5
+    deadline_ts: Timestamp | None = None
+    args: dict[Annotated[str, Field(max_length=64)], JsonScalar] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+Task = Annotated[InferenceRequest | ModelDeployment | BatchJob, Field(discriminator="kind")]
+
+
+class PlacementRequest(WireModel):
+    """Ask the scheduler to place one task; it is decided in the next decision cycle."""
+
+    task: Task
+    ts: Timestamp
+
+    @property
+    def task_id(self) -> str:
+        task = self.task
+        if isinstance(task, InferenceRequest):
+            return task.request_id
+        if isinstance(task, ModelDeployment):
+            return task.deployment_id
+        return task.job_id
+
+
+class Assignment(WireModel):
+    """One device's part of a placement. Layers are the half-open range [layer_start, layer_end)."""
+
+    device_id: DeviceId
+    shard_index: Annotated[int, Field(ge=0)] = 0
+    layer_start: Annotated[int, Field(ge=0)] = 0
+    layer_end: Annotated[int, Field(ge=0)] = 0
+    memory_gb: Annotated[float, Field(ge=0.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _range(self) -> Assignment:
+        if self.layer_end < self.layer_start:
+            raise ValueError("layer_end must not be below layer_start")
+        return self
+
+
+class PlacementDecision(WireModel):
+    """The scheduler's answer: where the task goes, or why it could not be placed."""
+
+    task_id: RequestId
+    kind: Literal["inference", "deployment", "job"]
+    placed: bool
+    assignments: tuple[Assignment, ...] = ()
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+    policy: Annotated[str, Field(max_length=64)]
+    mode: Mode
+    epoch: Annotated[int, Field(ge=0)] = 0
+    ts: Timestamp
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlacementDecision:
+        if self.placed and not self.assignments:
+            raise ValueError("a placed decision needs at least one assignment")
+        if not self.placed and not self.reason:
+            raise ValueError("an unplaced decision needs a reason")
+        return self
+
+
+class ShardTask(WireModel):
+    """Tells a worker to load (or drop) one shard of a deployment. ``epoch`` grows on migration."""
+
+    action: Literal["load", "unload"]
+    deployment_id: DeploymentId
+    model: ModelName
+    device_id: DeviceId
+    shard_index: Annotated[int, Field(ge=0)]
+    shard_count: Annotated[int, Field(ge=1)]
+    layer_start: Annotated[int, Field(ge=0)]
+    layer_end: Annotated[int, Field(ge=1)]
+    next_device_id: DeviceId | None = None
+    epoch: Annotated[int, Field(ge=0)]
+    ts: Timestamp
+
+    @model_validator(mode="after")
+    def _shape(self) -> ShardTask:
+        if self.layer_end <= self.layer_start:
+            raise ValueError("layer_end must be above layer_start")
+        if self.shard_index >= self.shard_count:
+            raise ValueError("shard_index must be below shard_count")
+        return self
+
+
+class Sampling(WireModel):
+    max_tokens: Annotated[int, Field(ge=1, le=32_768)] = 256
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(
+        default=(), max_length=4
+    )
+    seed: Annotated[int, Field(ge=0)] | None = None
+
+
+class GenerationRequest(WireModel):
+    """A prompt sent to the first shard of a deployment; tokens come back on the token subject."""
+
+    request_id: RequestId
+    deployment_id: DeploymentId
+    epoch: Annotated[int, Field(ge=0)]
+    prompt_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field(min_length=1)
+    #: Tokens already streamed to the user: a re-run after migration continues after them.
+    generated_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    sampling: Sampling = Sampling()
+    ts: Timestamp
+
+
+class TokenChunk(WireModel):
+    """One streamed token (``index`` counts from 0 per request) or the final chunk."""
+
+    request_id: RequestId
+    index: Count
+    token_id: Annotated[int, Field(ge=0)] | None = None
+    text: Annotated[str, Field(max_length=4096)] = ""
+    finished: bool = False
+    finish_reason: Literal["stop", "length", "cancelled", "error"] | None = None
+    error: Annotated[str, Field(max_length=2000)] | None = None
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    device_id: DeviceId | None = None
+    ts: Timestamp

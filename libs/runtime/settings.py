@@ -1,0 +1,48 @@
+"""Settings, read once at start from the environment and passed down.
+
+Shared values use one name for every service (``TESSERA_NATS_URL``, ``TESSERA_REDIS_URL``,
+``TESSERA_LOG_LEVEL``, ``TESSERA_OTLP_ENDPOINT``); each service's own values carry its prefix
+(``TESSERA_SCHEDULER_CYCLE_MS``, ``TESSERA_GATEWAY_PORT``, …). This is the only module that
+reads the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _shared(name: str) -> AliasChoices:
+    return AliasChoices(name.lower().removeprefix("tessera_"), name)
+
+
+class ServiceSettings(BaseSettings):
+    """What every service needs. Subclasses set ``env_prefix`` to ``TESSERA_<SERVICE>_``."""
+
+    model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore", populate_by_name=True)
+
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=_shared("TESSERA_NATS_URL"))
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", validation_alias=_shared("TESSERA_REDIS_URL")
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", validation_alias=_shared("TESSERA_LOG_LEVEL")
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", validation_alias=_shared("TESSERA_LOG_FORMAT")
+    )
+    otlp_endpoint: str | None = Field(None, validation_alias=_shared("TESSERA_OTLP_ENDPOINT"))
+    #: Port of the service's /metrics and /healthz endpoint; 0 picks a free one, -1 turns it off.
+    metrics_port: int = Field(-1, ge=-1, le=65535)
+
+
+class LauncherSettings(BaseSettings):
+    """Settings of ``tessera up`` (prefix ``TESSERA_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore")
+
+    gateway_port: int = Field(8000, ge=1, le=65535)
+    gateway_host: str = "127.0.0.1"
+    devices: int = Field(6, ge=0, le=100_000)

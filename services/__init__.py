@@ -1,0 +1,1 @@
+"""Tessera's services; each runs as ``python -m services.<name>``."""

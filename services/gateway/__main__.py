@@ -1,0 +1,39 @@
+"""Run the gateway: ``python -m services.gateway``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import uvicorn
+
+from libs.runtime.lifecycle import announce_ready
+from libs.runtime.logs import configure_logging
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySettings
+
+
+async def serve(settings: GatewaySettings) -> None:
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, log_config=None
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        announce_ready("gateway", url=f"http://{settings.host}:{settings.port}")
+    await task
+    if not server.started:
+        raise SystemExit(1)
+
+
+def main() -> int:
+    settings = GatewaySettings()
+    configure_logging("gateway", settings.log_level, settings.log_format)
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

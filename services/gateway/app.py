@@ -1,0 +1,53 @@
+"""The gateway's FastAPI application: health and metrics for now.
+
+Connections are opened in the lifespan and kept on ``app.state``; handlers read them from
+there, so nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.store import connect_redis
+from services.gateway.settings import GatewaySettings
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    registry = CollectorRegistry()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.nats = await connect_nats(settings.nats_url, "gateway")
+        app.state.redis = connect_redis(settings.redis_url)
+        await app.state.redis.ping()
+        try:
+            yield
+        finally:
+            await close_nats(app.state.nats)
+            await app.state.redis.aclose()
+
+    app = FastAPI(title="Tessera gateway", version="0.1.0", lifespan=lifespan)
+    app.state.registry = registry
+
+    @app.get("/healthz", summary="Liveness and dependency health")
+    async def healthz(request: Request) -> JSONResponse:
+        nats_ok = request.app.state.nats.is_connected
+        try:
+            redis_ok = bool(await request.app.state.redis.ping())
+        except Exception:
+            redis_ok = False
+        ok = nats_ok and redis_ok
+        body = {"status": "ok" if ok else "degraded", "nats": nats_ok, "redis": redis_ok}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

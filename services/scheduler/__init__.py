@@ -1,0 +1,1 @@
+"""The scheduler: live placements in decision cycles, migration, checkpoints, modes."""

@@ -1,0 +1,1 @@
+"""The scorer: five-dimension capability scores from telemetry, kept in Redis."""

@@ -1,0 +1,1 @@
+"""Workers: CPU shard workers, the vLLM worker and Celery batch workers."""

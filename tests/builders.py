@@ -1,0 +1,250 @@
+"""Builders of valid messages, with overrides: ``make_telemetry(temperature_c=90)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from libs.contracts import (
+    ANNOUNCE,
+    CHECKPOINT,
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    DVFS_HINT,
+    GENERATION,
+    HEARTBEAT,
+    MODE_CHANGE,
+    PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
+    SCORE,
+    SHARD_TASK,
+    TELEMETRY,
+    TOKENS,
+    Assignment,
+    BatchJob,
+    Capabilities,
+    Channel,
+    DeploymentState,
+    DeviceAnnounce,
+    DeviceClass,
+    DeviceFailed,
+    DeviceRecovered,
+    DvfsHint,
+    GenerationRequest,
+    Heartbeat,
+    InferenceRequest,
+    MemoryType,
+    Mode,
+    ModeChange,
+    ModelDeployment,
+    PlacementDecision,
+    PlacementRequest,
+    SchedulerCheckpoint,
+    ScoreUpdate,
+    ShardTask,
+    TelemetrySample,
+    TokenChunk,
+)
+
+NOW = 1_700_000_000.0
+
+
+def make_capabilities(**over: Any) -> Capabilities:
+    fields: dict[str, Any] = dict(
+        fp32_tflops=2.0,
+        int8_tops=8.0,
+        memory_bandwidth_gbps=60.0,
+        memory_total_gb=8.0,
+        memory_type=MemoryType.LPDDR5,
+        typical_power_w=8.0,
+        max_power_w=12.0,
+        thermal_limit_c=85.0,
+        delta_t_c=20.0,
+        has_battery=True,
+        network_bandwidth_mbps=200.0,
+    )
+    return Capabilities(**{**fields, **over})
+
+
+def make_telemetry(device_id: str = "dev-1", **over: Any) -> TelemetrySample:
+    fields: dict[str, Any] = dict(
+        device_id=device_id,
+        seq=1,
+        ts=NOW,
+        cpu_utilisation=0.25,
+        memory_total_gb=8.0,
+        memory_available_gb=4.0,
+        power_w=5.0,
+        temperature_c=40.0,
+        battery_percent=80.0,
+        plugged=False,
+        network_rtt_ms=12.0,
+        network_bandwidth_mbps=200.0,
+    )
+    return TelemetrySample(**{**fields, **over})
+
+
+def make_inference(request_id: str = "req-1", **over: Any) -> InferenceRequest:
+    fields: dict[str, Any] = dict(
+        request_id=request_id, model="smollm2-135m-instruct", prompt_tokens=20, max_tokens=16
+    )
+    return InferenceRequest(**{**fields, **over})
+
+
+def make_decision(task_id: str = "req-1", **over: Any) -> PlacementDecision:
+    fields: dict[str, Any] = dict(
+        task_id=task_id,
+        kind="deployment",
+        placed=True,
+        assignments=(
+            Assignment(
+                device_id="dev-1", shard_index=0, layer_start=0, layer_end=15, memory_gb=0.1
+            ),
+            Assignment(
+                device_id="dev-2", shard_index=1, layer_start=15, layer_end=30, memory_gb=0.1
+            ),
+        ),
+        policy="dwps",
+        mode=Mode.BALANCED,
+        ts=NOW,
+    )
+    return PlacementDecision(**{**fields, **over})
+
+
+def sample_messages(
+    device_id: str = "dev-1", request_id: str = "req-1"
+) -> list[tuple[Channel[BaseModel], BaseModel, dict[str, str]]]:
+    """One valid message per channel, with the subject tokens it is published under."""
+    dev = {"device_id": device_id}
+    samples: list[tuple[Channel[Any], BaseModel, dict[str, str]]] = [
+        (
+            ANNOUNCE,
+            DeviceAnnounce(
+                device_id=device_id,
+                device_class=DeviceClass.PHONE,
+                capabilities=make_capabilities(),
+                emulated=True,
+                ts=NOW,
+            ),
+            dev,
+        ),
+        (TELEMETRY, make_telemetry(device_id), dev),
+        (HEARTBEAT, Heartbeat(device_id=device_id, seq=3, ts=NOW), dev),
+        (
+            SCORE,
+            ScoreUpdate(
+                device_id=device_id,
+                device_class=DeviceClass.LAPTOP,
+                ts=NOW,
+                mode=Mode.BALANCED,
+                compute=0.4,
+                memory=0.5,
+                efficiency=0.6,
+                network=0.7,
+                stability=0.99,
+                total=0.55,
+            ),
+            dev,
+        ),
+        (
+            DEVICE_FAILED,
+            DeviceFailed(device_id=device_id, ts=NOW, last_seen_ts=NOW - 15, missed_heartbeats=3),
+            dev,
+        ),
+        (DEVICE_RECOVERED, DeviceRecovered(device_id=device_id, ts=NOW, down_for_s=20.0), dev),
+        (
+            DVFS_HINT,
+            DvfsHint(device_id=device_id, ts=NOW, frequency_scale=0.6, reason="light load"),
+            dev,
+        ),
+        (PLACEMENT_REQUEST, PlacementRequest(task=make_inference(request_id), ts=NOW), {}),
+        (
+            PLACEMENT_REQUEST,
+            PlacementRequest(
+                task=ModelDeployment(deployment_id="dep-1", model="smollm2-135m-instruct"), ts=NOW
+            ),
+            {},
+        ),
+        (
+            PLACEMENT_REQUEST,
+            PlacementRequest(
+                task=BatchJob(
+                    job_id="job-1",
+                    task_name="tessera.train",
+                    work_gflop=5.0,
+                    memory_gb=1.0,
+                    args={"iterations": 10},
+                ),
+                ts=NOW,
+            ),
+            {},
+        ),
+        (PLACEMENT_DECISION, make_decision(request_id), {"task_id": request_id}),
+        (
+            SHARD_TASK,
+            ShardTask(
+                action="load",
+                deployment_id="dep-1",
+                model="smollm2-135m-instruct",
+                device_id=device_id,
+                shard_index=0,
+                shard_count=2,
+                layer_start=0,
+                layer_end=15,
+                next_device_id="dev-2",
+                epoch=1,
+                ts=NOW,
+            ),
+            dev,
+        ),
+        (
+            GENERATION,
+            GenerationRequest(
+                request_id=request_id,
+                deployment_id="dep-1",
+                epoch=1,
+                prompt_token_ids=(1, 2, 3),
+                ts=NOW,
+            ),
+            {"deployment_id": "dep-1", "device_id": device_id},
+        ),
+        (
+            TOKENS,
+            TokenChunk(request_id=request_id, index=0, token_id=42, text="Hi", ts=NOW),
+            {"request_id": request_id},
+        ),
+        (
+            MODE_CHANGE,
+            ModeChange(
+                mode=Mode.ENERGY,
+                previous=Mode.BALANCED,
+                manual=False,
+                reason="efficiency dropped 16 %",
+                ts=NOW,
+            ),
+            {},
+        ),
+        (
+            CHECKPOINT,
+            SchedulerCheckpoint(
+                ts=NOW,
+                mode=Mode.BALANCED,
+                policy="dwps",
+                weights={"w1": 0.3},
+                deployments=(
+                    DeploymentState(
+                        deployment_id="dep-1",
+                        model="smollm2-135m-instruct",
+                        epoch=1,
+                        context_length=2048,
+                        assignments=make_decision().assignments,
+                    ),
+                ),
+                placements=(make_decision(),),
+                counters={"migrations": 2},
+            ),
+            {},
+        ),
+    ]
+    return samples  # type: ignore[return-value]

@@ -1,0 +1,83 @@
+"""The compose file and the monitoring configs are valid, and match what `tessera up` runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from compose_spec import PyCompose
+
+from libs.runtime.launcher import available_services
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def compose() -> dict[str, Any]:
+    # Compose resolves YAML merge keys (<<) itself; resolve them the same way before validating.
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def test_compose_file_is_valid_against_the_compose_specification() -> None:
+    spec = PyCompose.from_json(json.dumps(compose())).to_spec()
+    assert spec.services is not None
+    for infra in ("nats", "redis", "prometheus", "alertmanager", "otel-collector", "jaeger"):
+        assert infra in spec.services
+
+
+def test_every_service_of_tessera_up_is_in_compose() -> None:
+    commands = {
+        name: " ".join(service.get("command", []))
+        for name, service in compose()["services"].items()
+    }
+    for name in available_services():
+        assert name in commands, f"{name} runs under `tessera up` but is missing from compose"
+        assert f"services.{name}" in commands[name]
+
+
+def test_tessera_services_wait_for_healthy_servers_and_share_the_launcher_env() -> None:
+    launcher_env = {"TESSERA_NATS_URL", "TESSERA_REDIS_URL", "TESSERA_LOG_FORMAT"}
+    for name in available_services():
+        service = compose()["services"][name]
+        assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+        assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert launcher_env <= set(service["environment"])
+        assert "healthcheck" in service or name != "gateway"
+
+
+def test_prometheus_scrapes_every_service() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    targets = {
+        target.split(":")[0]
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    assert set(available_services()) <= targets
+
+
+def run_tool(*args: str, cwd: Path) -> str:
+    if shutil.which(args[0]) is None:
+        pytest.fail(f"{args[0]} is missing: run `make deps` (Debian's prometheus packages)")
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
+    prom = DEPLOY / "prometheus"
+    rules = sorted(str(p.relative_to(prom)) for p in (prom / "rules").glob("*.yml"))
+    assert "SUCCESS" in run_tool("promtool", "check", "rules", *rules, cwd=prom)
+    for test_file in sorted((prom / "tests").glob("*.yml")):
+        assert "SUCCESS" in run_tool("promtool", "test", "rules", str(test_file), cwd=prom)
+
+
+def test_alertmanager_config_is_valid() -> None:
+    out = run_tool("amtool", "check-config", "alertmanager.yml", cwd=DEPLOY / "alertmanager")
+    assert re.search(r"SUCCESS", out)

@@ -1,0 +1,28 @@
+"""Shared settings use one name everywhere; each service's own values carry its prefix."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.gateway.settings import GatewaySettings
+
+
+def test_shared_and_prefixed_values_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TESSERA_NATS_URL", "nats://10.0.0.1:4333")
+    monkeypatch.setenv("TESSERA_GATEWAY_PORT", "9001")
+    settings = GatewaySettings()
+    assert settings.nats_url == "nats://10.0.0.1:4333"
+    assert settings.port == 9001
+
+
+def test_bad_values_are_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_GATEWAY_PORT", "70000")
+    with pytest.raises(ValidationError, match="port"):
+        GatewaySettings()
+
+
+def test_values_can_be_passed_by_name() -> None:
+    assert GatewaySettings(nats_url="nats://x:1", port=1234).nats_url == "nats://x:1"
