@@ -1,1 +1,1 @@
-"""Telemetry agents: one per device (real host probe or emulated), announce + samples + heartbeats."""
+"""Telemetry agents, one per device (real host probe or emulated): announce, samples."""
