@@ -46,6 +46,7 @@ from libs.contracts import (
     TelemetrySample,
     TokenChunk,
 )
+from libs.core.model import Device, Task
 
 NOW = 1_700_000_000.0
 
@@ -248,3 +249,80 @@ def sample_messages(
         ),
     ]
     return samples  # type: ignore[return-value]
+
+
+# -- the scheduling core --------------------------------------------------------------------
+
+CLASS_DEFAULTS: dict[DeviceClass, dict[str, Any]] = {
+    DeviceClass.WATCH: dict(
+        capability=(0.1, 0.2, 0.7, 0.3, 0.9),
+        memory_total_gb=2.0,
+        power_max_w=2.0,
+        power_idle_w=0.3,
+        thermal_limit_c=85.0,
+        delta_t_c=8.0,
+        speed=0.5,
+        battery_percent=80.0,
+        plugged=False,
+    ),
+    DeviceClass.PHONE: dict(
+        capability=(0.4, 0.5, 0.8, 0.5, 0.9),
+        memory_total_gb=8.0,
+        power_max_w=12.0,
+        power_idle_w=1.0,
+        thermal_limit_c=85.0,
+        delta_t_c=15.0,
+        speed=4.0,
+        battery_percent=80.0,
+        plugged=False,
+    ),
+    DeviceClass.LAPTOP: dict(
+        capability=(0.6, 0.7, 0.6, 0.7, 0.9),
+        memory_total_gb=16.0,
+        power_max_w=45.0,
+        power_idle_w=5.0,
+        thermal_limit_c=85.0,
+        delta_t_c=20.0,
+        speed=10.0,
+        battery_percent=90.0,
+        plugged=True,
+    ),
+    DeviceClass.WORKSTATION: dict(
+        capability=(0.9, 0.9, 0.3, 0.9, 0.95),
+        memory_total_gb=64.0,
+        power_max_w=300.0,
+        power_idle_w=40.0,
+        thermal_limit_c=95.0,
+        delta_t_c=25.0,
+        speed=40.0,
+    ),
+}
+
+
+def make_device(
+    device_id: str = "dev", device_class: DeviceClass = DeviceClass.LAPTOP, **over: Any
+) -> Device:
+    """A device of the class's typical figures, mostly idle; override any field."""
+    fields: dict[str, Any] = dict(CLASS_DEFAULTS[device_class])
+    fields.update(
+        memory_free_gb=fields["memory_total_gb"] * 0.75,
+        power_now_w=fields["power_idle_w"],
+        temperature_c=35.0,
+    )
+    fields.update(over)
+    return Device(device_id=device_id, device_class=device_class, **fields)
+
+
+def make_task(task_id: str = "task", **over: Any) -> Task:
+    fields: dict[str, Any] = dict(memory_gb=0.5, intensity=0.2, work=1.0)
+    fields.update(over)
+    return Task(task_id=task_id, **fields)
+
+
+def mixed_fleet() -> list[Device]:
+    return [
+        make_device("watch", DeviceClass.WATCH),
+        make_device("phone", DeviceClass.PHONE),
+        make_device("laptop", DeviceClass.LAPTOP),
+        make_device("workstation", DeviceClass.WORKSTATION),
+    ]

@@ -1,0 +1,201 @@
+"""Decision speed of the full DWPS pipeline against two references, measured in one run.
+
+For each fleet size: placements/s and p50/p99 per-decision latency of DWPS (filters, scores,
+priorities, load updates, i.e. ``Dwps.place`` on a cycle of tasks), and on the same capability
+matrix and tasks:
+* the bare kernel: numpy cosine similarity + argmax, nothing else;
+* a straightforward per-device Python loop computing the same filters and scores.
+
+    python bench/scheduler.py --devices 10000 --json
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the goal is for one core
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from libs.contracts import DeviceClass
+from libs.core import energy
+from libs.core.dwps import Dwps
+from libs.core.fleet import FleetState
+from libs.core.model import Device, Placement, Task
+
+CLASSES = list(DeviceClass)
+
+
+def random_fleet(n: int, rng: np.random.Generator) -> list[Device]:
+    devices = []
+    for i in range(n):
+        memory = float(rng.uniform(1, 128))
+        power_max = float(rng.uniform(2, 400))
+        on_battery = bool(rng.random() < 0.4)
+        devices.append(
+            Device(
+                device_id=f"d{i}",
+                device_class=CLASSES[i % len(CLASSES)],
+                capability=tuple(rng.uniform(0.05, 1.0, 5).tolist()),  # type: ignore[arg-type]
+                memory_total_gb=memory,
+                memory_free_gb=memory * float(rng.uniform(0.2, 1.0)),
+                power_max_w=power_max,
+                power_now_w=power_max * float(rng.uniform(0.05, 0.5)),
+                power_idle_w=power_max * 0.05,
+                temperature_c=float(rng.uniform(25, 70)),
+                thermal_limit_c=85.0 if i % 2 else 95.0,
+                delta_t_c=float(rng.uniform(5, 30)),
+                speed=float(rng.uniform(0.5, 50)),
+                slots=int(rng.integers(1, 16)),
+                battery_percent=float(rng.uniform(1, 100)) if on_battery else None,
+                plugged=not on_battery,
+            )
+        )
+    return devices
+
+
+def random_tasks(n: int, rng: np.random.Generator) -> list[Task]:
+    return [
+        Task(
+            f"t{i}",
+            demand=tuple(rng.uniform(0.0, 1.0, 5).tolist()),  # type: ignore[arg-type]
+            urgency=float(rng.random()),
+            complexity=float(rng.random()),
+            memory_gb=float(rng.uniform(0.01, 2.0)),
+            intensity=float(rng.uniform(0.001, 0.01)),
+        )
+        for i in range(n)
+    ]
+
+
+def percentile_us(samples: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples) * 1e6, q))
+
+
+def bench_dwps(devices: list[Device], tasks: list[Task], cycle: int) -> dict[str, float]:
+    latencies: list[float] = []
+    policy = Dwps(observer=lambda placement, seconds: latencies.append(seconds))
+    fleet = FleetState(devices)
+    placed = 0
+    started = time.perf_counter()
+    for i in range(0, len(tasks), cycle):
+        placements: list[Placement] = policy.place(
+            fleet, tasks[i : i + cycle], 0.0, np.random.default_rng(0)
+        )
+        placed += sum(p.placed for p in placements)
+    elapsed = time.perf_counter() - started
+    return {
+        "placements_per_s": len(tasks) / elapsed,
+        "p50_us": percentile_us(latencies, 50),
+        "p99_us": percentile_us(latencies, 99),
+        "placed_share": placed / len(tasks),
+    }
+
+
+def bench_kernel(devices: list[Device], tasks: list[Task]) -> float:
+    capability = np.array([d.capability for d in devices])
+    norms = np.linalg.norm(capability, axis=1)
+    demands = [np.asarray(t.demand) for t in tasks]
+    started = time.perf_counter()
+    for demand in demands:
+        similarity = (capability @ demand) / (norms * np.linalg.norm(demand))
+        int(np.argmax(similarity))
+    return len(tasks) / (time.perf_counter() - started)
+
+
+def naive_pick(devices: list[Device], task: Task, load: list[float]) -> int | None:
+    """The same filters and scores, one device at a time in plain Python."""
+    best, best_score = None, -math.inf
+    demand_norm = math.sqrt(sum(x * x for x in task.demand))
+    for i, d in enumerate(devices):
+        if d.failed or d.memory_free_gb < task.memory_gb:
+            continue
+        if (
+            energy.max_intensity_for_power(d.power_idle_w, d.power_max_w, d.power_now_w)
+            < task.intensity
+        ):
+            continue
+        if (
+            energy.max_intensity_for_heat(d.temperature_c, d.delta_t_c, d.thermal_limit_c)
+            <= task.intensity
+        ):
+            continue
+        cap_norm = math.sqrt(sum(x * x for x in d.capability))
+        match = sum(a * b for a, b in zip(d.capability, task.demand, strict=True)) / (
+            cap_norm * demand_norm
+        )
+        total = sum(a * b for a, b in zip(d.capability, (0.3, 0.2, 0.2, 0.15, 0.15), strict=True))
+        battery = min(1.0, (d.battery_percent or 100.0) / 20.0) if d.on_battery else 1.0
+        thermal = min(1.0, max(0.0, (d.thermal_limit_c - d.temperature_c) / 10.0))
+        score = (0.45 * match + 0.3 * total + 0.25 / (1.0 + load[i])) * battery * thermal
+        if score > best_score:
+            best, best_score = i, score
+    if best is not None:
+        load[best] += 1.0 / devices[best].slots
+    return best
+
+
+def bench_naive(devices: list[Device], tasks: list[Task]) -> float:
+    load = [d.load for d in devices]
+    started = time.perf_counter()
+    for task in tasks:
+        naive_pick(devices, task, load)
+    return len(tasks) / (time.perf_counter() - started)
+
+
+def run(max_devices: int, tasks_per_size: int, cycle: int, seed: int) -> dict[str, object]:
+    results = []
+    for n in [s for s in (100, 1_000, 10_000) if s <= max_devices] or [max_devices]:
+        rng = np.random.default_rng(seed)
+        devices = random_fleet(n, rng)
+        tasks = random_tasks(tasks_per_size, rng)
+        dwps = bench_dwps(devices, tasks, cycle)
+        kernel = bench_kernel(devices, tasks)
+        naive_tasks = tasks[: max(20, min(len(tasks), 2_000_000 // n))]
+        naive = bench_naive(devices, naive_tasks)
+        results.append(
+            {
+                "devices": n,
+                "placements_per_s": round(dwps["placements_per_s"], 1),
+                "p50_us": round(dwps["p50_us"], 1),
+                "p99_us": round(dwps["p99_us"], 1),
+                "placed_share": round(dwps["placed_share"], 3),
+                "kernel_placements_per_s": round(kernel, 1),
+                "kernel_ratio": round(dwps["placements_per_s"] / kernel, 3),
+                "naive_placements_per_s": round(naive, 1),
+                "naive_ratio": round(dwps["placements_per_s"] / naive, 1),
+            }
+        )
+    return {"cycle_tasks": cycle, "tasks_per_size": tasks_per_size, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--devices", type=int, default=10_000, help="largest fleet size")
+    parser.add_argument("--tasks", type=int, default=5_000, help="tasks placed per fleet size")
+    parser.add_argument("--cycle", type=int, default=500, help="tasks per decision cycle")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.devices < 1 or args.tasks < 1 or args.cycle < 1:
+        parser.error("--devices, --tasks and --cycle must be positive")
+    report = run(args.devices, args.tasks, args.cycle, args.seed)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for row in report["results"]:  # type: ignore[attr-defined]
+            print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Models the scheduler knows how to split: layer counts and the memory each part needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as placement cares.
+
+    Memory of a shard = its layers × (weights + KV cache for the context) + the embeddings on
+    the first shard + the LM head on the last + a fixed runtime overhead per process.
+    ``gflop_per_layer_token`` is the forward cost of one layer for one token (≈ 2 × params).
+    """
+
+    name: str
+    layers: int
+    params_per_layer: float
+    embedding_params: float
+    head_params: float
+    bytes_per_param: float
+    kv_bytes_per_token_layer: float
+    runtime_overhead_gb: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.layers < 1 or self.params_per_layer <= 0 or self.bytes_per_param <= 0:
+            raise ValueError(f"{self.name}: layers and sizes must be positive")
+
+    def layer_gb(self, context_length: int) -> float:
+        weights = self.params_per_layer * self.bytes_per_param
+        return (weights + self.kv_bytes_per_token_layer * context_length) / GB
+
+    def shard_gb(self, layers: int, first: bool, last: bool, context_length: int) -> float:
+        extra = (self.embedding_params if first else 0.0) + (self.head_params if last else 0.0)
+        return (
+            layers * self.layer_gb(context_length)
+            + extra * self.bytes_per_param / GB
+            + self.runtime_overhead_gb
+        )
+
+    @property
+    def gflop_per_layer_token(self) -> float:
+        return 2.0 * self.params_per_layer / 1e9
+
+
+CATALOGUE: dict[str, ModelSpec] = {
+    # SmolLM2-135M-Instruct as the CPU worker runs it: fp32, 30 layers, tied embeddings (the
+    # last shard holds its own copy of the embedding matrix as LM head), 3 KV heads × 64.
+    "smollm2-135m-instruct": ModelSpec(
+        "smollm2-135m-instruct", 30, 3_540_096, 28_311_552, 28_311_552, 4.0, 2 * 3 * 64 * 4
+    ),
+    # Llama 3.1 in fp16 (8 KV heads × 128).
+    "llama-3.1-8b-instruct": ModelSpec(
+        "llama-3.1-8b-instruct", 32, 218_112_000, 525_336_576, 525_336_576, 2.0, 2 * 8 * 128 * 2
+    ),
+    "llama-3.1-70b-instruct": ModelSpec(
+        "llama-3.1-70b-instruct",
+        80,
+        855_654_400,
+        1_050_673_152,
+        1_050_673_152,
+        2.0,
+        2 * 8 * 128 * 2,
+    ),
+}

@@ -1,0 +1,55 @@
+"""Dynamic weighted priority scheduling (seed 000 §3).
+
+P(task, device) = α·urgency + β·complexity + γ·device_match − δ·load, with the capability
+total and the battery/heat multipliers of §4 folded into the device part (see ``plugins``).
+Tasks of one cycle are taken in order of α·urgency + β·complexity (then earliest deadline) and
+each goes to its highest-P feasible device; every placement updates that device's load,
+memory, power and heat before the next task is decided, so urgent tasks do not pile onto the
+same best device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from libs.contracts import Mode
+from libs.core.fleet import FleetState
+from libs.core.model import Placement, Task
+from libs.core.pipeline import Pipeline
+from libs.core.policy import Observer, in_input_order, place_in_order
+from libs.core.profiles import BUILTIN_PROFILES, Profile
+
+
+class Dwps:
+    name = "dwps"
+
+    def __init__(self, profile: Profile | None = None, observer: Observer | None = None) -> None:
+        self.profile = profile or BUILTIN_PROFILES[Mode.BALANCED]
+        self.pipeline = Pipeline(self.profile)
+        self.observer = observer
+
+    def task_priority(self, task: Task) -> float:
+        return self.profile.urgency * task.urgency + self.profile.complexity * task.complexity
+
+    def order(self, tasks: Sequence[Task]) -> list[Task]:
+        return sorted(
+            tasks,
+            key=lambda t: (
+                -self.task_priority(t),
+                t.deadline if t.deadline is not None else float("inf"),
+                t.release,
+                t.task_id,
+            ),
+        )
+
+    def place(
+        self, fleet: FleetState, tasks: Sequence[Task], now: float, rng: np.random.Generator
+    ) -> list[Placement]:
+        def choose(task: Task, feasible: np.ndarray) -> tuple[int | None, float]:
+            index, score = self.pipeline.best(task, feasible)
+            return index, self.task_priority(task) + score
+
+        decided = place_in_order(self.pipeline, fleet, self.order(tasks), choose, self.observer)
+        return in_input_order(tasks, decided)

@@ -1,0 +1,87 @@
+"""Energy-aware formulas of seed 000 §4: power budget, heat, battery, DVFS hints.
+
+Each function works on floats or numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from libs.core.capability import Num
+
+#: Throttle temperatures (°C): mobile devices and desktops/servers.
+MOBILE_LIMIT_C = 85.0
+DESKTOP_LIMIT_C = 95.0
+#: Below this battery level (fraction) a device's weight shrinks proportionally.
+BATTERY_THRESHOLD = 0.20
+#: An unplugged device below this level (fraction) takes no new work at all.
+BATTERY_FLOOR = 0.05
+#: Within this many degrees of the limit, a device's score backs off linearly toward 0.
+THERMAL_BACKOFF_C = 10.0
+#: Fixed overhead a task adds on top of its compute power, as a share of the dynamic range.
+TASK_OVERHEAD_SHARE = 0.05
+
+
+def estimated_power_w(power_idle_w: Num, power_max_w: Num, intensity: float) -> Num:
+    """Power a task adds: base overhead + compute power × intensity (W)."""
+    dynamic = np.maximum(np.asarray(power_max_w) - power_idle_w, 0.0)
+    return dynamic * (TASK_OVERHEAD_SHARE + intensity)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def available_power_budget_w(power_max_w: Num, power_now_w: Num) -> Num:
+    """Device max power − current power (W), never negative."""
+    return np.maximum(np.asarray(power_max_w) - power_now_w, 0.0)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def max_intensity_for_power(power_idle_w: Num, power_max_w: Num, power_now_w: Num) -> Num:
+    """The largest task intensity whose estimated power fits the budget (may be < 0)."""
+    dynamic = np.maximum(np.asarray(power_max_w) - power_idle_w, 1e-9)
+    budget = available_power_budget_w(power_max_w, power_now_w)
+    return budget / dynamic - TASK_OVERHEAD_SHARE  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def predicted_temperature_c(temperature_c: Num, delta_t_c: Num, intensity: float) -> Num:
+    """Current temperature + ΔT × task intensity (°C)."""
+    return np.asarray(temperature_c) + np.asarray(delta_t_c) * intensity  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def max_intensity_for_heat(temperature_c: Num, delta_t_c: Num, limit_c: Num) -> Num:
+    """The largest intensity whose predicted temperature stays below the limit."""
+    headroom = np.asarray(limit_c) - temperature_c
+    return headroom / np.maximum(delta_t_c, 1e-9)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def thermal_backoff(temperature_c: Num, limit_c: Num) -> Num:
+    """1 when cool, falling linearly to 0 over the last ``THERMAL_BACKOFF_C`` before the limit."""
+    return np.clip((np.asarray(limit_c) - temperature_c) / THERMAL_BACKOFF_C, 0.0, 1.0)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def battery_weight(battery_fraction: Num, on_battery: npt.ArrayLike | bool) -> Num:
+    """× min(1, battery / 20 %) for a device on battery; 1 when plugged in or without one."""
+    weight = np.minimum(1.0, np.asarray(battery_fraction) / BATTERY_THRESHOLD)
+    return np.where(on_battery, weight, 1.0)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+@dataclass(frozen=True, slots=True)
+class DvfsHint:
+    frequency_scale: float
+    reason: str
+
+
+def dvfs_hint(load: float, urgent: bool, temperature_c: float, limit_c: float) -> DvfsHint:
+    """Frequency hint: low on light load, high on heavy load or urgent work, low when hot.
+
+    Heat wins over urgency: a device within the back-off band is told to slow down.
+    """
+    if temperature_c >= limit_c - THERMAL_BACKOFF_C / 2:
+        return DvfsHint(0.5, f"overheating: {temperature_c:.0f} °C near limit {limit_c:.0f} °C")
+    if urgent:
+        return DvfsHint(1.0, "urgent work queued")
+    if load >= 0.7:
+        return DvfsHint(1.0, f"heavy load {load:.0%}")
+    if load <= 0.3:
+        return DvfsHint(0.6, f"light load {load:.0%}")
+    return DvfsHint(0.8, f"moderate load {load:.0%}")

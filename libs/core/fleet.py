@@ -1,0 +1,114 @@
+"""The fleet as arrays, one entry per device, for vectorised filtering and scoring.
+
+A ``FleetState`` is built from a snapshot of ``Device`` values at the start of a decision
+cycle and updated in place, one device at a time, as the cycle assigns tasks, so that later
+tasks of the same cycle see the load, memory, power and heat the earlier ones added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from libs.contracts import DeviceClass
+from libs.core import energy
+from libs.core.model import Device, Task
+
+F64 = npt.NDArray[np.float64]
+Bool = npt.NDArray[np.bool_]
+
+
+class FleetState:
+    """Struct of arrays over devices. Index ``i`` is ``ids[i]``."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self.devices = list(devices)
+        self.ids = [d.device_id for d in devices]
+        self.index = {device_id: i for i, device_id in enumerate(self.ids)}
+        if len(self.index) != len(self.ids):
+            raise ValueError("device ids must be unique")
+        self.classes = [d.device_class for d in devices]
+
+        def arr(values: Sequence[float]) -> F64:
+            return np.asarray(values, dtype=np.float64)
+
+        self.capability = np.asarray([d.capability for d in devices], dtype=np.float64).reshape(
+            len(devices), 5
+        )
+        norms = np.linalg.norm(self.capability, axis=1)
+        #: Rows scaled to unit length (all-zero rows stay zero): cosine needs one dot product.
+        self.capability_unit = self.capability / np.where(norms > 0, norms, 1.0)[:, None]
+        #: The same, transposed and in float32: the hot matrix-vector product reads it.
+        self.capability_unit_t32 = np.ascontiguousarray(self.capability_unit.T, dtype=np.float32)
+        self.memory_total_gb = arr([d.memory_total_gb for d in devices])
+        self.memory_free_gb = arr([d.memory_free_gb for d in devices])
+        self.power_max_w = arr([d.power_max_w for d in devices])
+        self.power_now_w = arr([d.power_now_w for d in devices])
+        self.power_idle_w = arr([d.power_idle_w for d in devices])
+        self.temperature_c = arr([d.temperature_c for d in devices])
+        self.thermal_limit_c = arr([d.thermal_limit_c for d in devices])
+        self.delta_t_c = arr([d.delta_t_c for d in devices])
+        self.speed = arr([d.speed for d in devices])
+        self.slots = arr([d.slots for d in devices])
+        self.load = arr([d.load for d in devices])
+        self.battery = arr(
+            [(d.battery_percent / 100.0) if d.battery_percent is not None else 1.0 for d in devices]
+        )
+        self.on_battery = np.array([d.on_battery for d in devices], dtype=bool)
+        self.alive = np.array([not d.failed for d in devices], dtype=bool)
+        self.network_rtt_ms = arr([d.network_rtt_ms for d in devices])
+        self.mobile = np.array([DeviceClass(c).is_mobile for c in self.classes], dtype=bool)
+        self._derive(slice(None))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _derive(self, where: slice | int) -> None:
+        """Recompute the values derived from live state (all devices, or one)."""
+        if isinstance(where, slice):
+            self.max_intensity_power = energy.max_intensity_for_power(
+                self.power_idle_w, self.power_max_w, self.power_now_w
+            )
+            self.max_intensity_heat = energy.max_intensity_for_heat(
+                self.temperature_c, self.delta_t_c, self.thermal_limit_c
+            )
+            return
+        i = where
+        self.max_intensity_power[i] = energy.max_intensity_for_power(
+            float(self.power_idle_w[i]), float(self.power_max_w[i]), float(self.power_now_w[i])
+        )
+        self.max_intensity_heat[i] = energy.max_intensity_for_heat(
+            float(self.temperature_c[i]), float(self.delta_t_c[i]), float(self.thermal_limit_c[i])
+        )
+
+    def assign(self, i: int, task: Task) -> None:
+        """Account for ``task`` starting on device ``i``: memory, power, heat and load."""
+        self.memory_free_gb[i] -= task.memory_gb
+        self.power_now_w[i] += energy.estimated_power_w(
+            float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
+        )
+        self.temperature_c[i] += self.delta_t_c[i] * task.intensity
+        self.load[i] += 1.0 / self.slots[i]
+        self._derive(i)
+
+    def release(self, i: int, task: Task) -> None:
+        """Undo ``assign`` when the task finishes (the temperature is left to telemetry)."""
+        self.memory_free_gb[i] = min(
+            self.memory_free_gb[i] + task.memory_gb, self.memory_total_gb[i]
+        )
+        self.power_now_w[i] = max(
+            self.power_now_w[i]
+            - energy.estimated_power_w(
+                float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
+            ),
+            0.0,
+        )
+        self.load[i] = max(self.load[i] - 1.0 / self.slots[i], 0.0)
+        self._derive(i)
+
+    def fail(self, device_id: str) -> int:
+        i = self.index[device_id]
+        self.alive[i] = False
+        return i

@@ -1,0 +1,153 @@
+"""Split a model's layers into contiguous shards across devices (exo's core idea).
+
+Layers are shared in proportion to each device's capacity (half free memory share, half
+speed share), rounded by largest remainder with at least one layer each, then moved off any
+device whose share does not fit its memory. ``previews`` lists every candidate (the k most
+capable devices, k = 1..max) with per-device layers and memory, or the reason it fails; the
+chosen option is the feasible one with the smallest estimated per-token step time, where
+every extra hop costs the network round trip — so a poor network prefers fewer devices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from libs.core.catalogue import ModelSpec
+from libs.core.model import Device
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    device_id: str
+    shard_index: int
+    layer_start: int
+    layer_end: int
+    memory_gb: float
+
+    @property
+    def layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """One candidate placement: its shards, or why it is infeasible."""
+
+    model: str
+    devices: tuple[str, ...]
+    shards: tuple[ShardPlan, ...]
+    feasible: bool
+    reason: str | None
+    step_ms: float | None
+
+
+def largest_remainder(total: int, weights: Sequence[float], minimum: int = 1) -> list[int]:
+    """Integers summing to ``total``, proportional to ``weights``, each at least ``minimum``."""
+    n = len(weights)
+    if n == 0 or total < minimum * n:
+        raise ValueError(f"cannot give {n} parts at least {minimum} of {total}")
+    spare = total - minimum * n
+    weight_sum = sum(weights)
+    shares = [spare * w / weight_sum if weight_sum > 0 else spare / n for w in weights]
+    counts = [math.floor(s) for s in shares]
+    by_remainder = sorted(range(n), key=lambda i: (-(shares[i] - counts[i]), i))
+    for i in by_remainder[: spare - sum(counts)]:
+        counts[i] += 1
+    return [c + minimum for c in counts]
+
+
+def capacity_weights(devices: Sequence[Device]) -> list[float]:
+    memory = sum(d.memory_free_gb for d in devices) or 1.0
+    speed = sum(d.speed for d in devices) or 1.0
+    return [0.5 * d.memory_free_gb / memory + 0.5 * d.speed / speed for d in devices]
+
+
+def _max_layers(model: ModelSpec, device: Device, first: bool, last: bool, ctx: int) -> int:
+    fixed = model.shard_gb(0, first, last, ctx)
+    room = device.memory_free_gb - fixed
+    return max(0, math.floor(room / model.layer_gb(ctx) + 1e-9))
+
+
+def split_layers(
+    model: ModelSpec, devices: Sequence[Device], context_length: int
+) -> tuple[list[int] | None, str | None]:
+    """Layer counts per device (in order), or None with the reason."""
+    n = len(devices)
+    if n > model.layers:
+        return None, f"{n} devices but only {model.layers} layers"
+    limits = [
+        _max_layers(model, d, i == 0, i == n - 1, context_length) for i, d in enumerate(devices)
+    ]
+    if sum(limits) < model.layers or min(limits) < 1:
+        need = model.shard_gb(model.layers, True, True, context_length)
+        short = [d.device_id for d, lim in zip(devices, limits, strict=True) if lim < 1]
+        if short:
+            return None, f"memory: {', '.join(short)} cannot hold even one layer"
+        free = sum(d.memory_free_gb for d in devices)
+        return None, f"memory: needs about {need:.2f} GB, these devices have {free:.2f} GB free"
+    counts = largest_remainder(model.layers, capacity_weights(devices))
+    # Move layers off devices over their limit onto those with room, most room first.
+    for _ in range(model.layers):
+        over = [i for i in range(n) if counts[i] > limits[i]]
+        if not over:
+            break
+        i = over[0]
+        room = [(limits[j] - counts[j], j) for j in range(n) if counts[j] < limits[j]]
+        j = max(room)[1]
+        counts[i] -= 1
+        counts[j] += 1
+    return counts, None
+
+
+def plan(model: ModelSpec, devices: Sequence[Device], context_length: int = 2048) -> Preview:
+    """The shards of ``model`` over exactly ``devices`` (in pipeline order)."""
+    ids = tuple(d.device_id for d in devices)
+    counts, reason = split_layers(model, devices, context_length)
+    if counts is None:
+        return Preview(model.name, ids, (), False, reason, None)
+    shards, start = [], 0
+    for index, (device, layers) in enumerate(zip(devices, counts, strict=True)):
+        first, last = index == 0, index == len(devices) - 1
+        memory = model.shard_gb(layers, first, last, context_length)
+        shards.append(ShardPlan(device.device_id, index, start, start + layers, round(memory, 4)))
+        start += layers
+    return Preview(model.name, ids, tuple(shards), True, None, step_ms(model, devices, counts))
+
+
+def step_ms(model: ModelSpec, devices: Sequence[Device], counts: Sequence[int]) -> float:
+    """Estimated time of one decode step: compute on each shard + one round trip per hop.
+
+    ``Device.speed`` is taken as effective GFLOP/s for this estimate.
+    """
+    compute_s = sum(
+        layers * model.gflop_per_layer_token / max(d.speed, 1e-9)
+        for d, layers in zip(devices, counts, strict=True)
+    )
+    hops_ms = sum(d.network_rtt_ms for d in devices[1:])
+    return compute_s * 1000.0 + hops_ms
+
+
+def previews(
+    model: ModelSpec,
+    devices: Sequence[Device],
+    context_length: int = 2048,
+    max_shards: int = 8,
+) -> list[Preview]:
+    """One candidate per k = 1..max_shards: the k most capable live devices."""
+    alive = [d for d in devices if not d.failed]
+    ranked = sorted(alive, key=lambda d: (-d.memory_free_gb * d.speed, d.device_id))
+    if not ranked:
+        return [Preview(model.name, (), (), False, "no live devices", None)]
+    top = min(max_shards, len(ranked), model.layers)
+    return [plan(model, ranked[:k], context_length) for k in range(1, top + 1)]
+
+
+def choose(options: Sequence[Preview]) -> Preview:
+    """The feasible option with the smallest step time (fewest devices on a tie), else the
+    first option with its reason."""
+    feasible = [o for o in options if o.feasible]
+    if not feasible:
+        return options[0] if options else Preview("", (), (), False, "no options", None)
+    return min(feasible, key=lambda o: (o.step_ms or 0.0, len(o.devices)))

@@ -1,0 +1,173 @@
+"""filter → score → weight → pick over a ``FleetState``, for one profile, vectorised.
+
+``prepare`` computes the static parts (fleet-only filters, scores and multipliers) once per
+cycle; each placement then costs one matrix-vector product for the match score plus a few
+array comparisons, and ``refresh`` recomputes the static parts of the one device it changed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from libs.core.fleet import F64, Bool, FleetState
+from libs.core.model import Task
+from libs.core.plugins import resolve
+from libs.core.profiles import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    """One device's verdict for one task: a score, or the reason it was filtered."""
+
+    device_id: str
+    feasible: bool
+    score: float | None
+    reason: str | None
+
+
+class Pipeline:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        filters, scores, multipliers = resolve(profile)
+        self.static_filters = [f for f in filters if f.static]
+        self.task_filters = [f for f in filters if not f.static]
+        self.static_scores = [(s, w) for s, w in scores if s.static and w > 0]
+        self.task_scores = [(s, w) for s, w in scores if not s.static and w > 0]
+        self.multipliers = multipliers
+        self.fleet: FleetState | None = None
+        self.static_scaled: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        self.task_scale: list[npt.NDArray[np.float32]] = []
+        self.filter_values: list[Bool] = []
+        self.score_values: list[F64] = []
+        self.multiplier_values: list[F64] = []
+
+    # -- static parts ---------------------------------------------------------------------
+    def prepare(self, fleet: FleetState) -> None:
+        self.fleet = fleet
+        everything = slice(None)
+        n = len(fleet)
+        self.filter_values = [f.mask(fleet, None, everything) for f in self.static_filters]
+        self.score_values = [
+            s.values(fleet, None, self.profile, everything) for s, _ in self.static_scores
+        ]
+        self.multiplier_values = [
+            m.values(fleet, None, self.profile, everything) for m in self.multipliers
+        ]
+        self.static_mask = np.ones(n, dtype=bool)
+        self.static_score = np.zeros(n)
+        self.factor = np.ones(n)
+        # float32: the per-task sum reads these for every device, so half the bytes matter.
+        self.static_scaled = np.zeros(n, dtype=np.float32)
+        self.task_scale = [np.zeros(n, dtype=np.float32) for _ in self.task_scores]
+        self._combine(everything)
+
+    def _combine(self, at: slice) -> None:
+        """Combine stored plugin values; fold weights and multipliers so that a task's score
+        is ``static_scaled + Σ task_score_k × task_scale_k``."""
+        self.static_mask[at] = True
+        for mask in self.filter_values:
+            self.static_mask[at] &= mask[at]
+        self.static_score[at] = 0.0
+        for values, (_, weight) in zip(self.score_values, self.static_scores, strict=True):
+            self.static_score[at] += weight * values[at]
+        self.factor[at] = 1.0
+        for values in self.multiplier_values:
+            self.factor[at] *= values[at]
+        self.static_scaled[at] = self.static_score[at] * self.factor[at]
+        for k, (_, weight) in enumerate(self.task_scores):
+            self.task_scale[k][at] = weight * self.factor[at]
+
+    def refresh(self, i: int) -> None:
+        """Recompute the volatile static values of device ``i`` after its state changed."""
+        fleet = self._fleet()
+        at = slice(i, i + 1)
+        for f, mask in zip(self.static_filters, self.filter_values, strict=True):
+            if f.volatile:
+                mask[at] = f.mask(fleet, None, at)
+        for (s, _), values in zip(self.static_scores, self.score_values, strict=True):
+            if s.volatile:
+                values[at] = s.values(fleet, None, self.profile, at)
+        for m, values in zip(self.multipliers, self.multiplier_values, strict=True):
+            if m.volatile:
+                values[at] = m.values(fleet, None, self.profile, at)
+        # The same combination as ``_combine``, in scalars: a one-element slice costs more.
+        self.static_mask[i] = all(mask[i] for mask in self.filter_values)
+        score = 0.0
+        for values, (_, weight) in zip(self.score_values, self.static_scores, strict=True):
+            score += weight * float(values[i])
+        factor = 1.0
+        for values in self.multiplier_values:
+            factor *= float(values[i])
+        self.static_score[i], self.factor[i], self.static_scaled[i] = score, factor, score * factor
+        for k, (_, weight) in enumerate(self.task_scores):
+            self.task_scale[k][i] = weight * factor
+
+    # -- per task -------------------------------------------------------------------------
+    def feasible(self, task: Task) -> Bool:
+        fleet = self._fleet()
+        mask = self.static_mask.copy()
+        for f in self.task_filters:
+            mask &= f.mask(fleet, task, slice(None))
+        return mask
+
+    def scores(self, task: Task) -> npt.NDArray[np.float32]:
+        """Σ w_k·score_k × multipliers, for every device (feasible or not), in float32."""
+        fleet = self._fleet()
+        total = self.static_scaled.copy()
+        for (s, _), scale in zip(self.task_scores, self.task_scale, strict=True):
+            total += s.values(fleet, task, self.profile, slice(None)) * scale
+        return total
+
+    def best(self, task: Task, feasible: Bool) -> tuple[int | None, float]:
+        """The highest-scoring device among ``feasible``, or (None, 0.0)."""
+        scores = self.scores(task)
+        np.copyto(scores, -np.inf, where=~feasible)
+        if len(scores) == 0:
+            return None, 0.0
+        index = int(np.argmax(scores))
+        if scores[index] == -np.inf:
+            return None, 0.0
+        return index, float(scores[index])
+
+    def pick(self, task: Task) -> tuple[int | None, float]:
+        """The best feasible device's index and score, or (None, 0.0)."""
+        return self.best(task, self.feasible(task))
+
+    def why_not(self, task: Task) -> str:
+        """Why no device can take ``task``: rejection counts by the first failing filter."""
+        fleet = self._fleet()
+        if len(fleet) == 0:
+            return "no devices"
+        counts = Counter(v.reason for v in self.explain(task) if v.reason)
+        detail = ", ".join(f"{reason} ({n})" for reason, n in counts.most_common())
+        return f"no device fits: {detail}"
+
+    def explain(self, task: Task) -> list[DeviceVerdict]:
+        """Every device's verdict: the first filter that rejects it, else its score."""
+        fleet = self._fleet()
+        everything = slice(None)
+        first_reason: list[str | None] = [None] * len(fleet)
+        for f in self.static_filters + self.task_filters:
+            rejected = ~f.mask(fleet, task, everything)
+            for i in np.flatnonzero(rejected):
+                if first_reason[i] is None:
+                    first_reason[i] = f.name
+        scores = self.scores(task)
+        return [
+            DeviceVerdict(
+                device_id,
+                reason is None,
+                float(scores[i]) if reason is None else None,
+                reason,
+            )
+            for i, (device_id, reason) in enumerate(zip(fleet.ids, first_reason, strict=True))
+        ]
+
+    def _fleet(self) -> FleetState:
+        if self.fleet is None:
+            raise RuntimeError("Pipeline.prepare(fleet) must be called first")
+        return self.fleet

@@ -1,0 +1,65 @@
+"""The interface every placement policy implements, and the shared batch loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from libs.core.fleet import FleetState
+from libs.core.model import Placement, Task
+from libs.core.pipeline import Pipeline
+
+
+class Policy(Protocol):
+    """Places the tasks of one decision cycle on a fleet, updating the fleet as it goes."""
+
+    name: str
+
+    def place(
+        self, fleet: FleetState, tasks: Sequence[Task], now: float, rng: np.random.Generator
+    ) -> list[Placement]: ...
+
+
+Chooser = Callable[[Task, np.ndarray], tuple[int | None, float]]
+Observer = Callable[[Placement, float], None]
+"""Called after each decision with the placement and the seconds it took (for metrics)."""
+
+
+def place_in_order(
+    pipeline: Pipeline,
+    fleet: FleetState,
+    ordered: Sequence[Task],
+    choose: Chooser,
+    observer: Observer | None = None,
+) -> list[Placement]:
+    """Place ``ordered`` one by one: ``choose(task, feasible_mask)`` picks a device index.
+
+    Infeasible tasks get a placement with the rejection reasons; each placed task updates the
+    fleet (and the pipeline's static parts for that device) before the next is decided.
+    The clock is read only to report decision times; it never affects a decision.
+    """
+    pipeline.prepare(fleet)
+    placements = []
+    for task in ordered:
+        started = time.perf_counter()
+        feasible = pipeline.feasible(task)
+        index, score = choose(task, feasible) if feasible.any() else (None, 0.0)
+        if index is None:
+            placement = Placement(task.task_id, None, reason=pipeline.why_not(task))
+        else:
+            fleet.assign(index, task)
+            pipeline.refresh(index)
+            placement = Placement(task.task_id, fleet.ids[index], score=score)
+        placements.append(placement)
+        if observer is not None:
+            observer(placement, time.perf_counter() - started)
+    return placements
+
+
+def in_input_order(tasks: Sequence[Task], decided: Sequence[Placement]) -> list[Placement]:
+    """``decided`` (in decision order) rearranged to the order the tasks were given in."""
+    by_id = {p.task_id: p for p in decided}
+    return [by_id[t.task_id] for t in tasks]

@@ -1,0 +1,106 @@
+"""Model partitioning: capacity-proportional contiguous shards that fit, or a reason."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs.contracts import DeviceClass
+from libs.core.catalogue import CATALOGUE
+from libs.core.migration import replan_deployment
+from libs.core.partition import choose, largest_remainder, plan, previews
+from tests.builders import make_device
+
+SMOL = CATALOGUE["smollm2-135m-instruct"]
+LLAMA8 = CATALOGUE["llama-3.1-8b-instruct"]
+
+
+def three_devices(**over: float) -> list:  # type: ignore[type-arg]
+    return [
+        make_device("big", memory_free_gb=8.0, speed=100.0, **over),
+        make_device("mid", memory_free_gb=4.0, speed=50.0, **over),
+        make_device("small", memory_free_gb=2.0, speed=25.0, **over),
+    ]
+
+
+def test_a_30_layer_model_on_3_devices_follows_capacity_and_fits() -> None:
+    option = plan(SMOL, three_devices())
+    assert option.feasible
+    layers = [s.layers for s in option.shards]
+    assert sum(layers) == 30
+    assert layers == sorted(layers, reverse=True) and layers[-1] >= 1
+    assert [s.layer_start for s in option.shards] == [0, layers[0], layers[0] + layers[1]]
+    # Capacity shares are 4/7, 2/7, 1/7 of the 27 spare layers (+1 each).
+    assert layers == [16, 9, 5]
+    for shard, device in zip(option.shards, three_devices(), strict=True):
+        assert shard.memory_gb <= device.memory_free_gb
+
+
+def test_layers_move_off_a_device_whose_share_does_not_fit() -> None:
+    # "fast" is fast but short of memory: its capacity share would not fit.
+    devices = [
+        make_device("fast", memory_free_gb=0.55, speed=1000.0),
+        make_device("roomy", memory_free_gb=16.0, speed=10.0),
+    ]
+    option = plan(SMOL, devices)
+    assert option.feasible
+    fast = option.shards[0]
+    assert fast.memory_gb <= 0.55
+    assert SMOL.shard_gb(fast.layers + 1, True, False, 2048) > 0.55
+    assert fast.layers < 15  # what its capacity share alone would have given it
+
+
+@pytest.mark.parametrize(
+    ("memory", "reason"),
+    [
+        ((4.0, 4.0, 4.0), "needs about 17.38 GB, these devices have 12.00 GB free"),
+        ((8.0, 8.0, 0.1), "small cannot hold even one layer"),
+    ],
+)
+def test_infeasible_fleets_say_why(memory: tuple[float, ...], reason: str) -> None:
+    devices = [
+        make_device(name, DeviceClass.WORKSTATION, memory_free_gb=m)
+        for name, m in zip(("a", "b", "small"), memory, strict=True)
+    ]
+    option = plan(LLAMA8, devices, context_length=8192)
+    assert not option.feasible
+    assert option.reason is not None and reason in option.reason
+
+
+def test_previews_list_every_option_with_memory_or_reason() -> None:
+    fleet = [make_device(f"ws{i}", DeviceClass.WORKSTATION, memory_free_gb=7.0) for i in range(4)]
+    options = previews(LLAMA8, fleet, context_length=4096, max_shards=4)
+    assert [len(o.devices) for o in options] == [1, 2, 3, 4]
+    assert [o.feasible for o in options] == [False, False, True, True]
+    assert all("memory" in (o.reason or "") for o in options[:2])
+    assert all(s.memory_gb <= 7.0 for o in options[2:] for s in o.shards)
+    assert len(choose(options).devices) == 3  # fewest hops among the feasible
+
+
+def test_a_poor_network_prefers_fewer_devices() -> None:
+    def fleet(rtt: float) -> list:  # type: ignore[type-arg]
+        return [make_device("a", memory_free_gb=8.0, speed=5.0, network_rtt_ms=rtt)] + [
+            make_device(f"fast{i}", memory_free_gb=8.0, speed=50.0, network_rtt_ms=rtt)
+            for i in range(3)
+        ]
+
+    good = choose(previews(SMOL, fleet(0.1)))
+    poor = choose(previews(SMOL, fleet(200.0)))
+    assert len(poor.devices) == 1
+    assert len(good.devices) >= len(poor.devices)
+
+
+def test_replanning_after_a_failure_avoids_the_failed_device() -> None:
+    option = replan_deployment(SMOL, three_devices(), {"big"}, 2048, 3)
+    assert option.feasible and "big" not in option.devices
+
+
+@given(st.integers(1, 200), st.lists(st.floats(0, 100), min_size=1, max_size=20))
+def test_largest_remainder_sums_and_respects_the_minimum(total: int, weights: list[float]) -> None:
+    if total < len(weights):
+        with pytest.raises(ValueError):
+            largest_remainder(total, weights)
+        return
+    counts = largest_remainder(total, weights)
+    assert sum(counts) == total and min(counts) >= 1
