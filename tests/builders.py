@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from libs.contracts import (
     ANNOUNCE,
+    ANNOUNCE_REQUEST,
     CHECKPOINT,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
@@ -21,6 +22,7 @@ from libs.contracts import (
     SHARD_TASK,
     TELEMETRY,
     TOKENS,
+    AnnounceRequest,
     Assignment,
     BatchJob,
     Capabilities,
@@ -130,6 +132,7 @@ def sample_messages(
             ),
             dev,
         ),
+        (ANNOUNCE_REQUEST, AnnounceRequest(reason="scorer started", ts=NOW), {}),
         (TELEMETRY, make_telemetry(device_id), dev),
         (HEARTBEAT, Heartbeat(device_id=device_id, seq=3, ts=NOW), dev),
         (

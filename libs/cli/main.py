@@ -39,8 +39,44 @@ def up(
         gateway_port=port or settings.gateway_port,
         devices=settings.devices if devices is None else devices,
         fleet=fleet,
+        run_file=settings.run_file,
     )
     raise typer.Exit(run_cluster(options))
+
+
+@app.command()
+def devices(
+    redis_url: Annotated[str | None, typer.Option(help="Redis of the cluster.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="Rows to show.")] = 50,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List devices with class, state, the five scores and the total (best first)."""
+    from libs.cli.devices import redis_url as resolve
+    from libs.cli.devices import show_devices
+
+    settings = LauncherSettings()
+    url = resolve(redis_url or settings.redis_url, settings.run_file)
+    show_devices(url, settings.key_prefix, limit, json_output)
+
+
+@app.command()
+def calibrate() -> None:
+    """Measure this host's FP32, INT8 and memory bandwidth (and cache the result)."""
+    from rich.progress import Progress
+
+    from services.telemetry.calibration import measure
+
+    with Progress() as bar:
+        task = bar.add_task("calibrating", total=3)
+
+        def progress(step: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=step)
+
+        result = measure(progress)
+    typer.echo(
+        f"fp32 {result.fp32_gflops:.1f} GFLOP/s, int8 {result.int8_gops:.1f} Gop/s, "
+        f"memory {result.memory_bandwidth_gbps:.1f} GB/s ({result.seconds:.1f} s)"
+    )
 
 
 @app.command()

@@ -16,6 +16,7 @@ from libs.contracts.base import (
 from libs.contracts.channels import (
     ALL_CHANNELS,
     ANNOUNCE,
+    ANNOUNCE_REQUEST,
     CHECKPOINT,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
@@ -41,6 +42,7 @@ from libs.contracts.control import (
     SchedulerCheckpoint,
 )
 from libs.contracts.device import (
+    AnnounceRequest,
     Capabilities,
     DeviceAnnounce,
     DeviceFailed,
@@ -68,6 +70,7 @@ from libs.contracts.work import (
 __all__ = [
     "ALL_CHANNELS",
     "ANNOUNCE",
+    "ANNOUNCE_REQUEST",
     "CHECKPOINT",
     "CHECKPOINT_SCHEMA_VERSION",
     "DEVICE_FAILED",
@@ -84,6 +87,7 @@ __all__ = [
     "STREAMS",
     "TELEMETRY",
     "TOKENS",
+    "AnnounceRequest",
     "Assignment",
     "BatchJob",
     "Capabilities",

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.control import ModeChange, SchedulerCheckpoint
 from libs.contracts.device import (
+    AnnounceRequest,
     DeviceAnnounce,
     DeviceFailed,
     DeviceRecovered,
@@ -119,6 +120,9 @@ def _describe(exc: ValidationError) -> str:
 
 
 ANNOUNCE = Channel("announce", "tessera.v1.device.announce.{device_id}", DeviceAnnounce)
+ANNOUNCE_REQUEST = Channel(
+    "announce_request", "tessera.v1.device.announce_request", AnnounceRequest
+)
 TELEMETRY = Channel("telemetry", "tessera.v1.telemetry.{device_id}", TelemetrySample)
 HEARTBEAT = Channel("heartbeat", "tessera.v1.heartbeat.{device_id}", Heartbeat)
 SCORE = Channel("score", "tessera.v1.score.{device_id}", ScoreUpdate)
@@ -143,6 +147,7 @@ CHECKPOINT = Channel(
 
 ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     ANNOUNCE,
+    ANNOUNCE_REQUEST,
     TELEMETRY,
     HEARTBEAT,
     SCORE,

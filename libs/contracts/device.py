@@ -56,6 +56,15 @@ class DeviceAnnounce(WireModel):
     device_class: DeviceClass
     capabilities: Capabilities
     emulated: bool
+    #: How often the agent reports (s); the failure detector waits 3 of these.
+    interval_s: Annotated[float, Field(ge=0.05, le=60.0)] = 5.0
+    ts: Timestamp
+
+
+class AnnounceRequest(WireModel):
+    """Asks every agent to announce its devices again (sent by a scorer that starts)."""
+
+    reason: Annotated[str, Field(min_length=1, max_length=200)]
     ts: Timestamp
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -72,6 +73,29 @@ async def publish(nc: NatsClient, channel: Channel[M], message: M, **tokens: str
     await nc.publish(channel.subject(**tokens), channel.encode(message))
 
 
+class RateLimitedLog:
+    """At most ``burst`` log lines per key per ``window_s``; the rest are counted and summed
+    into the next line, so a flood of bad input cannot flood the log."""
+
+    def __init__(self, window_s: float = 10.0, burst: int = 5) -> None:
+        self.window_s, self.burst = window_s, burst
+        self._windows: dict[tuple[str, str], tuple[float, int, int]] = {}
+
+    def warning(self, key: tuple[str, str], message: str, **extra: object) -> None:
+        now = time.monotonic()
+        start, shown, hidden = self._windows.get(key, (now, 0, 0))
+        if now - start > self.window_s:
+            start, shown, hidden = now, 0, hidden
+        if shown < self.burst:
+            log.warning(message, extra={**extra, "suppressed_before": hidden})
+            self._windows[key] = (start, shown + 1, 0)
+        else:
+            self._windows[key] = (start, shown, hidden + 1)
+
+
+_rejection_log = RateLimitedLog()
+
+
 async def subscribe(
     nc: NatsClient,
     channel: Channel[M],
@@ -95,9 +119,12 @@ async def subscribe(
         except ContractError as exc:
             if rejected is not None:
                 rejected(channel.name, exc.reason, exc.detail)
-            log.warning(
+            _rejection_log.warning(
+                (channel.name, exc.reason),
                 "rejected message",
-                extra={"channel": channel.name, "reason": exc.reason, "detail": exc.detail},
+                channel=channel.name,
+                reason=exc.reason,
+                detail=exc.detail[:300],
             )
             return
         try:

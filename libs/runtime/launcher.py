@@ -56,6 +56,7 @@ class UpOptions:
     fleet: Path | None = None
     ready_timeout_s: float = 180.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    run_file: Path | None = None
 
 
 class Cluster:
@@ -86,9 +87,11 @@ class Cluster:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
+        self._deadline = time.monotonic() + self.options.ready_timeout_s
         self.nats.start()
         self.redis.start()
         self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
+        self._write_run_file()
         env = self.child_env()
         for index, name in enumerate(available_services()):
             proc = subprocess.Popen(
@@ -101,14 +104,22 @@ class Cluster:
             child = Child(name, COLOURS[index % len(COLOURS)], proc)
             threading.Thread(target=self._pump, args=(child,), daemon=True).start()
             self.children.append(child)
+            # In order: a consumer is listening before its producers start.
+            if not self._wait_child(child):
+                return
+
+    def _wait_child(self, child: Child) -> bool:
+        while not child.ready.wait(0.1):
+            if child.process.poll() is not None or time.monotonic() > self._deadline:
+                return False
+        return True
 
     def wait_ready(self) -> bool:
-        deadline = time.monotonic() + self.options.ready_timeout_s
-        for child in self.children:
-            while not child.ready.wait(0.1):
-                if child.process.poll() is not None or time.monotonic() > deadline:
-                    return False
-        return self._gateway_healthy(deadline) if self.has("gateway") else True
+        if not all(self._wait_child(c) for c in self.children):
+            return False
+        if len(self.children) < len(available_services()):
+            return False
+        return self._gateway_healthy(self._deadline) if self.has("gateway") else True
 
     def has(self, name: str) -> bool:
         return any(c.name == name for c in self.children)
@@ -140,6 +151,25 @@ class Cluster:
             self.say(child.name, _exit_text(code), child.colour)
         self.nats.close()
         self.redis.close()
+        if self.options.run_file is not None:
+            self.options.run_file.unlink(missing_ok=True)
+
+    def _write_run_file(self) -> None:
+        """Tell `tessera devices` and friends where this cluster's servers listen."""
+        if self.options.run_file is None:
+            return
+        self.options.run_file.parent.mkdir(parents=True, exist_ok=True)
+        url = f"http://{self.options.gateway_host}:{self.options.gateway_port}"
+        self.options.run_file.write_text(
+            json.dumps(
+                {
+                    "nats_url": self.nats.url,
+                    "redis_url": self.redis.url,
+                    "gateway_url": url,
+                    "pid": os.getpid(),
+                }
+            )
+        )
 
     # -- output -------------------------------------------------------------------------------
     def say(self, name: str, message: str, colour: str) -> None:

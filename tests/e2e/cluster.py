@@ -6,6 +6,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,7 +53,13 @@ class RunningCluster:
         self.port = free_port()
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()
-        env = dict(os.environ, TESSERA_GATEWAY_PORT=str(self.port), COLUMNS="200")
+        self.run_file = Path(tempfile.mkdtemp()) / "cluster.json"
+        env = dict(
+            os.environ,
+            TESSERA_GATEWAY_PORT=str(self.port),
+            TESSERA_RUN_FILE=str(self.run_file),
+            COLUMNS="200",
+        )
         self.process = subprocess.Popen(
             [str(BIN / "tessera"), "up", "--devices", str(devices), *args],
             stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("nats", "redis", "fastapi", "starlette", "uvicorn", "celery", "opentelemetry", "httpx")
 #: Packages of libs/ that must stay free of I/O: the contracts and the scheduling core.
-PURE_PACKAGES = [p for p in ("contracts", "core", "sim") if (ROOT / "libs" / p).is_dir()]
+PURE_PACKAGES = [p for p in ("contracts", "core", "devices", "sim") if (ROOT / "libs" / p).is_dir()]
 
 
 @pytest.mark.parametrize("package", PURE_PACKAGES)

@@ -1,0 +1,193 @@
+"""An emulated device: static capabilities drawn from its class, and live state that reacts
+to the work assigned to it.
+
+Models (``step`` advances them by ``dt`` seconds):
+* power = idle + (max − idle) × utilisation × frequency² (dynamic power falls with DVFS);
+* temperature follows ambient + idle rise + ΔT × utilisation with time constant τ (first order);
+* battery drains by power × dt (Wh) when unplugged and charges at a fixed rate when plugged;
+* network round trip and bandwidth jitter around the device's base values (log-normal);
+* scripted faults: drop out (stops reporting), overheat (extra heat), battery sag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetrySample
+from libs.devices.classes import CLASS_PROFILES
+
+AMBIENT_C = 25.0
+IDLE_RISE_C = 10.0
+CHARGE_W = 20.0
+IDLE_SHARE = 0.25  # idle power as a share of typical power
+
+
+class FaultKind(StrEnum):
+    DROP_OUT = "drop_out"
+    OVERHEAT = "overheat"
+    BATTERY_SAG = "battery_sag"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: FaultKind
+    at_s: float
+    duration_s: float = float("inf")
+    #: overheat: extra °C; battery_sag: the battery level it drops to (percent).
+    amount: float = 0.0
+
+    def active(self, elapsed_s: float) -> bool:
+        return self.at_s <= elapsed_s < self.at_s + self.duration_s
+
+
+def _draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    low, high = bounds
+    return float(rng.uniform(low, high)) if high > low else float(low)
+
+
+@dataclass
+class EmulatedDevice:
+    device_id: str
+    device_class: DeviceClass
+    capabilities: Capabilities
+    base_rtt_ms: float
+    battery_wh: float
+    speed_factor: float
+    thermal_tau_s: float
+    faults: tuple[Fault, ...] = ()
+    temperature_c: float = AMBIENT_C + IDLE_RISE_C
+    battery_percent: float | None = None
+    plugged: bool = True
+    frequency_scale: float = 1.0
+    started_at: float = 0.0
+    work: dict[str, float] = field(default_factory=dict)  # task id → intensity
+    reserved_memory_gb: float = 0.0
+    energy_j: float = 0.0
+
+    @classmethod
+    def draw(
+        cls, device_id: str, device_class: DeviceClass, rng: np.random.Generator, now: float = 0.0
+    ) -> EmulatedDevice:
+        """A device of ``device_class`` with figures drawn from the class's ranges."""
+        p = CLASS_PROFILES[device_class]
+        typical = _draw(rng, p.typical_power_w)
+        caps = Capabilities(
+            fp32_tflops=_draw(rng, p.fp32_tflops),
+            int8_tops=_draw(rng, p.int8_tops),
+            memory_bandwidth_gbps=_draw(rng, p.bandwidth_gbps),
+            memory_total_gb=round(_draw(rng, p.memory_gb), 1),
+            memory_type=p.memory_types[int(rng.integers(len(p.memory_types)))],
+            typical_power_w=typical,
+            max_power_w=typical * p.peak_ratio,
+            thermal_limit_c=p.thermal_limit_c,
+            delta_t_c=_draw(rng, p.delta_t_c),
+            has_battery=p.has_battery,
+            gpu_count=int(rng.integers(p.gpu_count[0], p.gpu_count[1] + 1)),
+            network_bandwidth_mbps=_draw(rng, p.network_mbps),
+        )
+        battery = float(rng.uniform(40, 100)) if p.has_battery else None
+        plugged = not p.has_battery or bool(rng.random() < 0.3)
+        return cls(
+            device_id,
+            device_class,
+            caps,
+            _draw(rng, p.rtt_ms),
+            _draw(rng, p.battery_wh),
+            p.speed_factor,
+            p.thermal_tau_s,
+            battery_percent=battery,
+            plugged=plugged,
+            started_at=now,
+        )
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def utilisation(self) -> float:
+        return min(1.0, sum(self.work.values()))
+
+    @property
+    def idle_power_w(self) -> float:
+        return self.capabilities.typical_power_w * IDLE_SHARE
+
+    @property
+    def power_w(self) -> float:
+        dynamic = self.capabilities.max_power_w - self.idle_power_w
+        return self.idle_power_w + dynamic * self.utilisation * self.frequency_scale**2
+
+    def reporting(self, now: float) -> bool:
+        """False while a drop-out fault is active: the device sends nothing."""
+        elapsed = now - self.started_at
+        return not any(f.kind == FaultKind.DROP_OUT and f.active(elapsed) for f in self.faults)
+
+    def assign(self, task_id: str, intensity: float, memory_gb: float = 0.0) -> None:
+        if task_id not in self.work:
+            self.reserved_memory_gb += memory_gb
+        self.work[task_id] = max(0.0, min(1.0, intensity))
+
+    def unassign(self, task_id: str, memory_gb: float = 0.0) -> None:
+        if self.work.pop(task_id, None) is not None:
+            self.reserved_memory_gb = max(0.0, self.reserved_memory_gb - memory_gb)
+
+    def step(self, dt: float, now: float) -> None:
+        """Advance power, heat and battery by ``dt`` seconds."""
+        if dt <= 0:
+            return
+        elapsed = now - self.started_at
+        extra_heat = sum(
+            f.amount for f in self.faults if f.kind == FaultKind.OVERHEAT and f.active(elapsed)
+        )
+        target = (
+            AMBIENT_C
+            + IDLE_RISE_C
+            + self.capabilities.delta_t_c * self.utilisation * self.frequency_scale
+            + extra_heat
+        )
+        self.temperature_c += (target - self.temperature_c) * (
+            1 - math.exp(-dt / self.thermal_tau_s)
+        )
+        power = self.power_w
+        self.energy_j += power * dt
+        if self.battery_percent is not None and self.battery_wh > 0:
+            watts = CHARGE_W if self.plugged else -power
+            self.battery_percent += watts * dt / 3600.0 / self.battery_wh * 100.0
+            for f in self.faults:
+                if f.kind == FaultKind.BATTERY_SAG and f.active(elapsed):
+                    self.battery_percent = min(self.battery_percent, f.amount)
+            self.battery_percent = min(100.0, max(0.0, self.battery_percent))
+
+    # -- messages ---------------------------------------------------------------------------
+    def announce(self, now: float, interval_s: float) -> DeviceAnnounce:
+        return DeviceAnnounce(
+            device_id=self.device_id,
+            device_class=self.device_class,
+            capabilities=self.capabilities,
+            emulated=True,
+            interval_s=interval_s,
+            ts=now,
+        )
+
+    def sample(self, seq: int, now: float, rng: np.random.Generator) -> TelemetrySample:
+        caps = self.capabilities
+        jitter = float(rng.lognormal(0.0, 0.2))
+        available = max(0.0, caps.memory_total_gb * 0.8 - self.reserved_memory_gb)
+        return TelemetrySample(
+            device_id=self.device_id,
+            seq=seq,
+            ts=now,
+            cpu_utilisation=self.utilisation,
+            memory_total_gb=caps.memory_total_gb,
+            memory_available_gb=min(available, caps.memory_total_gb),
+            power_w=self.power_w,
+            temperature_c=min(self.temperature_c, 199.0),
+            battery_percent=self.battery_percent,
+            plugged=self.plugged if caps.has_battery else None,
+            network_rtt_ms=self.base_rtt_ms * jitter,
+            network_bandwidth_mbps=caps.network_bandwidth_mbps / jitter,
+            running_tasks=len(self.work),
+            energy_j=self.energy_j,
+            frequency_scale=self.frequency_scale,
+        )

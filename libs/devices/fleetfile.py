@@ -1,0 +1,94 @@
+"""Fleet files: how many devices of each class, a seed, and scripted faults.
+
+seed: 7
+prefix: home          # device ids are <prefix>-<class>-<n>
+devices: {phone: 3, laptop: 2, watch: 2, workstation: 1}
+faults:
+  - {device: home-phone-0, kind: drop_out, at_s: 30, duration_s: 20}
+  - {device: home-laptop-1, kind: overheat, at_s: 10, amount: 40}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from libs.contracts import DeviceClass
+from libs.devices.emulated import EmulatedDevice, Fault, FaultKind
+
+#: The default mixed fleet of `tessera up`, in the order devices are added.
+MIXED_ORDER = (
+    DeviceClass.LAPTOP,
+    DeviceClass.PHONE,
+    DeviceClass.WORKSTATION,
+    DeviceClass.WATCH,
+    DeviceClass.EDGE_SERVER,
+    DeviceClass.PHONE,
+    DeviceClass.LAPTOP,
+    DeviceClass.CLOUD_GPU,
+)
+
+
+class FaultSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    device: str
+    kind: FaultKind
+    at_s: Annotated[float, Field(ge=0)]
+    duration_s: Annotated[float, Field(gt=0)] = float("inf")
+    amount: float = 0.0
+
+
+class FleetSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    seed: int = 0
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{0,24}$")] = "dev"
+    devices: dict[DeviceClass, Annotated[int, Field(ge=0, le=100_000)]]
+    faults: tuple[FaultSpec, ...] = ()
+
+    @model_validator(mode="after")
+    def _faults_name_devices(self) -> FleetSpec:
+        ids = set(device_ids(self))
+        unknown = [f.device for f in self.faults if f.device not in ids]
+        if unknown:
+            raise ValueError(f"faults name unknown devices: {', '.join(unknown[:5])}")
+        return self
+
+
+def mixed(count: int, seed: int = 0, prefix: str = "dev") -> FleetSpec:
+    """``count`` devices cycling through the classes of ``MIXED_ORDER``."""
+    counts: dict[DeviceClass, int] = {}
+    for i in range(count):
+        cls = MIXED_ORDER[i % len(MIXED_ORDER)]
+        counts[cls] = counts.get(cls, 0) + 1
+    return FleetSpec(seed=seed, prefix=prefix, devices=counts)
+
+
+def load_fleet(data: dict[str, Any]) -> FleetSpec:
+    """Validate a parsed fleet file. Raises ``pydantic.ValidationError`` naming the field."""
+    return FleetSpec.model_validate(data)
+
+
+def device_ids(spec: FleetSpec) -> list[str]:
+    sep = "-" if spec.prefix else ""
+    return [
+        f"{spec.prefix}{sep}{cls.value.replace('_', '')}-{i}"
+        for cls, count in spec.devices.items()
+        for i in range(count)
+    ]
+
+
+def build(spec: FleetSpec, now: float = 0.0) -> list[EmulatedDevice]:
+    """The devices of ``spec``; the same spec always gives the same figures."""
+    rng = np.random.default_rng(spec.seed)
+    classes = [cls for cls, count in spec.devices.items() for _ in range(count)]
+    faults: dict[str, list[Fault]] = {}
+    for f in spec.faults:
+        faults.setdefault(f.device, []).append(Fault(f.kind, f.at_s, f.duration_s, f.amount))
+    devices = []
+    for device_id, cls in zip(device_ids(spec), classes, strict=True):
+        device = EmulatedDevice.draw(device_id, cls, rng, now)
+        device.faults = tuple(faults.get(device_id, ()))
+        devices.append(device)
+    return devices

@@ -1,0 +1,36 @@
+"""Run the scorer: ``python -m services.scorer``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.lifecycle import announce_ready, run_service
+from libs.runtime.logs import configure_logging
+from libs.runtime.metrics import serve_metrics
+from libs.runtime.store import connect_redis
+from services.scorer.metrics import ScorerMetrics
+from services.scorer.service import Scorer
+from services.scorer.settings import ScorerSettings
+
+
+async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
+    metrics = ScorerMetrics.create()
+    port = serve_metrics(metrics.registry, settings.metrics_port)
+    nc = await connect_nats(settings.nats_url, "scorer")
+    redis = connect_redis(settings.redis_url)
+    await redis.ping()
+    scorer = Scorer(settings, nc, redis, metrics)
+    await scorer.start()
+    announce_ready("scorer", metrics_port=port)
+    await stop.wait()
+    await scorer.stop()
+    await close_nats(nc)
+    await redis.aclose()
+
+
+if __name__ == "__main__":
+    settings = ScorerSettings()
+    configure_logging("scorer", settings.log_level, settings.log_format)
+    sys.exit(run_service("scorer", lambda stop: main(stop, settings)))

@@ -1,0 +1,371 @@
+"""The scorer: telemetry in, five-dimension scores out to Redis, failures detected.
+
+Handlers only buffer; a flush every ``flush_interval_ms`` coalesces the buffer per device,
+writes raw metrics for every sample in one Redis pipeline, and re-scores (vectorised) the
+devices whose state changed significantly or whose score is older than the re-score interval.
+A detector loop declares devices failed after the configured number of missed heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from redis.asyncio import Redis
+
+from libs.contracts import (
+    ANNOUNCE,
+    ANNOUNCE_REQUEST,
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    HEARTBEAT,
+    MODE_CHANGE,
+    SCORE,
+    TELEMETRY,
+    AnnounceRequest,
+    DeviceAnnounce,
+    DeviceFailed,
+    DeviceRecovered,
+    Heartbeat,
+    Mode,
+    ModeChange,
+    ScoreUpdate,
+    TelemetrySample,
+)
+from libs.contracts.keys import Keys
+from libs.core.profiles import BUILTIN_PROFILES
+from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
+from libs.runtime.bus import publish, subscribe
+from services.scorer.metrics import ScorerMetrics
+from services.scorer.settings import ScorerSettings
+from services.scorer.table import DeviceRecord, History, significant
+
+log = logging.getLogger(__name__)
+
+#: The hash field holding the device's latest validated sample, as JSON.
+RAW_FIELD = "raw"
+
+
+class Scorer:
+    def __init__(
+        self,
+        settings: ScorerSettings,
+        nc: NatsClient,
+        redis: Redis,
+        metrics: ScorerMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings, self.nc, self.redis, self.metrics, self.clock = (
+            settings,
+            nc,
+            redis,
+            metrics,
+            clock,
+        )
+        self.keys = Keys(settings.key_prefix)
+        self.table: dict[str, DeviceRecord] = {}
+        self.buffer: list[tuple[TelemetrySample, bytes]] = []
+        self.announces: dict[str, DeviceAnnounce] = {}
+        self.heard: dict[str, float] = {}
+        self.unknown_until: dict[str, float] = {}
+        self.rejects: Counter[str] = Counter()
+        self.mode = Mode.BALANCED
+        self.rescore_all = False
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def weights(self) -> tuple[float, float, float, float, float]:
+        return BUILTIN_PROFILES[self.mode].dimensions.as_tuple()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        stored = await self.redis.get(self.keys.mode)
+        if stored in {m.value for m in Mode}:
+            self.mode = Mode(str(stored))
+        options: dict[str, Any] = {"rejected": self.on_rejected, "pending_msgs_limit": 1_000_000}
+        self._subs = [
+            await subscribe(self.nc, ANNOUNCE, self.on_announce, **options),
+            await subscribe(self.nc, TELEMETRY, self.on_telemetry, **options),
+            await subscribe(self.nc, HEARTBEAT, self.on_heartbeat, **options),
+            await subscribe(self.nc, MODE_CHANGE, self.on_mode, **options),
+        ]
+        # Agents that announced before we subscribed (or while we were down) announce again.
+        request = AnnounceRequest(reason="scorer started", ts=self.clock())
+        await publish(self.nc, ANNOUNCE_REQUEST, request)
+        self._tasks = [
+            asyncio.create_task(self._every(self.settings.flush_interval_ms / 1000, self.flush)),
+            asyncio.create_task(self._every(self.settings.detector_interval_s, self.detect)),
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flush()
+
+    async def _every(self, period_s: float, action: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await action()
+            except Exception:
+                log.exception("scorer loop step failed", extra={"step": action.__name__})
+
+    # -- handlers (cheap: they only record) -------------------------------------------------
+    def on_rejected(self, channel: str, reason: str, detail: str) -> None:
+        self.rejects[reason] += 1
+        self.metrics.rejected.labels(channel, reason).inc()
+
+    async def on_announce(self, announce: DeviceAnnounce, msg: Msg) -> None:
+        self.announces[announce.device_id] = announce
+
+    async def on_telemetry(self, sample: TelemetrySample, msg: Msg) -> None:
+        self.buffer.append((sample, msg.data))  # the bytes were just validated: store as-is
+
+    async def on_heartbeat(self, heartbeat: Heartbeat, msg: Msg) -> None:
+        self.heard[heartbeat.device_id] = self.clock()
+
+    async def on_mode(self, change: ModeChange, msg: Msg) -> None:
+        if change.mode != self.mode:
+            self.mode = change.mode
+            self.rescore_all = True
+            log.info("mode changed", extra={"mode": change.mode.value, "reason": change.reason})
+
+    # -- flush --------------------------------------------------------------------------------
+    async def flush(self) -> None:
+        samples, self.buffer = self.buffer, []
+        heard, self.heard = self.heard, {}
+        announces, self.announces = self.announces, {}
+        if not (samples or heard or announces or self.rejects or self.rescore_all):
+            return
+        started = time.perf_counter()
+        now = self.clock()
+        if announces:
+            await self._register(list(announces.values()), now)
+        latest: dict[str, TelemetrySample] = {}
+        raw: dict[str, bytes] = {}
+        per_device: Counter[str] = Counter()
+        for sample, data in samples:
+            latest[sample.device_id] = sample
+            raw[sample.device_id] = data
+            per_device[sample.device_id] += 1
+        await self._resolve_unknown(latest, per_device, now)
+        pipe = self.redis.pipeline(transaction=False)
+        misses = self.settings.heartbeat_misses
+        for device_id, at in heard.items():
+            if (record := self.table.get(device_id)) is not None:
+                record.touch(at, misses)
+        due = []
+        for device_id, sample in latest.items():
+            record = self.table[device_id]
+            record.touch(now, misses)
+            record.latest = sample
+            if record.failed:
+                await self._recover(record, now, pipe)
+            pipe.hset(self.keys.device(device_id), RAW_FIELD, raw[device_id])
+            stale = record.last_scored_at is None or (
+                now - record.last_scored_at >= self.settings.rescore_interval_s
+            )
+            if self.rescore_all or stale or significant(record.last_scored, sample, self.settings):
+                due.append(record)
+        if self.rescore_all:
+            due = [r for r in self.table.values() if r.latest is not None and not r.failed]
+            self.rescore_all = False
+        if due:
+            await self._rescore(due, now, pipe)
+        counted = sum(per_device[d] for d in latest)
+        if counted:
+            pipe.hincrby(self.keys.stats, "processed", counted)
+        for reason, count in self.rejects.items():
+            pipe.hincrby(self.keys.stats, f"rejected:{reason}", count)
+        self.rejects.clear()
+        await pipe.execute()
+        self.metrics.samples.inc(counted)
+        self.metrics.flush_seconds.observe(time.perf_counter() - started)
+
+    async def _register(self, announces: list[DeviceAnnounce], now: float) -> None:
+        """Record announced devices; load the history of new ones and store every announce,
+        in one round trip."""
+        new = [a for a in announces if a.device_id not in self.table]
+        histories = await self._load_histories([a.device_id for a in new], now)
+        pipe = self.redis.pipeline(transaction=False)
+        for announce in announces:
+            existing = self.table.get(announce.device_id)
+            history = existing.history if existing else histories[announce.device_id]
+            record = DeviceRecord.from_announce(announce, history, now, self.settings.model_type)
+            if existing:
+                record.failed, record.last_seen = existing.failed, existing.last_seen
+            record.touch(now, self.settings.heartbeat_misses)
+            self.table[announce.device_id] = record
+            self.unknown_until.pop(announce.device_id, None)
+            pipe.set(self.keys.caps(announce.device_id), announce.model_dump_json())
+        await pipe.execute()
+
+    async def _resolve_unknown(
+        self, latest: dict[str, TelemetrySample], per_device: Counter[str], now: float
+    ) -> None:
+        """Load announces of devices this process has not seen (e.g. after a restart) from
+        Redis; samples of devices nobody announced are rejected as ``unknown_device``."""
+        unknown = [d for d in latest if d not in self.table]
+        if not unknown:
+            return
+        lookup = [d for d in unknown if self.unknown_until.get(d, 0.0) <= now]
+        stored = await self.redis.mget([self.keys.caps(d) for d in lookup]) if lookup else []
+        found = dict(zip(lookup, stored, strict=True))
+        histories = await self._load_histories([d for d in lookup if found[d] is not None], now)
+        for device_id in unknown:
+            raw = found.get(device_id)
+            if raw is None:
+                del latest[device_id]
+                self.unknown_until[device_id] = now + self.settings.unknown_device_cache_s
+                for _ in range(per_device[device_id]):
+                    self.on_rejected(TELEMETRY.name, "unknown_device", device_id)
+                continue
+            announce = DeviceAnnounce.model_validate_json(raw)
+            self.table[device_id] = DeviceRecord.from_announce(
+                announce, histories[device_id], now, self.settings.model_type
+            )
+
+    async def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any) -> None:
+        samples = [r.latest for r in due]
+        assert all(s is not None for s in samples)
+
+        def column(values: list[float]) -> np.ndarray:
+            return np.asarray(values, dtype=np.float64)
+
+        uptime, failure_rate = uptime_and_failure_rate(
+            column([now - r.history.first_seen for r in due]),
+            column([r.history.down_s for r in due]),
+            column([float(r.history.failures) for r in due]),
+        )
+        dims = score_batch(
+            compute=column([r.compute for r in due]),
+            memory_type_score=column([r.memory_type_score for r in due]),
+            typical_power_w=column([r.typical_power_w for r in due]),
+            memory_available_gb=column([s.memory_available_gb for s in samples]),  # type: ignore[union-attr]
+            network_bandwidth_mbps=column([s.network_bandwidth_mbps for s in samples]),  # type: ignore[union-attr]
+            network_rtt_ms=column([s.network_rtt_ms for s in samples]),  # type: ignore[union-attr]
+            uptime_ratio=uptime,
+            failure_rate=failure_rate,
+            weights=self.weights,
+            reference_need_gb=self.settings.reference_need_gb,
+        )
+        ttl = int(max(60.0, 4 * self.settings.rescore_interval_s))
+        for i, record in enumerate(due):
+            row = dims.row(i)
+            key = self.keys.device(record.device_id)
+            pipe.hset(
+                key,
+                mapping={
+                    **row,
+                    "class": record.device_class.value,
+                    "state": "alive",
+                    "scored_at": now,
+                    "mode": self.mode.value,
+                },
+            )
+            pipe.expire(key, ttl)
+            record.last_scored_at, record.last_scored = now, record.latest
+            update = ScoreUpdate(
+                device_id=record.device_id,
+                device_class=record.device_class,
+                ts=now,
+                mode=self.mode,
+                **row,
+            )
+            await publish(self.nc, SCORE, update, device_id=record.device_id)
+        for name in DIMENSION_FIELDS:
+            values = getattr(dims, name)
+            pipe.zadd(
+                self.keys.rank(name),
+                {r.device_id: float(values[i]) for i, r in enumerate(due)},
+            )
+
+    # -- liveness -----------------------------------------------------------------------------
+    async def detect(self) -> None:
+        now = self.clock()
+        overdue = [r for r in self.table.values() if now > r.deadline and not r.failed]
+        if not overdue:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for record in overdue:
+            record.failed = True
+            record.history.failures += 1
+            record.history.down_since = record.last_seen
+            pipe.hset(self.keys.device(record.device_id), "state", "failed")
+            pipe.sadd(self.keys.failed, record.device_id)
+            for name in DIMENSION_FIELDS:
+                pipe.zrem(self.keys.rank(name), record.device_id)
+            self._save_history(record, pipe)
+            event = DeviceFailed(
+                device_id=record.device_id,
+                ts=now,
+                last_seen_ts=record.last_seen,
+                missed_heartbeats=self.settings.heartbeat_misses,
+            )
+            await publish(self.nc, DEVICE_FAILED, event, device_id=record.device_id)
+            self.metrics.failures.inc()
+            log.warning(
+                "device failed",
+                extra={"device_id": record.device_id, "silent_s": round(now - record.last_seen, 2)},
+            )
+        await pipe.execute()
+
+    async def _recover(self, record: DeviceRecord, now: float, pipe: Any) -> None:
+        down_since = record.history.down_since or now
+        record.history.down_s += max(0.0, now - down_since)
+        record.history.down_since = None
+        record.failed = False
+        record.last_scored_at = None  # re-score now
+        pipe.srem(self.keys.failed, record.device_id)
+        self._save_history(record, pipe)
+        event = DeviceRecovered(device_id=record.device_id, ts=now, down_for_s=now - down_since)
+        await publish(self.nc, DEVICE_RECOVERED, event, device_id=record.device_id)
+        self.metrics.recoveries.inc()
+        log.info("device recovered", extra={"device_id": record.device_id})
+
+    def _save_history(self, record: DeviceRecord, pipe: Any) -> None:
+        h = record.history
+        pipe.hset(
+            self.keys.history(record.device_id),
+            mapping={
+                "first_seen": h.first_seen,
+                "down_s": h.down_s,
+                "failures": h.failures,
+                "down_since": h.down_since if h.down_since is not None else "",
+            },
+        )
+
+    async def _load_histories(self, device_ids: list[str], now: float) -> dict[str, History]:
+        if not device_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for device_id in device_ids:
+            pipe.hgetall(self.keys.history(device_id))
+        histories = {}
+        for device_id, stored in zip(device_ids, await pipe.execute(), strict=True):
+            down_since = stored.get("down_since") or None
+            histories[device_id] = (
+                History(
+                    first_seen=float(stored["first_seen"]),
+                    down_s=float(stored.get("down_s", 0.0)),
+                    failures=int(stored.get("failures", 0)),
+                    down_since=float(down_since) if down_since else None,
+                )
+                if stored
+                else History(first_seen=now)
+            )
+        return histories

@@ -1,0 +1,81 @@
+"""The scorer's in-memory view of each device: what it announced, when it was last heard,
+what was last scored, and its stability history. Pure: no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.contracts import DeviceAnnounce, DeviceClass, TelemetrySample
+from libs.core.capability import MEMORY_TYPE_SCORE, compute_index
+from services.scorer.settings import ScorerSettings
+
+
+@dataclass
+class History:
+    first_seen: float
+    down_s: float = 0.0
+    failures: int = 0
+    down_since: float | None = None
+
+
+@dataclass
+class DeviceRecord:
+    device_id: str
+    device_class: DeviceClass
+    interval_s: float
+    compute: float  # CCI, static per device
+    memory_type_score: float
+    typical_power_w: float
+    history: History
+    last_seen: float
+    failed: bool = False
+    #: When the device counts as failed if nothing is heard before (see ``touch``).
+    deadline: float = float("inf")
+    last_scored_at: float | None = None
+    last_scored: TelemetrySample | None = None
+    latest: TelemetrySample | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_announce(
+        cls, announce: DeviceAnnounce, history: History, now: float, model_type: str
+    ) -> DeviceRecord:
+        caps = announce.capabilities
+        return cls(
+            device_id=announce.device_id,
+            device_class=announce.device_class,
+            interval_s=announce.interval_s,
+            compute=float(
+                compute_index(
+                    caps.fp32_tflops, caps.int8_tops, caps.memory_bandwidth_gbps, model_type
+                )
+            ),
+            memory_type_score=MEMORY_TYPE_SCORE[caps.memory_type],
+            typical_power_w=caps.typical_power_w,
+            history=history,
+            last_seen=now,
+        )
+
+    def touch(self, now: float, misses: int) -> None:
+        """Heard from at ``now``: it fails if silent for ``misses`` intervals (+ a grace)."""
+        self.last_seen = max(self.last_seen, now)
+        grace = min(1.0, 0.25 * self.interval_s)
+        self.deadline = self.last_seen + misses * self.interval_s + grace
+
+
+def significant(old: TelemetrySample | None, new: TelemetrySample, s: ScorerSettings) -> bool:
+    """Whether ``new`` differs enough from what was last scored to re-score at once."""
+    if old is None:
+        return True
+    if abs(new.memory_available_gb - old.memory_available_gb) > s.memory_change * max(
+        old.memory_available_gb, 0.1
+    ):
+        return True
+    if abs(new.temperature_c - old.temperature_c) > s.temperature_change_c:
+        return True
+    if abs(new.cpu_utilisation - old.cpu_utilisation) > s.utilisation_change:
+        return True
+    if abs(new.network_rtt_ms - old.network_rtt_ms) > s.rtt_change * max(old.network_rtt_ms, 1.0):
+        return True
+    if new.battery_percent is not None and old.battery_percent is not None:
+        return abs(new.battery_percent - old.battery_percent) > s.battery_change_points
+    return new.battery_percent != old.battery_percent

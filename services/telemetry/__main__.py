@@ -1,0 +1,78 @@
+"""Run telemetry agents: ``python -m services.telemetry`` (a fleet, or this host)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+
+import yaml
+from prometheus_client import CollectorRegistry, Counter
+
+from libs.devices.fleetfile import FleetSpec, build, load_fleet, mixed
+from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.lifecycle import announce_ready, run_service
+from libs.runtime.logs import configure_logging
+from libs.runtime.metrics import serve_metrics
+from services.telemetry.settings import TelemetrySettings
+
+log = logging.getLogger("services.telemetry")
+
+
+def fleet_spec(settings: TelemetrySettings) -> FleetSpec:
+    if settings.fleet is not None:
+        return load_fleet(yaml.safe_load(settings.fleet.read_text()))
+    return mixed(settings.devices, settings.seed, settings.prefix)
+
+
+async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
+    registry = CollectorRegistry()
+    published = Counter(
+        "tessera_telemetry_published", "Telemetry samples published", registry=registry
+    )
+    serve_metrics(registry, settings.metrics_port)
+    nc = await connect_nats(settings.nats_url, "telemetry")
+    run: Callable[[asyncio.Event], Awaitable[None]]
+    if settings.mode == "host":
+        from services.telemetry.calibration import cached
+        from services.telemetry.host import HostAgent
+
+        def progress(step: str, done: int, total: int) -> None:
+            log.info("calibrating", extra={"step": step, "done": done, "total": total})
+
+        calibration = await asyncio.to_thread(cached, settings.cache_dir, progress)
+        log.info(
+            "calibration",
+            extra={
+                "fp32_gflops": round(calibration.fp32_gflops, 1),
+                "seconds": round(calibration.seconds, 2),
+            },
+        )
+        run = HostAgent(nc, calibration, settings.interval_s).run
+        devices = 1
+    else:
+        from services.telemetry.fleet import FleetAgent
+
+        spec = fleet_spec(settings)
+        fleet = build(spec)
+        run = FleetAgent(
+            nc,
+            fleet,
+            settings.interval_s,
+            seed=spec.seed,
+            announce_every_s=settings.announce_every_s,
+            published=published,
+        ).run
+        devices = len(fleet)
+    task = asyncio.create_task(run(stop))
+    announce_ready("telemetry", mode=settings.mode, devices=devices)
+    await stop.wait()
+    await task
+    await close_nats(nc)
+
+
+if __name__ == "__main__":
+    settings = TelemetrySettings()
+    configure_logging("telemetry", settings.log_level, settings.log_format)
+    sys.exit(run_service("telemetry", lambda stop: main(stop, settings)))

@@ -1,0 +1,138 @@
+"""Many emulated devices in one process.
+
+Each interval every device steps its models and publishes one sample, spread evenly over the
+interval. The devices react to the work actually sent to them: the fleet listens on the work
+and DVFS-hint subjects (one wildcard subscription each, dispatched to the device named in the
+subject) and adjusts utilisation and clock speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from prometheus_client import Counter
+
+from libs.contracts import (
+    ANNOUNCE,
+    ANNOUNCE_REQUEST,
+    DVFS_HINT,
+    SHARD_TASK,
+    TELEMETRY,
+    AnnounceRequest,
+    DvfsHint,
+    ShardTask,
+)
+from libs.devices.emulated import EmulatedDevice
+from libs.runtime.bus import subscribe
+
+log = logging.getLogger(__name__)
+
+SLICES_PER_INTERVAL = 10
+
+
+def shard_intensity(task: ShardTask) -> float:
+    """Compute share a shard keeps busy: a fixed base plus its share of the layers."""
+    return min(1.0, 0.1 + 0.5 / task.shard_count)
+
+
+class FleetAgent:
+    def __init__(
+        self,
+        nc: NatsClient,
+        devices: Sequence[EmulatedDevice],
+        interval_s: float,
+        *,
+        seed: int = 0,
+        announce_every_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        published: Counter | None = None,
+    ) -> None:
+        self.nc = nc
+        self.published = published
+        self.devices = {d.device_id: d for d in devices}
+        self.interval_s = interval_s
+        self.announce_every_s = announce_every_s
+        self.clock = clock
+        self.rng = np.random.default_rng(seed)
+        self.seq = 0
+        self.stopped: set[str] = set()
+
+    async def announce(self) -> None:
+        now = self.clock()
+        for device in self.devices.values():
+            if device.device_id not in self.stopped and device.reporting(now):
+                message = device.announce(now, self.interval_s)
+                await self.nc.publish(
+                    ANNOUNCE.subject(device_id=device.device_id), ANNOUNCE.encode(message)
+                )
+
+    async def on_work(self, task: ShardTask, msg: Msg) -> None:
+        device = self.devices.get(task.device_id)
+        if device is None:
+            return
+        key = f"{task.deployment_id}:{task.shard_index}"
+        if task.action == "load":
+            device.assign(key, shard_intensity(task))
+        else:
+            device.unassign(key)
+
+    async def on_announce_request(self, request: AnnounceRequest, msg: Msg) -> None:
+        await self.announce()
+
+    async def on_hint(self, hint: DvfsHint, msg: Msg) -> None:
+        if (device := self.devices.get(hint.device_id)) is not None:
+            device.frequency_scale = hint.frequency_scale
+
+    def stop_device(self, device_id: str) -> None:
+        """Stop reporting one device (as if its agent died)."""
+        self.stopped.add(device_id)
+
+    def start_device(self, device_id: str) -> None:
+        self.stopped.discard(device_id)
+
+    async def tick(self, devices: Sequence[EmulatedDevice], dt: float) -> None:
+        now = self.clock()
+        self.seq += 1
+        for device in devices:
+            device.step(dt, now)
+            if device.device_id in self.stopped or not device.reporting(now):
+                continue
+            sample = device.sample(self.seq, now, self.rng)
+            await self.nc.publish(
+                TELEMETRY.subject(device_id=device.device_id), TELEMETRY.encode(sample)
+            )
+            if self.published is not None:
+                self.published.inc()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        subs = [
+            await subscribe(self.nc, SHARD_TASK, self.on_work),
+            await subscribe(self.nc, DVFS_HINT, self.on_hint),
+            await subscribe(self.nc, ANNOUNCE_REQUEST, self.on_announce_request),
+        ]
+        await self.announce()
+        devices = list(self.devices.values())
+        slices = [devices[i::SLICES_PER_INTERVAL] for i in range(SLICES_PER_INTERVAL)]
+        last_announce = self.clock()
+        try:
+            while not stop.is_set():
+                for part in slices:
+                    await self.tick(part, self.interval_s)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.interval_s / len(slices))
+                    if stop.is_set():
+                        break
+                if self.clock() - last_announce >= self.announce_every_s:
+                    await self.announce()
+                    last_announce = self.clock()
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()

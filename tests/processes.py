@@ -1,0 +1,86 @@
+"""Run a Tessera service as a real subprocess, as `tessera up` does, and wait for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from libs.runtime.procs import child_kwargs
+
+
+class ServiceProcess:
+    """``python -m services.<name>`` with extra environment; its JSON log lines are kept."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.env = {**os.environ, "TESSERA_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1", **env}
+        self.lines: list[dict[str, Any]] = []
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 60.0) -> ServiceProcess:
+        self.lines.clear()
+        self._events = queue.Queue()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.name}"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **child_kwargs(),  # type: ignore[call-overload]
+        )
+        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        self.wait_for(lambda e: e.get("msg") == "ready", ready_timeout_s)
+        return self
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                entry = {"msg": raw.decode(errors="replace").rstrip()}
+            if isinstance(entry, dict):
+                self.lines.append(entry)
+                self._events.put(entry)
+
+    def wait_for(self, match: Any, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                entry = self._events.get(timeout=0.1)
+            except queue.Empty:
+                if self.process is not None and self.process.poll() is not None:
+                    break
+                continue
+            if match(entry):
+                return entry
+        tail = "\n".join(json.dumps(e) for e in self.lines[-30:])
+        raise AssertionError(f"{self.name}: no matching log line within {timeout_s} s\n{tail}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
