@@ -104,3 +104,17 @@ def test_largest_remainder_sums_and_respects_the_minimum(total: int, weights: li
         return
     counts = largest_remainder(total, weights)
     assert sum(counts) == total and min(counts) >= 1
+
+
+def test_a_failed_devices_tasks_move_to_the_best_alternatives() -> None:
+    import numpy as np
+
+    from libs.core.dwps import Dwps
+    from libs.core.fleet import FleetState
+    from libs.core.migration import replace_tasks
+    from tests.builders import make_task
+
+    fleet = FleetState(three_devices(slots=4))
+    tasks = [make_task(f"t{i}", intensity=0.05) for i in range(3)]
+    placed = replace_tasks(Dwps(), fleet, "big", tasks, 0.0, np.random.default_rng(0))
+    assert all(p.device_id in {"mid", "small"} for p in placed)

@@ -129,3 +129,14 @@ def test_profiles_are_configuration_and_validated() -> None:
     data = BUILTIN_PROFILES[Mode.ENERGY].model_dump() | {"filters": ("memory", "teleport")}
     with pytest.raises(KeyError, match="teleport"):
         Pipeline(load_profile(data))
+
+
+def test_profile_files_load_and_match_the_builtins() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
+    for mode, profile in BUILTIN_PROFILES.items():
+        loaded = load_profile(yaml.safe_load((folder / f"{mode.value}.yaml").read_text()))
+        assert loaded == profile
