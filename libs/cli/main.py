@@ -40,6 +40,7 @@ def up(
         devices=settings.devices if devices is None else devices,
         fleet=fleet,
         run_file=settings.run_file,
+        scheduler_port=settings.scheduler_http_port,
     )
     raise typer.Exit(run_cluster(options))
 
@@ -57,6 +58,63 @@ def devices(
     settings = LauncherSettings()
     url = resolve(redis_url or settings.redis_url, settings.run_file)
     show_devices(url, settings.key_prefix, limit, json_output)
+
+
+SchedulerUrl = Annotated[
+    str | None, typer.Option(help="Scheduler API (default: the running `tessera up`).")
+]
+
+
+def _scheduler(explicit: str | None) -> str:
+    from libs.cli.scheduling import scheduler_url
+
+    return scheduler_url(explicit, LauncherSettings().run_file)
+
+
+@app.command()
+def preview(
+    model: str,
+    max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    scheduler_url: SchedulerUrl = None,
+) -> None:
+    """Every candidate placement of MODEL: layers and memory per device, or why not."""
+    from libs.cli.scheduling import show_previews
+
+    show_previews(_scheduler(scheduler_url), model, max_shards)
+
+
+@app.command()
+def deploy(
+    model: str,
+    deployment_id: Annotated[str | None, typer.Option("--id", help="Deployment id.")] = None,
+    max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    scheduler_url: SchedulerUrl = None,
+) -> None:
+    """Deploy MODEL across the fleet (split into shards where needed)."""
+    from libs.cli.scheduling import deploy as run
+
+    run(_scheduler(scheduler_url), model, deployment_id, max_shards)
+
+
+@app.command()
+def placements(scheduler_url: SchedulerUrl = None) -> None:
+    """The live deployments and their shards."""
+    from libs.cli.scheduling import show_placements
+
+    show_placements(_scheduler(scheduler_url))
+
+
+@app.command()
+def mode(
+    name: Annotated[
+        str | None, typer.Argument(help="performance, energy, balanced or auto")
+    ] = None,
+    scheduler_url: SchedulerUrl = None,
+) -> None:
+    """Show the scheduling mode, or set it (auto: back to automatic switching)."""
+    from libs.cli.scheduling import mode as run
+
+    run(_scheduler(scheduler_url), name)
 
 
 @app.command()

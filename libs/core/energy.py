@@ -22,7 +22,7 @@ BATTERY_FLOOR = 0.05
 #: Within this many degrees of the limit, a device's score backs off linearly toward 0.
 THERMAL_BACKOFF_C = 10.0
 #: Fixed overhead a task adds on top of its compute power, as a share of the dynamic range.
-TASK_OVERHEAD_SHARE = 0.05
+TASK_OVERHEAD_SHARE = 0.01
 
 
 def estimated_power_w(power_idle_w: Num, power_max_w: Num, intensity: float) -> Num:

@@ -2,8 +2,11 @@
 to the work assigned to it.
 
 Models (``step`` advances them by ``dt`` seconds):
-* power = idle + (max − idle) × utilisation × frequency² (dynamic power falls with DVFS);
-* temperature follows ambient + idle rise + ΔT × utilisation with time constant τ (first order);
+* the work assigned is a demand (share of full-clock capacity); at clock share f the device is
+  busy min(1, demand / f) of the time and serves min(demand, f) of its full-clock throughput,
+  so a lower clock saves power while it keeps up and caps throughput when it cannot;
+* power = idle + (max − idle) × busy × f² (dynamic power falls with DVFS);
+* temperature follows ambient + idle rise + ΔT × busy × f with time constant τ (first order);
 * battery drains by power × dt (Wh) when unplugged and charges at a fixed rate when plugged;
 * network round trip and bandwidth jitter around the device's base values (log-normal);
 * scripted faults: drop out (stops reporting), overheat (extra heat), battery sag.
@@ -21,6 +24,8 @@ from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetryS
 from libs.devices.classes import CLASS_PROFILES
 
 AMBIENT_C = 25.0
+#: Tokens/s of a class-speed-1 device at full load (SmolLM2 on one CPU core, measured).
+TOKENS_PER_S_AT_SPEED_1 = 30.0
 IDLE_RISE_C = 10.0
 CHARGE_W = 20.0
 IDLE_SHARE = 0.25  # idle power as a share of typical power
@@ -30,6 +35,7 @@ class FaultKind(StrEnum):
     DROP_OUT = "drop_out"
     OVERHEAT = "overheat"
     BATTERY_SAG = "battery_sag"
+    POWER_SURGE = "power_surge"  # draws (1 + amount) × its power for the same work
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +43,8 @@ class Fault:
     kind: FaultKind
     at_s: float
     duration_s: float = float("inf")
-    #: overheat: extra °C; battery_sag: the battery level it drops to (percent).
+    #: overheat: extra °C; battery_sag: the battery level it drops to (percent);
+    #: power_surge: the extra share of power drawn.
     amount: float = 0.0
 
     def active(self, elapsed_s: float) -> bool:
@@ -106,8 +113,13 @@ class EmulatedDevice:
 
     # -- state ------------------------------------------------------------------------------
     @property
-    def utilisation(self) -> float:
+    def demand(self) -> float:
         return min(1.0, sum(self.work.values()))
+
+    @property
+    def utilisation(self) -> float:
+        """Share of time busy at the current clock."""
+        return min(1.0, self.demand / self.frequency_scale)
 
     @property
     def idle_power_w(self) -> float:
@@ -117,6 +129,19 @@ class EmulatedDevice:
     def power_w(self) -> float:
         dynamic = self.capabilities.max_power_w - self.idle_power_w
         return self.idle_power_w + dynamic * self.utilisation * self.frequency_scale**2
+
+    def power_at(self, now: float) -> float:
+        """Power including an active power-surge fault."""
+        elapsed = now - self.started_at
+        surge = sum(
+            f.amount for f in self.faults if f.kind == FaultKind.POWER_SURGE and f.active(elapsed)
+        )
+        return self.power_w * (1.0 + surge)
+
+    @property
+    def tokens_per_s(self) -> float:
+        served = min(self.demand, self.frequency_scale)
+        return TOKENS_PER_S_AT_SPEED_1 * self.speed_factor * served
 
     def reporting(self, now: float) -> bool:
         """False while a drop-out fault is active: the device sends nothing."""
@@ -149,7 +174,7 @@ class EmulatedDevice:
         self.temperature_c += (target - self.temperature_c) * (
             1 - math.exp(-dt / self.thermal_tau_s)
         )
-        power = self.power_w
+        power = self.power_at(now)
         self.energy_j += power * dt
         if self.battery_percent is not None and self.battery_wh > 0:
             watts = CHARGE_W if self.plugged else -power
@@ -181,13 +206,14 @@ class EmulatedDevice:
             cpu_utilisation=self.utilisation,
             memory_total_gb=caps.memory_total_gb,
             memory_available_gb=min(available, caps.memory_total_gb),
-            power_w=self.power_w,
+            power_w=self.power_at(now),
             temperature_c=min(self.temperature_c, 199.0),
             battery_percent=self.battery_percent,
             plugged=self.plugged if caps.has_battery else None,
             network_rtt_ms=self.base_rtt_ms * jitter,
             network_bandwidth_mbps=caps.network_bandwidth_mbps / jitter,
             running_tasks=len(self.work),
+            measured_tokens_per_s=self.tokens_per_s if self.work else None,
             energy_j=self.energy_j,
             frequency_scale=self.frequency_scale,
         )

@@ -45,11 +45,13 @@ class FleetSpec(BaseModel):
     seed: int = 0
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{0,24}$")] = "dev"
     devices: dict[DeviceClass, Annotated[int, Field(ge=0, le=100_000)]]
+    #: Utilisation every device starts with (work the cluster already runs), in [0, 1].
+    background_load: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     faults: tuple[FaultSpec, ...] = ()
 
     @model_validator(mode="after")
     def _faults_name_devices(self) -> FleetSpec:
-        ids = set(device_ids(self))
+        ids = set(device_ids(self)) | {"*"}
         unknown = [f.device for f in self.faults if f.device not in ids]
         if unknown:
             raise ValueError(f"faults name unknown devices: {', '.join(unknown[:5])}")
@@ -89,6 +91,8 @@ def build(spec: FleetSpec, now: float = 0.0) -> list[EmulatedDevice]:
     devices = []
     for device_id, cls in zip(device_ids(spec), classes, strict=True):
         device = EmulatedDevice.draw(device_id, cls, rng, now)
-        device.faults = tuple(faults.get(device_id, ()))
+        device.faults = tuple(faults.get(device_id, []) + faults.get("*", []))
+        if spec.background_load > 0:
+            device.assign("background", spec.background_load)
         devices.append(device)
     return devices

@@ -31,7 +31,7 @@ from libs.runtime.procs import child_kwargs, stop_process
 from libs.runtime.servers import NatsServer, RedisServer
 
 #: Start order: consumers before producers, the front door last.
-SERVICE_ORDER = ("scorer", "scheduler", "worker", "telemetry", "gateway")
+SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
 
 
@@ -54,6 +54,7 @@ class UpOptions:
     gateway_port: int = 8000
     devices: int = 6
     fleet: Path | None = None
+    scheduler_port: int = 8100
     ready_timeout_s: float = 180.0
     extra_env: dict[str, str] = field(default_factory=dict)
     run_file: Path | None = None
@@ -77,6 +78,7 @@ class Cluster:
             TESSERA_GATEWAY_HOST=self.options.gateway_host,
             TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
             TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
+            TESSERA_SCHEDULER_HTTP_PORT=str(self.options.scheduler_port),
             TESSERA_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
@@ -166,6 +168,7 @@ class Cluster:
                     "nats_url": self.nats.url,
                     "redis_url": self.redis.url,
                     "gateway_url": url,
+                    "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
                     "pid": os.getpid(),
                 }
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 
 import yaml
@@ -55,7 +56,7 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
         from services.telemetry.fleet import FleetAgent
 
         spec = fleet_spec(settings)
-        fleet = build(spec)
+        fleet = build(spec, now=time.time())  # scripted faults count from now
         run = FleetAgent(
             nc,
             fleet,

@@ -58,6 +58,7 @@ class RunningCluster:
             os.environ,
             TESSERA_GATEWAY_PORT=str(self.port),
             TESSERA_RUN_FILE=str(self.run_file),
+            TESSERA_SCHEDULER_HTTP_PORT=str(free_port()),
             COLUMNS="200",
         )
         self.process = subprocess.Popen(

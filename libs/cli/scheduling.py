@@ -1,0 +1,100 @@
+"""``tessera preview|deploy|placements|mode``: the scheduler's HTTP API from a terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+
+def scheduler_url(explicit: str | None, run_file: Path) -> str:
+    if explicit:
+        return explicit.rstrip("/")
+    if run_file.exists():
+        return str(json.loads(run_file.read_text())["scheduler_url"])
+    raise SystemExit(
+        f"no running cluster found ({run_file} is missing): start one with `make up`, "
+        "or pass --scheduler-url"
+    )
+
+
+def call(method: str, url: str, **kwargs: Any) -> Any:
+    try:
+        response = httpx.request(method, url, timeout=30, **kwargs)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"scheduler not reachable at {url}: {exc}") from None
+    if response.status_code >= 400:
+        detail = response.json().get("detail", response.text) if response.content else ""
+        if isinstance(detail, list):  # FastAPI validation errors: field and message
+            detail = "; ".join(f"{e['loc'][-1] if e['loc'] else ''}: {e['msg']}" for e in detail)
+        raise SystemExit(f"error {response.status_code}: {detail}")
+    return response.json() if response.content else None
+
+
+def shards_table(title: str, shards: list[dict[str, Any]]) -> Table:
+    table = Table(title=title, header_style="bold")
+    for column in ("shard", "device", "layers", "memory GB"):
+        table.add_column(column)
+    for s in shards:
+        table.add_row(
+            str(s["shard_index"]),
+            s["device_id"],
+            f"{s['layer_start']}–{s['layer_end'] - 1}",
+            f"{s['memory_gb']:.2f}",
+        )
+    return table
+
+
+def show_previews(base: str, model: str, max_shards: int) -> None:
+    options = call(
+        "GET", f"{base}/instance/previews", params={"model": model, "max_shards": max_shards}
+    )
+    console = Console()
+    for option in options:
+        n = len(option["devices"])
+        if option["feasible"]:
+            console.print(
+                shards_table(
+                    f"{n} device(s): ~{option['step_ms']:.2f} ms/token step", option["shards"]
+                )
+            )
+        else:
+            console.print(f"[red]{n} device(s): infeasible[/red] — {option['reason']}")
+
+
+def deploy(base: str, model: str, deployment_id: str | None, max_shards: int) -> None:
+    body: dict[str, Any] = {"model": model, "max_shards": max_shards}
+    if deployment_id:
+        body["deployment_id"] = deployment_id
+    decision = call("POST", f"{base}/placements", json=body)
+    Console().print(
+        shards_table(
+            f"deployed {decision['task_id']} (epoch {decision['epoch']})", decision["assignments"]
+        )
+    )
+
+
+def show_placements(base: str) -> None:
+    console = Console()
+    deployments = call("GET", f"{base}/placements")
+    if not deployments:
+        console.print("no deployments")
+    for d in deployments:
+        console.print(
+            shards_table(
+                f"{d['deployment_id']}: {d['model']} (epoch {d['epoch']})", d["assignments"]
+            )
+        )
+
+
+def mode(base: str, name: str | None) -> None:
+    state = (
+        call("PUT", f"{base}/mode", json={"mode": name}) if name else call("GET", f"{base}/mode")
+    )
+    Console().print(
+        f"mode: [bold]{state['mode']}[/bold]" + (" (manual)" if state["manual"] else " (automatic)")
+    )

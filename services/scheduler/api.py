@@ -1,0 +1,141 @@
+"""The scheduler's HTTP API: previews, deployments, mode and policy, health and metrics.
+
+The gateway's admin API proxies these under /v1/cluster/… (issue 8); this is where they live.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, HTTPException, Query, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from libs.contracts import Mode, ModelDeployment, PlacementDecision, PlacementRequest
+from libs.core.catalogue import CATALOGUE
+from libs.core.profiles import Profile
+from libs.core.registry import POLICIES
+from services.scheduler.service import Scheduler
+
+
+class DeployBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    deployment_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+
+
+class ModeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Mode | Literal["auto"]
+
+
+class PolicyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    profile: Profile | None = None
+
+
+def _known_model(model: str) -> None:
+    if model not in CATALOGUE:
+        raise HTTPException(404, f"unknown model {model!r}; known: {', '.join(sorted(CATALOGUE))}")
+
+
+def create_api(scheduler: Scheduler) -> FastAPI:
+    app = FastAPI(title="Tessera scheduler", version="0.1.0")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "mode": scheduler.state.mode.value,
+            "deployments": len(scheduler.state.deployments),
+        }
+
+    @app.get("/instance/previews")
+    async def instance_previews(
+        model: str,
+        context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
+        max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
+    ) -> list[dict[str, Any]]:
+        """Every candidate placement: per-device layers and memory, or why it is infeasible."""
+        _known_model(model)
+        return [
+            {
+                "devices": list(p.devices),
+                "feasible": p.feasible,
+                "reason": p.reason,
+                "step_ms": p.step_ms,
+                "shards": [
+                    {
+                        "device_id": s.device_id,
+                        "shard_index": s.shard_index,
+                        "layer_start": s.layer_start,
+                        "layer_end": s.layer_end,
+                        "memory_gb": s.memory_gb,
+                    }
+                    for s in p.shards
+                ],
+            }
+            for p in scheduler.preview(model, context_length, max_shards, scheduler.clock())
+        ]
+
+    @app.post("/placements", status_code=201)
+    async def deploy(body: DeployBody) -> PlacementDecision:
+        _known_model(body.model)
+        task = ModelDeployment(
+            deployment_id=body.deployment_id or f"dep-{uuid.uuid4().hex[:12]}",
+            model=body.model,
+            context_length=body.context_length,
+            max_shards=body.max_shards,
+        )
+        decision = await scheduler.submit(PlacementRequest(task=task, ts=scheduler.clock()))
+        if not decision.placed:
+            raise HTTPException(409, decision.reason or "infeasible")
+        return decision
+
+    @app.get("/placements")
+    async def placements() -> list[dict[str, Any]]:
+        return [d.model_dump(mode="json") for d in scheduler.state.deployments.values()]
+
+    @app.delete("/placements/{deployment_id}", status_code=204)
+    async def undeploy(deployment_id: str) -> Response:
+        if not await scheduler.undeploy(deployment_id):
+            raise HTTPException(404, f"no deployment {deployment_id!r}")
+        return Response(status_code=204)
+
+    @app.get("/mode")
+    async def get_mode() -> dict[str, Any]:
+        return {"mode": scheduler.state.mode.value, "manual": scheduler.state.manual_mode}
+
+    @app.put("/mode")
+    async def put_mode(body: ModeBody) -> dict[str, Any]:
+        mode = None if body.mode == "auto" else Mode(body.mode)
+        await scheduler.set_mode(mode, "manual override" if mode else "automatic", manual=True)
+        return await get_mode()
+
+    @app.get("/policy")
+    async def get_policy() -> dict[str, Any]:
+        return {
+            "policy": scheduler.state.policy,
+            "profile": scheduler.state.profile.model_dump(mode="json"),
+            "available": sorted(POLICIES),
+        }
+
+    @app.put("/policy")
+    async def put_policy(body: PolicyBody) -> dict[str, Any]:
+        if body.policy not in POLICIES:
+            raise HTTPException(422, f"unknown policy {body.policy!r}; known: {sorted(POLICIES)}")
+        try:
+            scheduler.set_policy(body.policy, body.profile)
+        except KeyError as exc:
+            raise HTTPException(422, str(exc.args[0])) from None
+        return await get_policy()
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

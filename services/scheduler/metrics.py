@@ -1,0 +1,54 @@
+"""The scheduler's Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class SchedulerMetrics:
+    registry: CollectorRegistry
+    decision_seconds: Histogram
+    assignments: Counter
+    rejections: Counter
+    migrations: Counter
+    mode: Gauge
+    checkpoint_timestamp: Gauge
+
+    @classmethod
+    def create(cls) -> SchedulerMetrics:
+        reg = CollectorRegistry()
+        return cls(
+            reg,
+            Histogram(
+                "tessera_scheduler_decision_seconds",
+                "Time to decide one placement",
+                buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.02, 0.1, 0.5),
+                registry=reg,
+            ),
+            Counter(
+                "tessera_scheduler_assignments",
+                "Placements made",
+                ["policy", "device_class"],
+                registry=reg,
+            ),
+            Counter("tessera_scheduler_rejections", "Tasks not placed", ["reason"], registry=reg),
+            Counter(
+                "tessera_scheduler_migrations",
+                "Shards and tasks moved off failed devices",
+                registry=reg,
+            ),
+            Gauge(
+                "tessera_scheduler_mode",
+                "Active mode (1 for the active one)",
+                ["mode"],
+                registry=reg,
+            ),
+            Gauge(
+                "tessera_scheduler_checkpoint_timestamp_seconds",
+                "Unix time of the last saved checkpoint",
+                registry=reg,
+            ),
+        )

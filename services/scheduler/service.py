@@ -1,0 +1,478 @@
+"""The scheduler: a thin shell that feeds the core, publishes its decisions and keeps state.
+
+Requests are collected between cycles and decided together every ``cycle_ms``. Deployments
+are split across devices by the core's partitioner and kept as live state; inference requests
+and jobs go through the active policy. Failed devices' shards and tasks move to the best
+alternatives. The state is checkpointed every ``checkpoint_interval_s`` and at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import numpy as np
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from redis.asyncio import Redis
+
+from libs.contracts import (
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    DVFS_HINT,
+    MODE_CHANGE,
+    PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
+    SCORE,
+    SHARD_TASK,
+    DeploymentState,
+    DeviceFailed,
+    DeviceRecovered,
+    DvfsHint,
+    Mode,
+    ModeChange,
+    ModelDeployment,
+    PlacementDecision,
+    PlacementRequest,
+    ScoreUpdate,
+    ShardTask,
+)
+from libs.contracts.keys import Keys
+from libs.core.catalogue import CATALOGUE
+from libs.core.energy import dvfs_hint
+from libs.core.fleet import FleetState
+from libs.core.model import Device
+from libs.core.modes import ModeSwitcher
+from libs.core.partition import Preview, choose, previews
+from libs.core.profiles import BUILTIN_PROFILES, Profile
+from libs.core.registry import make_policy
+from libs.runtime.bus import ensure_streams, publish, subscribe
+from services.scheduler.checkpoints import CheckpointStore
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.state import ActiveTask, SchedulerState, replace_assignments
+from services.scheduler.tasks import assignments_of, decision_for, expected_seconds, to_task
+from services.scheduler.view import ClusterView
+
+log = logging.getLogger(__name__)
+Pending = tuple[PlacementRequest, str | None, "asyncio.Future[PlacementDecision] | None"]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        nc: NatsClient,
+        redis: Redis,
+        metrics: SchedulerMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings, self.nc, self.redis, self.metrics, self.clock = (
+            settings,
+            nc,
+            redis,
+            metrics,
+            clock,
+        )
+        self.keys = Keys(settings.key_prefix)
+        self.view = ClusterView(redis, self.keys)
+        self.checkpoints = CheckpointStore(redis, nc, self.keys, settings.checkpoints_kept)
+        self.state = SchedulerState(
+            mode=settings.mode, policy=settings.policy, profile=BUILTIN_PROFILES[settings.mode]
+        )
+        self.switcher = ModeSwitcher(mode=settings.mode, dwell_s=settings.mode_dwell_s)
+        self.policy = make_policy(self.state.policy, self.state.profile)
+        self.pending: list[Pending] = []
+        self.to_refresh: set[str] = set()
+        self.newly_failed: list[str] = []
+        self.hints: dict[str, float] = {}
+        self.rng = np.random.default_rng(0)
+        self.last_checkpoint_at = 0.0
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        await ensure_streams(self.nc)
+        await self.view.load()
+        checkpoint = await self.checkpoints.load()
+        if checkpoint is not None:
+            self.state = SchedulerState.restore(checkpoint, self.settings.decisions_kept)
+            self.switcher.mode = self.state.mode
+            self.policy = make_policy(self.state.policy, self.state.profile)
+            log.info(
+                "restored checkpoint",
+                extra={
+                    "checkpoint_ts": checkpoint.ts,
+                    "deployments": len(self.state.deployments),
+                    "mode": self.state.mode.value,
+                    "corrupt_skipped": self.checkpoints.corrupt_seen,
+                },
+            )
+        await self.redis.set(self.keys.mode, self.state.mode.value)
+        self._show_mode()
+        # Reconcile with live telemetry: devices gone since the checkpoint count as failed.
+        known = set(self.view.rows)
+        for deployment in self.state.deployments.values():
+            for device_id in self.state.devices_of(deployment.deployment_id):
+                if device_id not in known or device_id in self.view.failed:
+                    self.view.mark_failed(device_id)
+                    self.newly_failed.append(device_id)
+        self.pending = [(r, None, None) for r in self.state.queue]
+        options: dict[str, Any] = {"rejected": self._rejected}
+        self._subs = [
+            await subscribe(
+                self.nc, PLACEMENT_REQUEST, self.on_request, queue="scheduler", **options
+            ),
+            await subscribe(self.nc, SCORE, self.on_score, **options),
+            await subscribe(self.nc, DEVICE_FAILED, self.on_failed, **options),
+            await subscribe(self.nc, DEVICE_RECOVERED, self.on_recovered, **options),
+        ]
+        self._tasks = [
+            asyncio.create_task(self._every(self.settings.cycle_ms / 1000, self.cycle)),
+            asyncio.create_task(self._every(self.settings.checkpoint_interval_s, self.save)),
+            asyncio.create_task(self._every(self.settings.mode_eval_s, self.evaluate_mode)),
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.save()
+
+    async def _every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await step()
+            except Exception:
+                log.exception("scheduler step failed", extra={"step": step.__name__})
+
+    def _rejected(self, channel: str, reason: str, detail: str) -> None:
+        self.metrics.rejections.labels(f"bad_message:{reason}").inc()
+
+    # -- events -------------------------------------------------------------------------------
+    async def on_request(self, request: PlacementRequest, msg: Msg) -> None:
+        self.pending.append((request, msg.reply or None, None))
+
+    async def on_score(self, update: ScoreUpdate, msg: Msg) -> None:
+        self.to_refresh.add(update.device_id)
+
+    async def on_failed(self, event: DeviceFailed, msg: Msg) -> None:
+        self.view.mark_failed(event.device_id)
+        self.newly_failed.append(event.device_id)
+
+    async def on_recovered(self, event: DeviceRecovered, msg: Msg) -> None:
+        self.view.mark_recovered(event.device_id)
+        self.to_refresh.add(event.device_id)
+
+    async def submit(self, request: PlacementRequest) -> PlacementDecision:
+        """Queue a request for the next cycle and wait for its decision (HTTP API)."""
+        future: asyncio.Future[PlacementDecision] = asyncio.get_running_loop().create_future()
+        self.pending.append((request, None, future))
+        return await future
+
+    # -- the decision cycle -------------------------------------------------------------------
+    def devices(self, now: float) -> list[Device]:
+        return self.view.devices(self.state.load_by_device(now), self.state.reserved_memory_gb())
+
+    async def cycle(self) -> None:
+        now = self.clock()
+        if self.to_refresh:
+            refresh, self.to_refresh = sorted(self.to_refresh), set()
+            await self.view.refresh(refresh)
+        failed, self.newly_failed = self.newly_failed, []
+        for device_id in dict.fromkeys(failed):
+            await self.migrate(device_id, now)
+        batch, self.pending = self.pending, []
+        if not batch:
+            return
+        tasks = [(r, reply, f) for r, reply, f in batch if not isinstance(r.task, ModelDeployment)]
+        for request, reply, future in batch:
+            if isinstance(request.task, ModelDeployment):
+                decision = await self.deploy(request, now)
+                await self._announce(decision, reply, future)
+        if tasks:
+            await self._place_tasks(tasks, now)
+        await self._send_hints(now)
+
+    async def _place_tasks(self, batch: list[Pending], now: float) -> None:
+        devices = self.devices(now)
+        fleet = FleetState(devices)
+        by_id = {d.device_id: d for d in devices}
+        core_tasks = [to_task(r) for r, _, _ in batch]
+        started = time.perf_counter()
+        placements = self.policy.place(fleet, core_tasks, now, self.rng)
+        per_task = (time.perf_counter() - started) / max(1, len(core_tasks))
+        for (request, reply, future), placement in zip(batch, placements, strict=True):
+            self.metrics.decision_seconds.observe(per_task)
+            decision = decision_for(request, placement, self.state.policy, self.state.mode, now)
+            if placement.device_id is not None:
+                device = by_id[placement.device_id]
+                until = now + expected_seconds(request, device.speed)
+                self.state.active[request.task_id] = ActiveTask(
+                    request.task_id, placement.device_id, until, request
+                )
+            await self._announce(decision, reply, future)
+
+    async def _announce(
+        self,
+        decision: PlacementDecision,
+        reply: str | None,
+        future: asyncio.Future[PlacementDecision] | None,
+    ) -> None:
+        """Publish a decision, answer its caller, and account for it."""
+        self.state.decisions.appendleft(decision)
+        if decision.placed:
+            self.state.counters["placed"] += 1
+            for a in decision.assignments:
+                cls = self.view.announces.get(a.device_id)
+                self.metrics.assignments.labels(
+                    decision.policy, cls.device_class.value if cls else "unknown"
+                ).inc()
+        else:
+            self.state.counters["rejected"] += 1
+            self.metrics.rejections.labels((decision.reason or "unknown").split(":")[0]).inc()
+        data = PLACEMENT_DECISION.encode(decision)
+        await self.nc.publish(PLACEMENT_DECISION.subject(task_id=decision.task_id), data)
+        if reply:
+            await self.nc.publish(reply, data)
+        if future is not None and not future.done():
+            future.set_result(decision)
+
+    # -- deployments --------------------------------------------------------------------------
+    def preview(
+        self, model: str, context_length: int, max_shards: int, now: float
+    ) -> list[Preview]:
+        spec = CATALOGUE[model]
+        return previews(
+            spec, [d for d in self.devices(now) if not d.failed], context_length, max_shards
+        )
+
+    async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
+        task = request.task
+        assert isinstance(task, ModelDeployment)
+        existing = self.state.deployments.get(task.deployment_id)
+        if existing is not None:  # idempotent: a repeated request gets the live placement
+            return self._deployment_decision(existing, now)
+        if task.model not in CATALOGUE:
+            return PlacementDecision(
+                task_id=task.deployment_id,
+                kind="deployment",
+                placed=False,
+                reason=f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
+                policy="partition",
+                mode=self.state.mode,
+                ts=now,
+            )
+        chosen = choose(self.preview(task.model, task.context_length, task.max_shards, now))
+        if not chosen.feasible:
+            return PlacementDecision(
+                task_id=task.deployment_id,
+                kind="deployment",
+                placed=False,
+                reason=chosen.reason or "infeasible",
+                policy="partition",
+                mode=self.state.mode,
+                ts=now,
+            )
+        deployment = DeploymentState(
+            deployment_id=task.deployment_id,
+            model=task.model,
+            epoch=1,
+            context_length=task.context_length,
+            assignments=assignments_of(chosen),
+        )
+        self.state.deployments[task.deployment_id] = deployment
+        await self._shard_tasks(deployment, "load", now)
+        log.info(
+            "deployed",
+            extra={
+                "deployment_id": task.deployment_id,
+                "model": task.model,
+                "devices": [a.device_id for a in deployment.assignments],
+            },
+        )
+        await self.save()
+        return self._deployment_decision(deployment, now)
+
+    def _deployment_decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
+        return PlacementDecision(
+            task_id=deployment.deployment_id,
+            kind="deployment",
+            placed=True,
+            assignments=deployment.assignments,
+            policy="partition",
+            mode=self.state.mode,
+            epoch=deployment.epoch,
+            ts=now,
+        )
+
+    async def undeploy(self, deployment_id: str) -> bool:
+        deployment = self.state.deployments.pop(deployment_id, None)
+        if deployment is None:
+            return False
+        await self._shard_tasks(deployment, "unload", self.clock())
+        await self.save()
+        return True
+
+    async def _shard_tasks(
+        self,
+        deployment: DeploymentState,
+        action: Literal["load", "unload"],
+        now: float,
+        only: set[str] | None = None,
+    ) -> None:
+        """Durable shard tasks (JetStream) to each device of ``deployment``."""
+        js = self.nc.jetstream()
+        shards = deployment.assignments
+        for i, a in enumerate(shards):
+            if only is not None and a.device_id not in only:
+                continue
+            task = ShardTask(
+                action=action,
+                deployment_id=deployment.deployment_id,
+                model=deployment.model,
+                device_id=a.device_id,
+                shard_index=a.shard_index,
+                shard_count=len(shards),
+                layer_start=a.layer_start,
+                layer_end=a.layer_end,
+                next_device_id=shards[i + 1].device_id if i + 1 < len(shards) else None,
+                epoch=deployment.epoch,
+                ts=now,
+            )
+            await js.publish(SHARD_TASK.subject(device_id=a.device_id), SHARD_TASK.encode(task))
+
+    # -- failures -----------------------------------------------------------------------------
+    async def migrate(self, device_id: str, now: float) -> None:
+        """Move every shard and task of a failed device to the best alternatives."""
+        for deployment in list(self.state.deployments.values()):
+            if device_id not in self.state.devices_of(deployment.deployment_id):
+                continue
+            spec = CATALOGUE[deployment.model]
+            live = [d for d in self.devices(now) if not d.failed]
+            chosen = choose(previews(spec, live, deployment.context_length, len(live) or 1))
+            if not chosen.feasible:
+                log.error(
+                    "cannot re-place deployment",
+                    extra={"deployment_id": deployment.deployment_id, "reason": chosen.reason},
+                )
+                continue
+            old = deployment
+            new = replace_assignments(old, assignments_of(chosen))
+            self.state.deployments[new.deployment_id] = new
+            # Live devices drop the old epoch's shards; every device of the new plan loads.
+            await self._shard_tasks(
+                old,
+                "unload",
+                now,
+                only={a.device_id for a in old.assignments if a.device_id != device_id},
+            )
+            await self._shard_tasks(new, "load", now)
+            self.state.counters["migrations"] += 1
+            self.metrics.migrations.inc()
+            log.warning(
+                "migrated deployment",
+                extra={
+                    "deployment_id": new.deployment_id,
+                    "failed_device": device_id,
+                    "devices": [a.device_id for a in new.assignments],
+                    "epoch": new.epoch,
+                },
+            )
+            await self._announce(self._deployment_decision(new, now), None, None)
+        moved = [a for a in self.state.active.values() if a.device_id == device_id]
+        for active in moved:
+            del self.state.active[active.task_id]
+            self.pending.append((active.request, None, None))
+            self.state.counters["migrations"] += 1
+            self.metrics.migrations.inc()
+
+    # -- modes, hints, checkpoints ------------------------------------------------------------
+    async def evaluate_mode(self) -> None:
+        await self.view.refresh(sorted(set(self.view.rows) - self.view.failed))
+        throughput, efficiency = self.view.cluster_rates()
+        change = self.switcher.observe(self.clock(), throughput, efficiency)
+        if change is not None:
+            await self.set_mode(change.mode, change.reason, manual=False)
+
+    async def set_mode(self, mode: Mode | None, reason: str, manual: bool) -> None:
+        """Switch mode (``None`` with ``manual``: back to automatic switching)."""
+        now = self.clock()
+        previous = self.state.mode
+        if manual:
+            self.switcher.override(mode, now)
+            self.state.manual_mode = mode is not None
+            if mode is None:
+                return
+        assert mode is not None
+        self.state.mode, self.state.profile = mode, BUILTIN_PROFILES[mode]
+        self.policy = make_policy(self.state.policy, self.state.profile)
+        self.state.counters["mode_changes"] += 1
+        await self.redis.set(self.keys.mode, mode.value)
+        change = ModeChange(mode=mode, previous=previous, manual=manual, reason=reason, ts=now)
+        await publish(self.nc, MODE_CHANGE, change)
+        self._show_mode()
+        log.warning(
+            "mode changed",
+            extra={
+                "mode": mode.value,
+                "previous": previous.value,
+                "reason": reason,
+                "manual": manual,
+            },
+        )
+
+    def set_policy(self, name: str, profile: Profile | None) -> None:
+        """Raises ``KeyError`` for an unknown policy or plugin."""
+        new = make_policy(name, profile or self.state.profile)
+        self.policy, self.state.policy = new, name
+        if profile is not None:
+            self.state.profile = profile
+
+    def _show_mode(self) -> None:
+        for mode in Mode:
+            self.metrics.mode.labels(mode.value).set(1.0 if mode == self.state.mode else 0.0)
+
+    async def _send_hints(self, now: float) -> None:
+        """DVFS hints to devices whose hint changed: slow when idle or hot, fast when busy."""
+        urgent = {
+            a.device_id
+            for a in self.state.active.values()
+            if getattr(a.request.task, "urgency", 0.0) >= 0.8
+        }
+        for device in self.devices(now):
+            if device.failed:
+                continue
+            hint = dvfs_hint(
+                device.load,
+                device.device_id in urgent,
+                device.temperature_c,
+                device.thermal_limit_c,
+            )
+            if self.hints.get(device.device_id) == hint.frequency_scale:
+                continue
+            self.hints[device.device_id] = hint.frequency_scale
+            message = DvfsHint(
+                device_id=device.device_id,
+                ts=now,
+                frequency_scale=hint.frequency_scale,
+                reason=hint.reason,
+            )
+            await publish(self.nc, DVFS_HINT, message, device_id=device.device_id)
+
+    async def save(self) -> None:
+        now = self.clock()
+        self.state.queue = [r for r, _, _ in self.pending]
+        await self.checkpoints.save(self.state.checkpoint(now))
+        self.last_checkpoint_at = now
+        self.metrics.checkpoint_timestamp.set(now)

@@ -1,0 +1,31 @@
+"""Scheduler settings (prefix ``TESSERA_SCHEDULER_``); defaults are the seed's values."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.contracts import Mode
+from libs.runtime.settings import ServiceSettings
+
+
+class SchedulerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TESSERA_SCHEDULER_", extra="ignore", populate_by_name=True
+    )
+
+    #: Requests arriving within one cycle are placed together (design: 100–500 ms).
+    cycle_ms: int = Field(200, ge=100, le=500)
+    #: Scheduler state is checkpointed this often (design: every 10 minutes) and at shutdown.
+    checkpoint_interval_s: float = Field(600.0, gt=0)
+    checkpoints_kept: int = Field(5, ge=1, le=100)
+    #: How often the cluster's throughput and tokens/J are measured for mode switching.
+    mode_eval_s: float = Field(10.0, gt=0)
+    mode_dwell_s: float = Field(30.0, ge=0)
+    policy: str = "dwps"
+    mode: Mode = Mode.BALANCED
+    key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8100, ge=0, le=65535)
+    #: Decisions kept in memory and in checkpoints (most recent first).
+    decisions_kept: int = Field(1000, ge=0)
