@@ -279,3 +279,23 @@ async def test_mode_switches_to_energy_when_the_fleets_efficiency_drops_20_perce
     dropped = int(change.reason.removeprefix("efficiency dropped ").removesuffix("%"))
     assert 15 <= dropped <= 20
     assert await redis.get(Keys(cluster.uid).mode) == "energy"
+
+
+async def test_request_reply_callers_get_their_decision(
+    cluster: Cluster, redis: Redis, nc: NatsClient
+) -> None:
+    cluster.fleet("a", {"seed": 11, "devices": {"laptop": 2}})
+    await cluster.wait_scored(redis, 2)
+    cluster.start_scheduler()
+    request = PlacementRequest(
+        task=InferenceRequest(
+            request_id=f"{cluster.uid}q", model=SMOL, prompt_tokens=5, max_tokens=4
+        ),
+        ts=0.0,
+    )
+    reply = await nc.request(
+        PLACEMENT_REQUEST.subject(), PLACEMENT_REQUEST.encode(request), timeout=5
+    )
+    decision = PLACEMENT_DECISION.decode(reply.data)
+    assert decision.task_id == f"{cluster.uid}q" and decision.placed
+    assert decision.assignments[0].device_id.startswith(f"{cluster.uid}a-laptop-")
