@@ -16,6 +16,7 @@ from nats.aio.subscription import Subscription
 from pydantic import BaseModel
 
 from libs.contracts import STREAMS, Channel, ContractError
+from libs.runtime.tracing import processing, sending
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -70,7 +71,10 @@ async def ensure_streams(nc: NatsClient) -> None:
 
 
 async def publish(nc: NatsClient, channel: Channel[M], message: M, **tokens: str) -> None:
-    await nc.publish(channel.subject(**tokens), channel.encode(message))
+    """Publish ``message``; inside a traced operation its context travels in the headers."""
+    subject = channel.subject(**tokens)
+    with sending(channel.name, subject) as headers:
+        await nc.publish(subject, channel.encode(message), headers=headers)
 
 
 class RateLimitedLog:
@@ -127,11 +131,12 @@ async def subscribe(
                 detail=exc.detail[:300],
             )
             return
-        try:
-            await handler(message, msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("handler failed", extra={"channel": channel.name})
+        with processing(channel.name, msg.subject, msg.headers):
+            try:
+                await handler(message, msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("handler failed", extra={"channel": channel.name})
 
     return await nc.subscribe(subject or channel.wildcard, queue=queue, cb=on_message, **sub_kwargs)

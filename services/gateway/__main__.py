@@ -9,14 +9,15 @@ import uvicorn
 
 from libs.runtime.lifecycle import announce_ready
 from libs.runtime.logs import configure_logging
+from libs.runtime.tracing import configure_tracing, instrument
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 
 
 async def serve(settings: GatewaySettings) -> None:
-    config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_config=None
-    )
+    app = create_app(settings)
+    instrument(configure_tracing("gateway", settings.otlp_endpoint), app)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():

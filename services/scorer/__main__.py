@@ -10,12 +10,14 @@ from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
 from libs.runtime.store import connect_redis
+from libs.runtime.tracing import configure_tracing, instrument
 from services.scorer.metrics import ScorerMetrics
 from services.scorer.service import Scorer
 from services.scorer.settings import ScorerSettings
 
 
 async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
+    instrument(configure_tracing("scorer", settings.otlp_endpoint))
     metrics = ScorerMetrics.create()
     port = serve_metrics(metrics.registry, settings.metrics_port)
     nc = await connect_nats(settings.nats_url, "scorer")

@@ -16,6 +16,7 @@ from libs.runtime.bus import close_nats, connect_nats
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
+from libs.runtime.tracing import configure_tracing, instrument
 from services.telemetry.settings import TelemetrySettings
 
 log = logging.getLogger("services.telemetry")
@@ -28,6 +29,7 @@ def fleet_spec(settings: TelemetrySettings) -> FleetSpec:
 
 
 async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
+    instrument(configure_tracing("telemetry", settings.otlp_endpoint))
     registry = CollectorRegistry()
     published = Counter(
         "tessera_telemetry_published", "Telemetry samples published", registry=registry
