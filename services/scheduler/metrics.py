@@ -16,6 +16,12 @@ class SchedulerMetrics:
     migrations: Counter
     mode: Gauge
     checkpoint_timestamp: Gauge
+    checkpoint_interval: Gauge
+    cycle: Gauge
+    queue: Gauge
+    leader: Gauge
+    cluster_tokens_per_second: Gauge
+    cluster_tokens_per_joule: Gauge
 
     @classmethod
     def create(cls) -> SchedulerMetrics:
@@ -51,4 +57,12 @@ class SchedulerMetrics:
                 "Unix time of the last saved checkpoint",
                 registry=reg,
             ),
+            Gauge(
+                "tessera_scheduler_checkpoint_interval_seconds", "Checkpoint period", registry=reg
+            ),
+            Gauge("tessera_scheduler_cycle_seconds", "Decision cycle", registry=reg),
+            Gauge("tessera_scheduler_queue_length", "Requests waiting for a cycle", registry=reg),
+            Gauge("tessera_scheduler_leader", "1 on the replica that leads", registry=reg),
+            Gauge("tessera_cluster_tokens_per_second", "Measured cluster throughput", registry=reg),
+            Gauge("tessera_cluster_tokens_per_joule", "Measured cluster efficiency", registry=reg),
         )

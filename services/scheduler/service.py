@@ -95,6 +95,9 @@ class Scheduler:
         self.last_checkpoint_at = 0.0
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
+        metrics.cycle.set(settings.cycle_ms / 1000)
+        metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
+        metrics.leader.set(1.0)  # one replica for now; leader election comes with #10
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,6 +196,7 @@ class Scheduler:
         for device_id in dict.fromkeys(failed):
             await self.migrate(device_id, now)
         batch, self.pending = self.pending, []
+        self.metrics.queue.set(len(batch))
         if not batch:
             return
         tasks = [(r, reply, f) for r, reply, f in batch if not isinstance(r.task, ModelDeployment)]
@@ -401,6 +405,8 @@ class Scheduler:
     async def evaluate_mode(self) -> None:
         await self.view.refresh(sorted(set(self.view.rows) - self.view.failed))
         throughput, efficiency = self.view.cluster_rates()
+        self.metrics.cluster_tokens_per_second.set(throughput)
+        self.metrics.cluster_tokens_per_joule.set(efficiency)
         change = self.switcher.observe(self.clock(), throughput, efficiency)
         if change is not None:
             await self.set_mode(change.mode, change.reason, manual=False)

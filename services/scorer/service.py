@@ -45,7 +45,7 @@ from libs.contracts.keys import Keys
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
 from libs.runtime.bus import publish, subscribe
-from services.scorer.metrics import ScorerMetrics
+from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
 from services.scorer.table import DeviceRecord, History, significant
 
@@ -82,6 +82,7 @@ class Scorer:
         self.rescore_all = False
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
+        metrics.registry.register(DeviceCollector(lambda: list(self.table.values())))
 
     @property
     def weights(self) -> tuple[float, float, float, float, float]:
@@ -279,6 +280,7 @@ class Scorer:
             )
             pipe.expire(key, ttl)
             record.last_scored_at, record.last_scored = now, record.latest
+            record.scores = row
             update = ScoreUpdate(
                 device_id=record.device_id,
                 device_class=record.device_class,

@@ -26,6 +26,8 @@ class DeviceRecord:
     compute: float  # CCI, static per device
     memory_type_score: float
     typical_power_w: float
+    max_power_w: float
+    thermal_limit_c: float
     history: History
     last_seen: float
     failed: bool = False
@@ -33,6 +35,7 @@ class DeviceRecord:
     deadline: float = float("inf")
     last_scored_at: float | None = None
     last_scored: TelemetrySample | None = None
+    scores: dict[str, float] | None = None
     latest: TelemetrySample | None = field(default=None, repr=False)
 
     @classmethod
@@ -51,6 +54,8 @@ class DeviceRecord:
             ),
             memory_type_score=MEMORY_TYPE_SCORE[caps.memory_type],
             typical_power_w=caps.typical_power_w,
+            max_power_w=caps.max_power_w,
+            thermal_limit_c=caps.thermal_limit_c,
             history=history,
             last_seen=now,
         )
