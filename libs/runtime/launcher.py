@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from libs.runtime.lifecycle import READY_MESSAGE
-from libs.runtime.procs import child_kwargs, stop_process
+from libs.runtime.procs import child_kwargs, free_port, stop_process
 from libs.runtime.servers import NatsServer, RedisServer
 
 #: Start order: consumers before producers, the front door last.
@@ -68,6 +68,8 @@ class Cluster:
         self.redis = RedisServer()
         self.children: list[Child] = []
         self._stopping = False
+        #: Ports of the services that serve /metrics on a port of their own.
+        self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry")}
 
     # -- environment shared by every child ------------------------------------------------
     def child_env(self) -> dict[str, str]:
@@ -79,6 +81,8 @@ class Cluster:
             TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
             TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
             TESSERA_SCHEDULER_HTTP_PORT=str(self.options.scheduler_port),
+            TESSERA_SCORER_METRICS_PORT=str(self.metrics_ports["scorer"]),
+            TESSERA_TELEMETRY_METRICS_PORT=str(self.metrics_ports["telemetry"]),
             TESSERA_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
@@ -169,10 +173,21 @@ class Cluster:
                     "redis_url": self.redis.url,
                     "gateway_url": url,
                     "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
+                    "metrics": self.metrics_targets(),
                     "pid": os.getpid(),
                 }
             )
         )
+        write_prometheus_config(
+            self.options.run_file.with_name("prometheus.yml"), self.metrics_targets()
+        )
+
+    def metrics_targets(self) -> dict[str, str]:
+        """host:port of every service's /metrics."""
+        targets = {n: f"127.0.0.1:{p}" for n, p in self.metrics_ports.items()}
+        targets["scheduler"] = f"127.0.0.1:{self.options.scheduler_port}"
+        targets["gateway"] = f"{self.options.gateway_host}:{self.options.gateway_port}"
+        return targets
 
     # -- output -------------------------------------------------------------------------------
     def say(self, name: str, message: str, colour: str) -> None:
@@ -187,6 +202,19 @@ class Cluster:
             if not text:
                 continue
             self.say(child.name, _render(text, child), child.colour)
+
+
+def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
+    """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
+    ``prometheus --config.file <path>``."""
+    rules = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"
+    jobs = [{"targets": [target], "labels": {"service": name}} for name, target in targets.items()]
+    config = {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [str(rules / "*.yml")],
+        "scrape_configs": [{"job_name": "tessera", "static_configs": jobs}],
+    }
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
 
 
 def _exit_text(code: int) -> str:

@@ -22,6 +22,8 @@ class SchedulerMetrics:
     leader: Gauge
     cluster_tokens_per_second: Gauge
     cluster_tokens_per_joule: Gauge
+    weights: Gauge
+    match_score: Histogram
 
     @classmethod
     def create(cls) -> SchedulerMetrics:
@@ -65,4 +67,11 @@ class SchedulerMetrics:
             Gauge("tessera_scheduler_leader", "1 on the replica that leads", registry=reg),
             Gauge("tessera_cluster_tokens_per_second", "Measured cluster throughput", registry=reg),
             Gauge("tessera_cluster_tokens_per_joule", "Measured cluster efficiency", registry=reg),
+            Gauge("tessera_scheduler_weight", "Active profile weights", ["name"], registry=reg),
+            Histogram(
+                "tessera_scheduler_match_score",
+                "Priority P of placed tasks",
+                buckets=(0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0),
+                registry=reg,
+            ),
         )

@@ -220,6 +220,7 @@ class Scheduler:
             self.metrics.decision_seconds.observe(per_task)
             decision = decision_for(request, placement, self.state.policy, self.state.mode, now)
             if placement.device_id is not None:
+                self.metrics.match_score.observe(placement.score)
                 device = by_id[placement.device_id]
                 until = now + expected_seconds(request, device.speed)
                 self.state.active[request.task_id] = ActiveTask(
@@ -444,10 +445,13 @@ class Scheduler:
         self.policy, self.state.policy = new, name
         if profile is not None:
             self.state.profile = profile
+        self._show_mode()
 
     def _show_mode(self) -> None:
         for mode in Mode:
             self.metrics.mode.labels(mode.value).set(1.0 if mode == self.state.mode else 0.0)
+        for name, value in self.state.checkpoint(self.clock()).weights.items():
+            self.metrics.weights.labels(name).set(value)
 
     async def _send_hints(self, now: float) -> None:
         """DVFS hints to devices whose hint changed: slow when idle or hot, fast when busy."""
