@@ -7,9 +7,12 @@ adapters, logs ``ready`` (the line ``tessera up`` waits for), awaits ``stop`` an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+
+from nats.aio.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -38,3 +41,38 @@ def run_service(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) 
         return 1
     log.info("stopped", extra={"stopped_service": service})
     return 0
+
+
+class Background:
+    """A service's periodic steps and subscriptions, stopped together.
+
+    A step that raises is logged with its traceback and runs again next period.
+    """
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.tasks: list[asyncio.Task[None]] = []
+        self.subscriptions: list[Subscription] = []
+
+    def every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        self.tasks.append(asyncio.create_task(self._loop(period_s, step)))
+
+    async def _loop(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await step()
+            except Exception:
+                log.exception(
+                    "periodic step failed",
+                    extra={"failed_service": self.service, "step": step.__name__},
+                )
+
+    async def close(self) -> None:
+        for sub in self.subscriptions:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks, self.subscriptions = [], []

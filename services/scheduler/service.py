@@ -9,16 +9,14 @@ alternatives. The state is checkpointed every ``checkpoint_interval_s`` and at s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 
 from libs.contracts import (
@@ -52,6 +50,7 @@ from libs.core.partition import Preview, choose, previews
 from libs.core.profiles import BUILTIN_PROFILES, Profile
 from libs.core.registry import make_policy
 from libs.runtime.bus import ensure_streams, publish, subscribe
+from libs.runtime.lifecycle import Background
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.settings import SchedulerSettings
@@ -93,8 +92,7 @@ class Scheduler:
         self.hints: dict[str, float] = {}
         self.rng = np.random.default_rng(0)
         self.last_checkpoint_at = 0.0
-        self._subs: list[Subscription] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self.background = Background("scheduler")
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
         metrics.leader.set(1.0)  # one replica for now; leader election comes with #10
@@ -128,7 +126,7 @@ class Scheduler:
                     self.newly_failed.append(device_id)
         self.pending = [(r, None, None) for r in self.state.queue]
         options: dict[str, Any] = {"rejected": self._rejected}
-        self._subs = [
+        self.background.subscriptions += [
             await subscribe(
                 self.nc, PLACEMENT_REQUEST, self.on_request, queue="scheduler", **options
             ),
@@ -136,28 +134,13 @@ class Scheduler:
             await subscribe(self.nc, DEVICE_FAILED, self.on_failed, **options),
             await subscribe(self.nc, DEVICE_RECOVERED, self.on_recovered, **options),
         ]
-        self._tasks = [
-            asyncio.create_task(self._every(self.settings.cycle_ms / 1000, self.cycle)),
-            asyncio.create_task(self._every(self.settings.checkpoint_interval_s, self.save)),
-            asyncio.create_task(self._every(self.settings.mode_eval_s, self.evaluate_mode)),
-        ]
+        self.background.every(self.settings.cycle_ms / 1000, self.cycle)
+        self.background.every(self.settings.checkpoint_interval_s, self.save)
+        self.background.every(self.settings.mode_eval_s, self.evaluate_mode)
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.background.close()
         await self.save()
-
-    async def _every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            try:
-                await step()
-            except Exception:
-                log.exception("scheduler step failed", extra={"step": step.__name__})
 
     def _rejected(self, channel: str, reason: str, detail: str) -> None:
         self.metrics.rejections.labels(f"bad_message:{reason}").inc()

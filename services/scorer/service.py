@@ -8,8 +8,6 @@ A detector loop declares devices failed after the configured number of missed he
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -19,7 +17,6 @@ from typing import Any
 import numpy as np
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 
 from libs.contracts import (
@@ -45,6 +42,7 @@ from libs.contracts.keys import Keys
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
 from libs.runtime.bus import publish, subscribe
+from libs.runtime.lifecycle import Background
 from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
 from services.scorer.table import DeviceRecord, History, significant
@@ -80,8 +78,7 @@ class Scorer:
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
         self.rescore_all = False
-        self._subs: list[Subscription] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self.background = Background("scorer")
         metrics.registry.register(DeviceCollector(lambda: list(self.table.values())))
 
     @property
@@ -94,7 +91,7 @@ class Scorer:
         if stored in {m.value for m in Mode}:
             self.mode = Mode(str(stored))
         options: dict[str, Any] = {"rejected": self.on_rejected, "pending_msgs_limit": 1_000_000}
-        self._subs = [
+        self.background.subscriptions += [
             await subscribe(self.nc, ANNOUNCE, self.on_announce, **options),
             await subscribe(self.nc, TELEMETRY, self.on_telemetry, **options),
             await subscribe(self.nc, HEARTBEAT, self.on_heartbeat, **options),
@@ -103,27 +100,12 @@ class Scorer:
         # Agents that announced before we subscribed (or while we were down) announce again.
         request = AnnounceRequest(reason="scorer started", ts=self.clock())
         await publish(self.nc, ANNOUNCE_REQUEST, request)
-        self._tasks = [
-            asyncio.create_task(self._every(self.settings.flush_interval_ms / 1000, self.flush)),
-            asyncio.create_task(self._every(self.settings.detector_interval_s, self.detect)),
-        ]
+        self.background.every(self.settings.flush_interval_ms / 1000, self.flush)
+        self.background.every(self.settings.detector_interval_s, self.detect)
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.background.close()
         await self.flush()
-
-    async def _every(self, period_s: float, action: Callable[[], Any]) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            try:
-                await action()
-            except Exception:
-                log.exception("scorer loop step failed", extra={"step": action.__name__})
 
     # -- handlers (cheap: they only record) -------------------------------------------------
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
