@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from libs.contracts import Mode
 from libs.runtime.settings import LauncherSettings
 
 app = typer.Typer(
@@ -137,6 +138,70 @@ def calibrate() -> None:
     )
 
 
+simulate_app = typer.Typer(
+    help="Simulate policies on a workload and a fleet.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(simulate_app, name="simulate")
+
+Workload = Annotated[Path, typer.Option(help="Trace CSV (Azure LLM columns).")]
+Kind = Annotated[str, typer.Option(help="requests (LLM inference) or jobs (deep learning).")]
+Fleet = Annotated[str, typer.Option(help="Built-in fleet (seed, cloud-edge, gpu-cluster) or YAML.")]
+ModeOption = Annotated[Mode, typer.Option(help="Scheduling mode for DWPS.")]
+Load = Annotated[float, typer.Option(min=0.01, help="Request-rate multiplier.")]
+Seed = Annotated[int, typer.Option(help="Random seed.")]
+Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N requests.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
+DEFAULT_TRACE = Path("../shared/data/traces/azure-llm-2023/code.csv")
+
+
+@simulate_app.callback()
+def simulate(
+    ctx: typer.Context,
+    workload: Workload = DEFAULT_TRACE,
+    kind: Kind = "requests",
+    fleet: Fleet = "seed",
+    policy: Annotated[str, typer.Option(help="Policy name.")] = "dwps",
+    mode: ModeOption = Mode.BALANCED,
+    load: Load = 1.0,
+    seed: Seed = 0,
+    limit: Limit = None,
+    json_output: Json = False,
+    model: Model = "llama-3.2-1b-instruct",
+) -> None:
+    """Simulate one policy and print its metrics (or use `compare`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from libs.cli.simulate import run_one
+
+    run_one(workload, kind, fleet, policy, mode, load, seed, limit, json_output, model)
+
+
+@simulate_app.command("compare")
+def simulate_compare(
+    policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = (
+        "dwps,random,round_robin,least_connections"
+    ),
+    workload: Workload = DEFAULT_TRACE,
+    kind: Kind = "requests",
+    fleet: Fleet = "seed",
+    mode: ModeOption = Mode.BALANCED,
+    load: Load = 1.0,
+    seed: Seed = 0,
+    limit: Limit = None,
+    json_output: Json = False,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG charts here.")] = None,
+    model: Model = "llama-3.2-1b-instruct",
+) -> None:
+    """Run several policies on the same workload and seed; a table, JSON or charts."""
+    from libs.cli.simulate import compare
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    compare(workload, kind, fleet, names, mode, load, seed, limit, json_output, plot, model)
+
+
 @app.command()
 def version() -> None:
     """Print Tessera's version."""
@@ -147,3 +212,7 @@ def version() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -45,12 +45,24 @@ class ModelSpec:
     def gflop_per_layer_token(self) -> float:
         return 2.0 * self.params_per_layer / 1e9
 
+    @property
+    def params(self) -> float:
+        return self.layers * self.params_per_layer + self.embedding_params
+
+    @property
+    def weights_gb(self) -> float:
+        return self.params * self.bytes_per_param / GB
+
 
 CATALOGUE: dict[str, ModelSpec] = {
     # SmolLM2-135M-Instruct as the CPU worker runs it: fp32, 30 layers, tied embeddings (the
     # last shard holds its own copy of the embedding matrix as LM head), 3 KV heads × 64.
     "smollm2-135m-instruct": ModelSpec(
         "smollm2-135m-instruct", 30, 3_540_096, 28_311_552, 28_311_552, 4.0, 2 * 3 * 64 * 4
+    ),
+    # Llama 3.2 1B in fp16: 16 layers, tied embeddings, 8 KV heads × 64.
+    "llama-3.2-1b-instruct": ModelSpec(
+        "llama-3.2-1b-instruct", 16, 60_817_408, 262_668_288, 262_668_288, 2.0, 2 * 8 * 64 * 2
     ),
     # Llama 3.1 in fp16 (8 KV heads × 128).
     "llama-3.1-8b-instruct": ModelSpec(

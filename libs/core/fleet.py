@@ -108,6 +108,27 @@ class FleetState:
         self.load[i] = max(self.load[i] - 1.0 / self.slots[i], 0.0)
         self._derive(i)
 
+    def set_live_state(
+        self,
+        i: int,
+        *,
+        load: float,
+        memory_free_gb: float,
+        power_now_w: float,
+        temperature_c: float,
+        battery: float | None,
+        alive: bool,
+    ) -> None:
+        """Overwrite device ``i``'s live state (a simulator or a fresh reading)."""
+        self.load[i] = load
+        self.memory_free_gb[i] = memory_free_gb
+        self.power_now_w[i] = power_now_w
+        self.temperature_c[i] = temperature_c
+        if battery is not None:
+            self.battery[i] = battery
+        self.alive[i] = alive
+        self._derive(i)
+
     def fail(self, device_id: str) -> int:
         i = self.index[device_id]
         self.alive[i] = False

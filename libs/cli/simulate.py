@@ -1,0 +1,132 @@
+"""``tessera simulate``: run policies on a workload and a fleet, print metrics or compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from libs.contracts import Mode
+from libs.core.profiles import BUILTIN_PROFILES
+from libs.core.registry import make_policy
+from libs.devices.fleetfile import FleetSpec, build, load_fleet
+from libs.sim.fleets import builtin
+from libs.sim.metrics import summarise
+from libs.sim.serving import ServingSimulation, SimResult
+from libs.sim.workloads import Request, read_azure
+
+DEFAULT_MODEL = "llama-3.2-1b-instruct"
+COLUMNS = (
+    "completed",
+    "failed",
+    "throughput_tokens_per_s",
+    "latency_p50_s",
+    "latency_p99_s",
+    "tokens_per_joule",
+    "energy_j",
+    "jain_index",
+    "decision_p99_us",
+)
+
+
+def fleet_spec(name_or_path: str) -> FleetSpec:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise SystemExit(f"fleet file {path} not found")
+        return load_fleet(yaml.safe_load(path.read_text()))
+    try:
+        return builtin(name_or_path)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0])) from None
+
+
+def requests(workload: Path, kind: str, limit: int | None, load: float) -> list[Request]:
+    if kind == "jobs":
+        raise SystemExit(
+            "--kind jobs: the deep-learning job simulator (EdgeFlow) is not built "
+            "yet; --kind requests runs LLM inference traces"
+        )
+    if not workload.exists():
+        raise SystemExit(f"workload {workload} not found")
+    with workload.open() as lines:
+        return read_azure(lines, limit=limit, load=load)
+
+
+def simulate(
+    policy: str, spec: FleetSpec, reqs: list[Request], mode: Mode, seed: int, model: str
+) -> SimResult:
+    chosen = make_policy(policy, BUILTIN_PROFILES[mode])
+    return ServingSimulation(build(spec), chosen, model=model, seed=seed).run(reqs)
+
+
+def run_one(
+    workload: Path,
+    kind: str,
+    fleet: str,
+    policy: str,
+    mode: Mode,
+    load: float,
+    seed: int,
+    limit: int | None,
+    as_json: bool,
+    model: str,
+) -> None:
+    metrics = summarise(
+        simulate(
+            policy, fleet_spec(fleet), requests(workload, kind, limit, load), mode, seed, model
+        )
+    )
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    table = Table(title=f"{policy} ({mode.value}) on {fleet}", header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+def compare(
+    workload: Path,
+    kind: str,
+    fleet: str,
+    policies: list[str],
+    mode: Mode,
+    load: float,
+    seed: int,
+    limit: int | None,
+    as_json: bool,
+    plot: Path | None,
+    model: str,
+) -> None:
+    spec, reqs = fleet_spec(fleet), requests(workload, kind, limit, load)
+    runs: dict[str, dict[str, float | int]] = {}
+    results: dict[str, SimResult] = {}
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("simulating", total=len(policies))
+        for name in policies:
+            bar.update(task, description=f"simulating {name}")
+            results[name] = simulate(name, spec, reqs, mode, seed, model)
+            runs[name] = summarise(results[name])
+            bar.advance(task)
+    if plot is not None:
+        from libs.cli.plots import plot_runs
+
+        plot_runs(plot, runs, results)
+    if as_json:
+        print(json.dumps({"runs": runs}))
+        return
+    table = Table(title=f"{len(reqs)} requests on {fleet}, seed {seed}", header_style="bold")
+    table.add_column("policy")
+    for column in COLUMNS:
+        table.add_column(column.replace("_", " "), justify="right")
+    for name, metrics in runs.items():
+        table.add_row(name, *(str(metrics[c]) for c in COLUMNS))
+    Console().print(table)
