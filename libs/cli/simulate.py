@@ -17,7 +17,7 @@ from libs.devices.fleetfile import FleetSpec, build, load_fleet
 from libs.sim.fleets import builtin
 from libs.sim.metrics import summarise
 from libs.sim.serving import ServingSimulation, SimResult
-from libs.sim.workloads import Request, read_azure
+from libs.sim.workloads import Request, WorkloadError, read_azure
 
 DEFAULT_MODEL = "llama-3.2-1b-instruct"
 COLUMNS = (
@@ -46,15 +46,13 @@ def fleet_spec(name_or_path: str) -> FleetSpec:
 
 
 def requests(workload: Path, kind: str, limit: int | None, load: float) -> list[Request]:
-    if kind == "jobs":
-        raise SystemExit(
-            "--kind jobs: the deep-learning job simulator (EdgeFlow) is not built "
-            "yet; --kind requests runs LLM inference traces"
-        )
     if not workload.exists():
         raise SystemExit(f"workload {workload} not found")
     with workload.open() as lines:
-        return read_azure(lines, limit=limit, load=load)
+        try:
+            return read_azure(lines, limit=limit, load=load)
+        except WorkloadError as exc:
+            raise SystemExit(f"{workload}: {exc}") from None
 
 
 def simulate(
@@ -62,6 +60,51 @@ def simulate(
 ) -> SimResult:
     chosen = make_policy(policy, BUILTIN_PROFILES[mode])
     return ServingSimulation(build(spec), chosen, model=model, seed=seed).run(reqs)
+
+
+def run_jobs(
+    workload: Path, fleet: str, policy: str, load: float, limit: int | None
+) -> dict[str, float | int]:
+    """The deep-learning job simulator on a cloud + edge fleet (A100 throughput profiles)."""
+    import math
+
+    from libs.core.edgeflow import EdgeServer
+    from libs.sim.jobs import JobSimulation, read_itp, read_profile
+
+    if not workload.exists():
+        raise SystemExit(f"workload {workload} not found")
+    folder = workload.parents[2] / "profiles" / "elasticflow-throughputs" / "A100"
+    profiles = {p.stem: read_profile(p.open()) for p in folder.glob("*.csv")}
+    devices = build(fleet_spec(fleet))
+    gpus = sum(d.capabilities.gpu_count for d in devices if d.device_class == "cloud_gpu")
+    edge = [
+        EdgeServer(
+            d.device_id, d.capabilities.memory_total_gb, min(1.0, d.capabilities.fp32_tflops / 19.5)
+        )
+        for d in devices
+        if d.device_class == "edge_server"
+    ]
+    with workload.open() as lines:
+        try:
+            trace = read_itp(lines, limit=limit, load=load)
+        except WorkloadError as exc:
+            raise SystemExit(f"{workload}: {exc}") from None
+    try:
+        result = JobSimulation(policy, gpus, edge).run(trace, profiles)
+    except (ValueError, KeyError) as exc:
+        raise SystemExit(f"jobs simulation: {exc}") from None
+    done = [j for j in result.jobs if not math.isnan(j.finished_s)]
+    return {
+        "completed": len(done),
+        "failed": len(result.jobs) - len(done),
+        "deadline_satisfaction_ratio": round(result.deadline_satisfaction_ratio, 4),
+        "mean_completion_s": round(
+            sum(j.finished_s - j.trace.submit_s for j in done) / max(1, len(done)), 1
+        ),
+        "migration_s": result.migration_s,
+        "cloud_gpus": gpus,
+        "edge_servers": len(edge),
+    }
 
 
 def run_one(
@@ -76,11 +119,11 @@ def run_one(
     as_json: bool,
     model: str,
 ) -> None:
-    metrics = summarise(
-        simulate(
-            policy, fleet_spec(fleet), requests(workload, kind, limit, load), mode, seed, model
-        )
-    )
+    if kind == "jobs":
+        metrics = run_jobs(workload, fleet, policy, load, limit)
+    else:
+        reqs = requests(workload, kind, limit, load)
+        metrics = summarise(simulate(policy, fleet_spec(fleet), reqs, mode, seed, model))
     if as_json:
         print(json.dumps(metrics))
         return
@@ -105,6 +148,20 @@ def compare(
     plot: Path | None,
     model: str,
 ) -> None:
+    if kind == "jobs":
+        runs_jobs = {name: run_jobs(workload, fleet, name, load, limit) for name in policies}
+        if as_json:
+            print(json.dumps({"runs": runs_jobs}))
+            return
+        table = Table(title=f"jobs on {fleet}", header_style="bold")
+        keys = list(next(iter(runs_jobs.values())))
+        table.add_column("policy")
+        for key in keys:
+            table.add_column(key.replace("_", " "), justify="right")
+        for name, metrics in runs_jobs.items():
+            table.add_row(name, *(str(metrics[k]) for k in keys))
+        Console().print(table)
+        return
     spec, reqs = fleet_spec(fleet), requests(workload, kind, limit, load)
     runs: dict[str, dict[str, float | int]] = {}
     results: dict[str, SimResult] = {}

@@ -1,0 +1,228 @@
+"""Deep-learning jobs with deadlines on cloud GPUs and edge servers (seed 002).
+
+Reads ElasticFlow/ITP traces (``job_id, submission_time, num_iteration, model_name, deadline,
+batch_size, num_gpu, duration``) and the ElasticFlow throughput profiles (iterations/s by
+global batch size and GPU count). Scheduling rounds run at every arrival and completion; a
+job progresses at its allocation's measured throughput (an edge server runs at ``speed`` × one
+GPU). A job whose placement changes pauses for the migration cost: memory-to-memory inside the
+cloud, a checkpoint through shared storage between cloud and edge.
+
+Policies: ``edgeflow`` (core ``edgeflow.allocate`` with the edge), ``elasticflow`` (the same,
+cloud only), ``edf`` (earliest deadline first, requested GPUs, no elasticity), ``tiresias``
+(least attained GPU-service first, requested GPUs).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from libs.core.edgeflow import DlJob, EdgeServer, allocate
+from libs.sim.workloads import WorkloadError
+
+ITP_COLUMNS = (
+    "job_id",
+    "submission_time",
+    "num_iteration",
+    "model_name",
+    "deadline",
+    "batch_size",
+    "num_gpu",
+    "duration",
+)
+#: Memory a training job needs on an edge server (GB): an assumption per model family.
+MODEL_MEMORY_GB = {
+    "bert": 10.0,
+    "gpt2": 14.0,
+    "vgg16": 9.0,
+    "resnet50": 7.0,
+    "inception3": 7.0,
+    "deepspeech2": 8.0,
+}
+MIGRATE_CLOUD_S = 5.0
+MIGRATE_EDGE_S = 30.0
+JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    job_id: str
+    submit_s: float
+    iterations: float
+    model: str
+    deadline_s: float
+    batch_size: int
+    gpus: int
+
+
+def read_itp(
+    lines: Iterable[str], *, limit: int | None = None, load: float = 1.0
+) -> list[TraceJob]:
+    """Jobs of an ITP trace, times relative to the first submission (÷ ``load``)."""
+    reader = csv.DictReader(lines)
+    missing = set(ITP_COLUMNS) - set(reader.fieldnames or ())
+    if missing:
+        raise WorkloadError(f"not an ITP job trace: missing columns {sorted(missing)}")
+    rows = []
+    for n, row in enumerate(reader, start=2):
+        try:
+            rows.append((float(row["submission_time"]), row, float(row["deadline"])))
+        except (TypeError, ValueError) as exc:
+            raise WorkloadError(f"row {n}: {exc}") from None
+    rows.sort(key=lambda r: r[0])
+    rows = rows[:limit] if limit else rows
+    start = rows[0][0] if rows else 0.0
+    return [
+        TraceJob(
+            row["job_id"],
+            (at - start) / load,
+            float(row["num_iteration"]),
+            row["model_name"],
+            (deadline - start) / load,
+            int(row["batch_size"]),
+            int(row["num_gpu"]),
+        )
+        for at, row, deadline in rows
+    ]
+
+
+Profile = dict[int, dict[int, float]]  # batch size → GPU count → iterations/s
+
+
+def read_profile(lines: Iterable[str]) -> Profile:
+    reader = csv.reader(lines)
+    header = next(reader)
+    counts = [int(c) for c in header[1:]]
+    profile: Profile = {}
+    for row in reader:
+        if row:
+            profile[int(row[0])] = {
+                g: float(v)
+                for g, v in zip(counts, row[1:], strict=False)
+                if v.strip() and float(v) > 0
+            }
+    return profile
+
+
+def curve(profile: Profile, batch_size: int) -> dict[int, float]:
+    """The throughput curve of the profiled batch size closest to ``batch_size``."""
+    nearest = min(profile, key=lambda b: (abs(b - batch_size), b))
+    return profile[nearest]
+
+
+@dataclass
+class JobState:
+    trace: TraceJob
+    curve: dict[int, float]
+    done: float = 0.0
+    attained_gpu_s: float = 0.0
+    placement: tuple[str, int] = ("none", 0)  # ("cloud", gpus) | ("edge:<id>", 1) | ("none", 0)
+    paused_until: float = 0.0
+    finished_s: float = math.nan
+    migrations: int = 0
+
+    def rate(self, edge_speed: Mapping[str, float]) -> float:
+        where, count = self.placement
+        if where == "cloud":
+            return self.curve.get(count, 0.0)
+        if where.startswith("edge:"):
+            return self.curve.get(1, 0.0) * edge_speed[where[5:]]
+        return 0.0
+
+
+@dataclass
+class JobResult:
+    jobs: list[JobState]
+    migration_s: float
+    makespan_s: float
+
+    @property
+    def deadline_satisfaction_ratio(self) -> float:
+        met = sum(1 for j in self.jobs if j.finished_s <= j.trace.deadline_s)
+        return met / len(self.jobs) if self.jobs else 1.0
+
+
+@dataclass
+class JobSimulation:
+    policy: str
+    cloud_gpus: int
+    edge: Sequence[EdgeServer] = ()
+    edge_speed: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.policy not in JOB_POLICIES:
+            raise ValueError(
+                f"unknown job policy {self.policy!r}; known: {', '.join(JOB_POLICIES)}"
+            )
+        self.edge_speed = {e.server_id: e.speed for e in self.edge}
+
+    def decide(self, active: list[JobState], now: float) -> dict[str, tuple[str, int]]:
+        if self.policy in ("edgeflow", "elasticflow"):
+            edge = self.edge if self.policy == "edgeflow" else ()
+            jobs = [
+                DlJob(
+                    s.trace.job_id,
+                    s.trace.iterations - s.done,
+                    s.trace.deadline_s,
+                    s.curve,
+                    MODEL_MEMORY_GB.get(s.trace.model, 8.0),
+                    s.placement[0].startswith("edge:"),
+                )
+                for s in active
+            ]
+            result = allocate(jobs, self.cloud_gpus, edge, now)
+            out = {j: ("cloud", g) for j, g in result.cloud_gpus.items()}
+            out |= {j: (f"edge:{e}", 1) for j, e in result.edge.items()}
+            return out
+        order = sorted(
+            active,
+            key=(lambda s: (s.trace.deadline_s, s.trace.submit_s))
+            if self.policy == "edf"
+            else (lambda s: (s.attained_gpu_s, s.trace.submit_s)),
+        )
+        free, out = self.cloud_gpus, {}
+        for state in order:
+            want = max((g for g in state.curve if g <= max(1, state.trace.gpus)), default=0)
+            if 0 < want <= free:
+                out[state.trace.job_id], free = ("cloud", want), free - want
+        return out
+
+    def run(self, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]) -> JobResult:
+        states = [JobState(t, curve(profiles[t.model], t.batch_size)) for t in trace]
+        pending = sorted(states, key=lambda s: s.trace.submit_s)
+        active: list[JobState] = []
+        now, migration_s, index = 0.0, 0.0, 0
+        while index < len(pending) or active:
+            while index < len(pending) and pending[index].trace.submit_s <= now + 1e-9:
+                active.append(pending[index])
+                index += 1
+            decision = self.decide(active, now)
+            for state in active:
+                new = decision.get(state.trace.job_id, ("none", 0))
+                if new != state.placement:
+                    if state.placement[0] != "none" and new[0] != "none":
+                        cost = MIGRATE_CLOUD_S if new[0] == state.placement[0] else MIGRATE_EDGE_S
+                        state.paused_until, state.migrations = now + cost, state.migrations + 1
+                        migration_s += cost
+                    state.placement = new
+            # Next event: an arrival or the earliest completion under this allocation.
+            next_at = pending[index].trace.submit_s if index < len(pending) else math.inf
+            for state in active:
+                rate = state.rate(self.edge_speed)
+                if rate > 0:
+                    start = max(now, state.paused_until)
+                    next_at = min(next_at, start + (state.trace.iterations - state.done) / rate)
+            if next_at == math.inf:
+                break  # nothing can run: the remaining jobs never finish
+            for state in active:
+                rate = state.rate(self.edge_speed)
+                run_s = max(0.0, next_at - max(now, state.paused_until))
+                state.done = min(state.trace.iterations, state.done + rate * run_s)
+                state.attained_gpu_s += run_s * state.placement[1]
+                if state.done >= state.trace.iterations - 1e-6:
+                    state.finished_s = next_at
+            active = [s for s in active if math.isnan(s.finished_s)]
+            now = next_at
+        return JobResult(states, migration_s, now)
