@@ -135,6 +135,16 @@ def run_one(
     Console().print(table)
 
 
+def print_runs(title: str, runs: dict[str, dict[str, float | int]], columns: list[str]) -> None:
+    table = Table(title=title, header_style="bold")
+    table.add_column("policy")
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for name, metrics in runs.items():
+        table.add_row(name, *(str(metrics[c]) for c in columns))
+    Console().print(table)
+
+
 def compare(
     workload: Path,
     kind: str,
@@ -153,14 +163,7 @@ def compare(
         if as_json:
             print(json.dumps({"runs": runs_jobs}))
             return
-        table = Table(title=f"jobs on {fleet}", header_style="bold")
-        keys = list(next(iter(runs_jobs.values())))
-        table.add_column("policy")
-        for key in keys:
-            table.add_column(key.replace("_", " "), justify="right")
-        for name, metrics in runs_jobs.items():
-            table.add_row(name, *(str(metrics[k]) for k in keys))
-        Console().print(table)
+        print_runs(f"jobs on {fleet}", runs_jobs, list(next(iter(runs_jobs.values()))))
         return
     spec, reqs = fleet_spec(fleet), requests(workload, kind, limit, load)
     runs: dict[str, dict[str, float | int]] = {}
@@ -180,10 +183,4 @@ def compare(
     if as_json:
         print(json.dumps({"runs": runs}))
         return
-    table = Table(title=f"{len(reqs)} requests on {fleet}, seed {seed}", header_style="bold")
-    table.add_column("policy")
-    for column in COLUMNS:
-        table.add_column(column.replace("_", " "), justify="right")
-    for name, metrics in runs.items():
-        table.add_row(name, *(str(metrics[c]) for c in COLUMNS))
-    Console().print(table)
+    print_runs(f"{len(reqs)} requests on {fleet}, seed {seed}", runs, list(COLUMNS))

@@ -53,7 +53,7 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class Channel(Generic[M]):
-    """A subject template (``{name}`` placeholders are single tokens) and its message model."""
+    """A subject template (each ``{name}`` field is one token) and the model it carries."""
 
     name: str
     template: str
@@ -76,7 +76,7 @@ class Channel(Generic[M]):
 
     @property
     def wildcard(self) -> str:
-        """The subject with every placeholder replaced by ``*``: what a consumer subscribes to."""
+        """The subject with each ``{name}`` field set to ``*``: what a consumer subscribes to."""
         return self.template.format(**{p: "*" for p in self.params})
 
     def encode(self, message: M) -> bytes:
@@ -94,7 +94,7 @@ class Channel(Generic[M]):
             raise ContractError(_reason(exc), _describe(exc)) from None
 
     def token_of(self, subject: str, param: str) -> str:
-        """Read one placeholder's value back out of a concrete subject."""
+        """Read one field's value back out of a concrete subject."""
         parts = self.template.split(".")
         index = parts.index("{" + param + "}")
         return subject.split(".")[index]

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from nats.aio.client import Client as NatsClient
@@ -27,8 +27,6 @@ from libs.contracts import (
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SCORE,
-    SHARD_TASK,
-    DeploymentState,
     DeviceFailed,
     DeviceRecovered,
     DvfsHint,
@@ -38,31 +36,28 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
     ScoreUpdate,
-    ShardTask,
 )
 from libs.contracts.keys import Keys
-from libs.core.catalogue import CATALOGUE
 from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
 from libs.core.model import Device
 from libs.core.modes import ModeSwitcher
-from libs.core.partition import Preview, choose, previews
 from libs.core.profiles import BUILTIN_PROFILES, Profile
 from libs.core.registry import make_policy
 from libs.runtime.bus import ensure_streams, publish, subscribe
 from libs.runtime.lifecycle import Background
 from services.scheduler.checkpoints import CheckpointStore
+from services.scheduler.deployments import DeploymentsMixin
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.state import ActiveTask, SchedulerState, replace_assignments
-from services.scheduler.tasks import assignments_of, decision_for, expected_seconds, to_task
+from services.scheduler.state import ActiveTask, Pending, SchedulerState
+from services.scheduler.tasks import decision_for, expected_seconds, to_task
 from services.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
-Pending = tuple[PlacementRequest, str | None, "asyncio.Future[PlacementDecision] | None"]
 
 
-class Scheduler:
+class Scheduler(DeploymentsMixin):
     def __init__(
         self,
         settings: SchedulerSettings,
@@ -235,155 +230,6 @@ class Scheduler:
             await self.nc.publish(reply, data)
         if future is not None and not future.done():
             future.set_result(decision)
-
-    # -- deployments --------------------------------------------------------------------------
-    def preview(
-        self, model: str, context_length: int, max_shards: int, now: float
-    ) -> list[Preview]:
-        spec = CATALOGUE[model]
-        return previews(
-            spec, [d for d in self.devices(now) if not d.failed], context_length, max_shards
-        )
-
-    async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
-        task = request.task
-        assert isinstance(task, ModelDeployment)
-        existing = self.state.deployments.get(task.deployment_id)
-        if existing is not None:  # idempotent: a repeated request gets the live placement
-            return self._deployment_decision(existing, now)
-        if task.model not in CATALOGUE:
-            return PlacementDecision(
-                task_id=task.deployment_id,
-                kind="deployment",
-                placed=False,
-                reason=f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
-                policy="partition",
-                mode=self.state.mode,
-                ts=now,
-            )
-        chosen = choose(self.preview(task.model, task.context_length, task.max_shards, now))
-        if not chosen.feasible:
-            return PlacementDecision(
-                task_id=task.deployment_id,
-                kind="deployment",
-                placed=False,
-                reason=chosen.reason or "infeasible",
-                policy="partition",
-                mode=self.state.mode,
-                ts=now,
-            )
-        deployment = DeploymentState(
-            deployment_id=task.deployment_id,
-            model=task.model,
-            epoch=1,
-            context_length=task.context_length,
-            assignments=assignments_of(chosen),
-        )
-        self.state.deployments[task.deployment_id] = deployment
-        await self._shard_tasks(deployment, "load", now)
-        log.info(
-            "deployed",
-            extra={
-                "deployment_id": task.deployment_id,
-                "model": task.model,
-                "devices": [a.device_id for a in deployment.assignments],
-            },
-        )
-        await self.save()
-        return self._deployment_decision(deployment, now)
-
-    def _deployment_decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
-        return PlacementDecision(
-            task_id=deployment.deployment_id,
-            kind="deployment",
-            placed=True,
-            assignments=deployment.assignments,
-            policy="partition",
-            mode=self.state.mode,
-            epoch=deployment.epoch,
-            ts=now,
-        )
-
-    async def undeploy(self, deployment_id: str) -> bool:
-        deployment = self.state.deployments.pop(deployment_id, None)
-        if deployment is None:
-            return False
-        await self._shard_tasks(deployment, "unload", self.clock())
-        await self.save()
-        return True
-
-    async def _shard_tasks(
-        self,
-        deployment: DeploymentState,
-        action: Literal["load", "unload"],
-        now: float,
-        only: set[str] | None = None,
-    ) -> None:
-        """Durable shard tasks (JetStream) to each device of ``deployment``."""
-        js = self.nc.jetstream()
-        shards = deployment.assignments
-        for i, a in enumerate(shards):
-            if only is not None and a.device_id not in only:
-                continue
-            task = ShardTask(
-                action=action,
-                deployment_id=deployment.deployment_id,
-                model=deployment.model,
-                device_id=a.device_id,
-                shard_index=a.shard_index,
-                shard_count=len(shards),
-                layer_start=a.layer_start,
-                layer_end=a.layer_end,
-                next_device_id=shards[i + 1].device_id if i + 1 < len(shards) else None,
-                epoch=deployment.epoch,
-                ts=now,
-            )
-            await js.publish(SHARD_TASK.subject(device_id=a.device_id), SHARD_TASK.encode(task))
-
-    # -- failures -----------------------------------------------------------------------------
-    async def migrate(self, device_id: str, now: float) -> None:
-        """Move every shard and task of a failed device to the best alternatives."""
-        for deployment in list(self.state.deployments.values()):
-            if device_id not in self.state.devices_of(deployment.deployment_id):
-                continue
-            spec = CATALOGUE[deployment.model]
-            live = [d for d in self.devices(now) if not d.failed]
-            chosen = choose(previews(spec, live, deployment.context_length, len(live) or 1))
-            if not chosen.feasible:
-                log.error(
-                    "cannot re-place deployment",
-                    extra={"deployment_id": deployment.deployment_id, "reason": chosen.reason},
-                )
-                continue
-            old = deployment
-            new = replace_assignments(old, assignments_of(chosen))
-            self.state.deployments[new.deployment_id] = new
-            # Live devices drop the old epoch's shards; every device of the new plan loads.
-            await self._shard_tasks(
-                old,
-                "unload",
-                now,
-                only={a.device_id for a in old.assignments if a.device_id != device_id},
-            )
-            await self._shard_tasks(new, "load", now)
-            self.state.counters["migrations"] += 1
-            self.metrics.migrations.inc()
-            log.warning(
-                "migrated deployment",
-                extra={
-                    "deployment_id": new.deployment_id,
-                    "failed_device": device_id,
-                    "devices": [a.device_id for a in new.assignments],
-                    "epoch": new.epoch,
-                },
-            )
-            await self._announce(self._deployment_decision(new, now), None, None)
-        moved = [a for a in self.state.active.values() if a.device_id == device_id]
-        for active in moved:
-            del self.state.active[active.task_id]
-            self.pending.append((active.request, None, None))
-            self.state.counters["migrations"] += 1
-            self.metrics.migrations.inc()
 
     # -- modes, hints, checkpoints ------------------------------------------------------------
     async def evaluate_mode(self) -> None:

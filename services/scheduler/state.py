@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -14,6 +15,9 @@ from libs.contracts import (
     SchedulerCheckpoint,
 )
 from libs.core.profiles import BUILTIN_PROFILES, Profile
+
+#: A request waiting for the next cycle, with its reply subject and its caller's future.
+Pending = tuple[PlacementRequest, str | None, "asyncio.Future[PlacementDecision] | None"]
 
 
 @dataclass

@@ -1,0 +1,205 @@
+"""Deployments and migration: the part of the ``Scheduler`` that keeps models placed.
+
+A mixin only to keep files short; ``Scheduler`` (service.py) provides the attributes and
+methods declared under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from libs.contracts import (
+    SHARD_TASK,
+    DeploymentState,
+    ModelDeployment,
+    PlacementDecision,
+    PlacementRequest,
+    ShardTask,
+)
+from libs.core.catalogue import CATALOGUE
+from libs.core.partition import Preview, choose, previews
+from services.scheduler.state import replace_assignments
+from services.scheduler.tasks import assignments_of
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from libs.core.model import Device
+    from services.scheduler.metrics import SchedulerMetrics
+    from services.scheduler.state import Pending, SchedulerState
+    from services.scheduler.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+class DeploymentsMixin:
+    if TYPE_CHECKING:
+        state: SchedulerState
+        view: ClusterView
+        nc: NatsClient
+        metrics: SchedulerMetrics
+        pending: list[Pending]
+        clock: Callable[[], float]
+
+        def devices(self, now: float) -> list[Device]: ...
+
+        async def save(self) -> None: ...
+
+        async def _announce(
+            self,
+            decision: PlacementDecision,
+            reply: str | None,
+            future: asyncio.Future[PlacementDecision] | None,
+        ) -> None: ...
+
+    # -- deployments --------------------------------------------------------------------------
+    def preview(
+        self, model: str, context_length: int, max_shards: int, now: float
+    ) -> list[Preview]:
+        spec = CATALOGUE[model]
+        return previews(
+            spec, [d for d in self.devices(now) if not d.failed], context_length, max_shards
+        )
+
+    async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
+        task = request.task
+        assert isinstance(task, ModelDeployment)
+        existing = self.state.deployments.get(task.deployment_id)
+        if existing is not None:  # idempotent: a repeated request gets the live placement
+            return self._deployment_decision(existing, now)
+        if task.model not in CATALOGUE:
+            return PlacementDecision(
+                task_id=task.deployment_id,
+                kind="deployment",
+                placed=False,
+                reason=f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
+                policy="partition",
+                mode=self.state.mode,
+                ts=now,
+            )
+        chosen = choose(self.preview(task.model, task.context_length, task.max_shards, now))
+        if not chosen.feasible:
+            return PlacementDecision(
+                task_id=task.deployment_id,
+                kind="deployment",
+                placed=False,
+                reason=chosen.reason or "infeasible",
+                policy="partition",
+                mode=self.state.mode,
+                ts=now,
+            )
+        deployment = DeploymentState(
+            deployment_id=task.deployment_id,
+            model=task.model,
+            epoch=1,
+            context_length=task.context_length,
+            assignments=assignments_of(chosen),
+        )
+        self.state.deployments[task.deployment_id] = deployment
+        await self._shard_tasks(deployment, "load", now)
+        log.info(
+            "deployed",
+            extra={
+                "deployment_id": task.deployment_id,
+                "model": task.model,
+                "devices": [a.device_id for a in deployment.assignments],
+            },
+        )
+        await self.save()
+        return self._deployment_decision(deployment, now)
+
+    def _deployment_decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
+        return PlacementDecision(
+            task_id=deployment.deployment_id,
+            kind="deployment",
+            placed=True,
+            assignments=deployment.assignments,
+            policy="partition",
+            mode=self.state.mode,
+            epoch=deployment.epoch,
+            ts=now,
+        )
+
+    async def undeploy(self, deployment_id: str) -> bool:
+        deployment = self.state.deployments.pop(deployment_id, None)
+        if deployment is None:
+            return False
+        await self._shard_tasks(deployment, "unload", self.clock())
+        await self.save()
+        return True
+
+    async def _shard_tasks(
+        self,
+        deployment: DeploymentState,
+        action: Literal["load", "unload"],
+        now: float,
+        only: set[str] | None = None,
+    ) -> None:
+        """Durable shard tasks (JetStream) to each device of ``deployment``."""
+        js = self.nc.jetstream()
+        shards = deployment.assignments
+        for i, a in enumerate(shards):
+            if only is not None and a.device_id not in only:
+                continue
+            task = ShardTask(
+                action=action,
+                deployment_id=deployment.deployment_id,
+                model=deployment.model,
+                device_id=a.device_id,
+                shard_index=a.shard_index,
+                shard_count=len(shards),
+                layer_start=a.layer_start,
+                layer_end=a.layer_end,
+                next_device_id=shards[i + 1].device_id if i + 1 < len(shards) else None,
+                epoch=deployment.epoch,
+                ts=now,
+            )
+            await js.publish(SHARD_TASK.subject(device_id=a.device_id), SHARD_TASK.encode(task))
+
+    # -- failures -----------------------------------------------------------------------------
+    async def migrate(self, device_id: str, now: float) -> None:
+        """Move every shard and task of a failed device to the best alternatives."""
+        for deployment in list(self.state.deployments.values()):
+            if device_id not in self.state.devices_of(deployment.deployment_id):
+                continue
+            spec = CATALOGUE[deployment.model]
+            live = [d for d in self.devices(now) if not d.failed]
+            chosen = choose(previews(spec, live, deployment.context_length, len(live) or 1))
+            if not chosen.feasible:
+                log.error(
+                    "cannot re-place deployment",
+                    extra={"deployment_id": deployment.deployment_id, "reason": chosen.reason},
+                )
+                continue
+            old = deployment
+            new = replace_assignments(old, assignments_of(chosen))
+            self.state.deployments[new.deployment_id] = new
+            # Live devices drop the old epoch's shards; every device of the new plan loads.
+            await self._shard_tasks(
+                old,
+                "unload",
+                now,
+                only={a.device_id for a in old.assignments if a.device_id != device_id},
+            )
+            await self._shard_tasks(new, "load", now)
+            self.state.counters["migrations"] += 1
+            self.metrics.migrations.inc()
+            log.warning(
+                "migrated deployment",
+                extra={
+                    "deployment_id": new.deployment_id,
+                    "failed_device": device_id,
+                    "devices": [a.device_id for a in new.assignments],
+                    "epoch": new.epoch,
+                },
+            )
+            await self._announce(self._deployment_decision(new, now), None, None)
+        moved = [a for a in self.state.active.values() if a.device_id == device_id]
+        for active in moved:
+            del self.state.active[active.task_id]
+            self.pending.append((active.request, None, None))
+            self.state.counters["migrations"] += 1
+            self.metrics.migrations.inc()
