@@ -6,12 +6,19 @@ there, so nothing is created at import time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 
 from libs.runtime.bus import close_nats, connect_nats
 from libs.runtime.store import connect_redis
@@ -34,6 +41,30 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="Tessera gateway", version="0.1.0", lifespan=lifespan)
     app.state.registry = registry
+    requests_total = Counter(
+        "tessera_gateway_requests",
+        "HTTP requests by route and status",
+        ["route", "status"],
+        registry=registry,
+    )
+    duration = Histogram(
+        "tessera_gateway_request_duration_seconds",
+        "HTTP request duration",
+        ["route"],
+        registry=registry,
+    )
+
+    @app.middleware("http")
+    async def count(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        # The route template, not the path: labels stay bounded whatever clients send.
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        requests_total.labels(route, str(response.status_code)).inc()
+        duration.labels(route).observe(time.perf_counter() - started)
+        return response
 
     @app.get("/healthz", summary="Liveness and dependency health")
     async def healthz(request: Request) -> JSONResponse:

@@ -28,6 +28,10 @@ def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
     response = httpx.get(f"{cluster.base_url}/healthz", timeout=5)
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "nats": True, "redis": True}
+    httpx.get(f"{cluster.base_url}/no/such/page/123", timeout=5)
+    metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=5).text
+    assert 'tessera_gateway_requests_total{route="/healthz",status="200"}' in metrics
+    assert 'tessera_gateway_requests_total{route="unmatched",status="404"} 1.0' in metrics
 
     children = descendants(cluster.process.pid)
     assert len(children) >= 3  # nats-server, redis-server and at least the gateway
