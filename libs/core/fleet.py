@@ -93,21 +93,6 @@ class FleetState:
         self.load[i] += 1.0 / self.slots[i]
         self._derive(i)
 
-    def release(self, i: int, task: Task) -> None:
-        """Undo ``assign`` when the task finishes (the temperature is left to telemetry)."""
-        self.memory_free_gb[i] = min(
-            self.memory_free_gb[i] + task.memory_gb, self.memory_total_gb[i]
-        )
-        self.power_now_w[i] = max(
-            self.power_now_w[i]
-            - energy.estimated_power_w(
-                float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
-            ),
-            0.0,
-        )
-        self.load[i] = max(self.load[i] - 1.0 / self.slots[i], 0.0)
-        self._derive(i)
-
     def set_live_state(
         self,
         i: int,

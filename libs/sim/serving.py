@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.contracts import Mode
 from libs.core.capability import (
     MEMORY_TYPE_SCORE,
     compute_index,
@@ -283,6 +282,3 @@ class ServingSimulation:
             sd.active[task.task_id] = task.memory_gb
             o.device, o.start_s, o.first_token_s = sd.emulated.device_id, now, now + first
             heapq.heappush(events, (now + total, next(seq), "done", task.task_id, i))
-
-
-MODES = {m.value: m for m in Mode}

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.connections import connected
 from libs.runtime.http import start_http, stop_http
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
-from libs.runtime.store import connect_redis
 from libs.runtime.tracing import configure_tracing, instrument
 from services.scheduler.api import create_api
 from services.scheduler.metrics import SchedulerMetrics
@@ -19,21 +18,18 @@ from services.scheduler.settings import SchedulerSettings
 
 async def main(stop: asyncio.Event, settings: SchedulerSettings) -> None:
     provider = configure_tracing("scheduler", settings.otlp_endpoint)
-    nc = await connect_nats(settings.nats_url, "scheduler")
-    redis = connect_redis(settings.redis_url)
-    await redis.ping()
-    scheduler = Scheduler(settings, nc, redis, SchedulerMetrics.create())
-    await scheduler.start()
-    app = create_api(scheduler)
-    instrument(provider, app)
-    server, task = await start_http(app, settings.http_host, settings.http_port)
-    port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.http_port
-    announce_ready("scheduler", url=f"http://{settings.http_host}:{port}")
-    await stop.wait()
-    await stop_http(server, task)
-    await scheduler.stop()
-    await close_nats(nc)
-    await redis.aclose()
+    async with connected(settings, "scheduler") as (nc, redis):
+        scheduler = Scheduler(settings, nc, redis, SchedulerMetrics.create())
+        await scheduler.start()
+        app = create_api(scheduler)
+        instrument(provider, app)
+        server, task = await start_http(app, settings.http_host, settings.http_port)
+        sockets = server.servers[0].sockets if server.servers else []
+        port = sockets[0].getsockname()[1] if sockets else settings.http_port
+        announce_ready("scheduler", url=f"http://{settings.http_host}:{port}")
+        await stop.wait()
+        await stop_http(server, task)
+        await scheduler.stop()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from libs.contracts import (
     ShardTask,
 )
 from libs.core.catalogue import CATALOGUE
+from libs.core.migration import replan_deployment
 from libs.core.partition import Preview, choose, previews
 from services.scheduler.state import replace_assignments
 from services.scheduler.tasks import assignments_of
@@ -59,10 +60,7 @@ class DeploymentsMixin:
     def preview(
         self, model: str, context_length: int, max_shards: int, now: float
     ) -> list[Preview]:
-        spec = CATALOGUE[model]
-        return previews(
-            spec, [d for d in self.devices(now) if not d.failed], context_length, max_shards
-        )
+        return previews(CATALOGUE[model], self.devices(now), context_length, max_shards)
 
     async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
         task = request.task
@@ -165,9 +163,15 @@ class DeploymentsMixin:
         for deployment in list(self.state.deployments.values()):
             if device_id not in self.state.devices_of(deployment.deployment_id):
                 continue
-            spec = CATALOGUE[deployment.model]
-            live = [d for d in self.devices(now) if not d.failed]
-            chosen = choose(previews(spec, live, deployment.context_length, len(live) or 1))
+            devices = self.devices(now)
+            live = sum(not d.failed for d in devices)
+            chosen = replan_deployment(
+                CATALOGUE[deployment.model],
+                devices,
+                {device_id},
+                deployment.context_length,
+                max(1, live),
+            )
             if not chosen.feasible:
                 log.error(
                     "cannot re-place deployment",

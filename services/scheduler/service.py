@@ -86,7 +86,6 @@ class Scheduler(DeploymentsMixin):
         self.newly_failed: list[str] = []
         self.hints: dict[str, float] = {}
         self.rng = np.random.default_rng(0)
-        self.last_checkpoint_at = 0.0
         self.background = Background("scheduler")
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
@@ -182,11 +181,11 @@ class Scheduler(DeploymentsMixin):
             if isinstance(request.task, ModelDeployment):
                 decision = await self.deploy(request, now)
                 await self._announce(decision, reply, future)
-        if tasks:
-            await self._place_tasks(tasks, now)
-        await self._send_hints(now)
+        fleet = await self._place_tasks(tasks, now) if tasks else FleetState(self.devices(now))
+        await self._send_hints(fleet, now)
 
-    async def _place_tasks(self, batch: list[Pending], now: float) -> None:
+    async def _place_tasks(self, batch: list[Pending], now: float) -> FleetState:
+        """Place a cycle's inference requests and jobs; returns the fleet as they left it."""
         devices = self.devices(now)
         fleet = FleetState(devices)
         by_id = {d.device_id: d for d in devices}
@@ -205,6 +204,7 @@ class Scheduler(DeploymentsMixin):
                     request.task_id, placement.device_id, until, request
                 )
             await self._announce(decision, reply, future)
+        return fleet
 
     async def _announce(
         self,
@@ -282,36 +282,36 @@ class Scheduler(DeploymentsMixin):
         for name, value in self.state.checkpoint(self.clock()).weights.items():
             self.metrics.weights.labels(name).set(value)
 
-    async def _send_hints(self, now: float) -> None:
-        """DVFS hints to devices whose hint changed: slow when idle or hot, fast when busy."""
+    async def _send_hints(self, fleet: FleetState, now: float) -> None:
+        """DVFS hints to devices whose hint changed: slow when idle or hot, fast when busy.
+        ``fleet`` is this cycle's, so the load includes what the cycle just placed."""
         urgent = {
             a.device_id
             for a in self.state.active.values()
             if getattr(a.request.task, "urgency", 0.0) >= 0.8
         }
-        for device in self.devices(now):
-            if device.failed:
+        for i, device_id in enumerate(fleet.ids):
+            if not fleet.alive[i]:
                 continue
             hint = dvfs_hint(
-                device.load,
-                device.device_id in urgent,
-                device.temperature_c,
-                device.thermal_limit_c,
+                float(fleet.load[i]),
+                device_id in urgent,
+                float(fleet.temperature_c[i]),
+                float(fleet.thermal_limit_c[i]),
             )
-            if self.hints.get(device.device_id) == hint.frequency_scale:
+            if self.hints.get(device_id) == hint.frequency_scale:
                 continue
-            self.hints[device.device_id] = hint.frequency_scale
+            self.hints[device_id] = hint.frequency_scale
             message = DvfsHint(
-                device_id=device.device_id,
+                device_id=device_id,
                 ts=now,
                 frequency_scale=hint.frequency_scale,
                 reason=hint.reason,
             )
-            await publish(self.nc, DVFS_HINT, message, device_id=device.device_id)
+            await publish(self.nc, DVFS_HINT, message, device_id=device_id)
 
     async def save(self) -> None:
         now = self.clock()
         self.state.queue = [r for r, _, _ in self.pending]
         await self.checkpoints.save(self.state.checkpoint(now))
-        self.last_checkpoint_at = now
         self.metrics.checkpoint_timestamp.set(now)

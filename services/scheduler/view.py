@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -35,12 +37,12 @@ IDLE_SHARE = 0.25
 def to_device(
     device_id: str,
     row: Mapping[str, str],
+    raw: Mapping[str, Any],
     announce: DeviceAnnounce,
     load: float,
     reserved_gb: float,
 ) -> Device:
-    """A core ``Device`` from the scorer's hash and the device's announce."""
-    raw = json.loads(row["raw"])
+    """A core ``Device`` from the scorer's hash, its parsed ``raw`` sample and the announce."""
     caps = announce.capabilities
     total = float(raw["memory_total_gb"])
     free = max(0.0, min(float(raw["memory_available_gb"]) - reserved_gb, total))
@@ -77,6 +79,8 @@ class ClusterView:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
         self.rows: dict[str, dict[str, str]] = {}
+        #: Each row's ``raw`` sample, parsed once when the row is read.
+        self.raw: dict[str, dict[str, Any]] = {}
         self.announces: dict[str, DeviceAnnounce] = {}
         self.failed: set[str] = set()
 
@@ -99,6 +103,7 @@ class ClusterView:
             if not row or "raw" not in row or "total" not in row or caps is None:
                 continue
             self.rows[device_id] = row
+            self.raw[device_id] = json.loads(row["raw"])
             self.announces[device_id] = DeviceAnnounce.model_validate_json(caps)
 
     def mark_failed(self, device_id: str) -> None:
@@ -118,6 +123,7 @@ class ClusterView:
                 device = to_device(
                     device_id,
                     row,
+                    self.raw[device_id],
                     self.announces[device_id],
                     float(load.get(device_id, 0)),
                     float(reserved.get(device_id, 0.0)),
@@ -128,19 +134,16 @@ class ClusterView:
                 )
                 continue
             if device_id in self.failed and not device.failed:
-                device = Device(
-                    **{**{s: getattr(device, s) for s in Device.__slots__}, "failed": True}
-                )
+                device = replace(device, failed=True)
             devices.append(device)
         return devices
 
     def cluster_rates(self) -> tuple[float, float]:
         """Cluster throughput (tokens/s) and efficiency (tokens/J) from the latest samples."""
         tokens, watts = 0.0, 0.0
-        for device_id, row in self.rows.items():
+        for device_id, raw in self.raw.items():
             if device_id in self.failed:
                 continue
-            raw = json.loads(row["raw"])
             tokens += float(raw.get("measured_tokens_per_s") or 0.0)
             watts += float(raw.get("power_w") or 0.0)
         return tokens, (tokens / watts if watts > 0 else 0.0)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.connections import connected
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
-from libs.runtime.store import connect_redis
 from libs.runtime.tracing import configure_tracing, instrument
 from services.scorer.metrics import ScorerMetrics
 from services.scorer.service import Scorer
@@ -20,16 +19,12 @@ async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
     instrument(configure_tracing("scorer", settings.otlp_endpoint))
     metrics = ScorerMetrics.create()
     port = serve_metrics(metrics.registry, settings.metrics_port)
-    nc = await connect_nats(settings.nats_url, "scorer")
-    redis = connect_redis(settings.redis_url)
-    await redis.ping()
-    scorer = Scorer(settings, nc, redis, metrics)
-    await scorer.start()
-    announce_ready("scorer", metrics_port=port)
-    await stop.wait()
-    await scorer.stop()
-    await close_nats(nc)
-    await redis.aclose()
+    async with connected(settings, "scorer") as (nc, redis):
+        scorer = Scorer(settings, nc, redis, metrics)
+        await scorer.start()
+        announce_ready("scorer", metrics_port=port)
+        await stop.wait()
+        await scorer.stop()
 
 
 if __name__ == "__main__":

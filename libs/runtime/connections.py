@@ -1,0 +1,28 @@
+"""A service's NATS and Redis connections, opened together and always closed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from nats.aio.client import Client as NatsClient
+from redis.asyncio import Redis
+
+from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.settings import ServiceSettings
+from libs.runtime.store import connect_redis
+
+
+@asynccontextmanager
+async def connected(
+    settings: ServiceSettings, name: str
+) -> AsyncIterator[tuple[NatsClient, Redis]]:
+    """Connect to NATS and Redis (failing fast if Redis does not answer), then close both."""
+    nc = await connect_nats(settings.nats_url, name)
+    redis = connect_redis(settings.redis_url)
+    try:
+        await redis.ping()
+        yield nc, redis
+    finally:
+        await close_nats(nc)
+        await redis.aclose()
