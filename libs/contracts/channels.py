@@ -26,10 +26,13 @@ from libs.contracts.device import (
     ScoreUpdate,
     TelemetrySample,
 )
+from libs.contracts.errors import ContractError
 from libs.contracts.work import (
+    GenerationCancel,
     GenerationRequest,
     PlacementDecision,
     PlacementRequest,
+    ShardStatus,
     ShardTask,
     TokenChunk,
 )
@@ -42,24 +45,12 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 _TOKEN = re.compile(TOKEN_PATTERN)
 
 
-class ContractError(ValueError):
-    """A message that does not fit its contract. ``reason`` is short and bounded, for counting."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
 @dataclass(frozen=True)
-class Channel(Generic[M]):
-    """A subject template (each ``{name}`` field is one token) and the model it carries."""
+class Subject:
+    """A subject template; each ``{name}`` field is one token."""
 
     name: str
     template: str
-    model: type[M]
-    #: JetStream stream that persists this channel, if any.
-    stream: str | None = None
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -74,10 +65,36 @@ class Channel(Generic[M]):
                 raise ContractError("bad_subject", f"{key}={value!r} is not a subject token")
         return self.template.format(**tokens)
 
+    def pattern(self, **fixed: str) -> str:
+        """The subject with the given fields set and every other field ``*``."""
+        tokens = {p: "*" for p in self.params}
+        tokens.update({k: self.subject_token(k, v) for k, v in fixed.items()})
+        return self.template.format(**tokens)
+
+    def subject_token(self, key: str, value: str) -> str:
+        if key not in self.params or not _TOKEN.match(value):
+            raise ContractError("bad_subject", f"{key}={value!r} is not a {self.name} token")
+        return value
+
     @property
     def wildcard(self) -> str:
         """The subject with each ``{name}`` field set to ``*``: what a consumer subscribes to."""
         return self.template.format(**{p: "*" for p in self.params})
+
+    def token_of(self, subject: str, param: str) -> str:
+        """Read one field's value back out of a concrete subject."""
+        parts = self.template.split(".")
+        index = parts.index("{" + param + "}")
+        return subject.split(".")[index]
+
+
+@dataclass(frozen=True)
+class Channel(Subject, Generic[M]):
+    """A subject and the model it carries."""
+
+    model: type[M]
+    #: JetStream stream that persists this channel, if any.
+    stream: str | None = None
 
     def encode(self, message: M) -> bytes:
         if not isinstance(message, self.model):
@@ -92,12 +109,6 @@ class Channel(Generic[M]):
             return self.model.model_validate_json(data)
         except ValidationError as exc:
             raise ContractError(_reason(exc), _describe(exc)) from None
-
-    def token_of(self, subject: str, param: str) -> str:
-        """Read one field's value back out of a concrete subject."""
-        parts = self.template.split(".")
-        index = parts.index("{" + param + "}")
-        return subject.split(".")[index]
 
 
 def _reason(exc: ValidationError) -> str:
@@ -140,6 +151,10 @@ GENERATION = Channel(
     "generation", "tessera.v1.generate.{deployment_id}.{device_id}", GenerationRequest
 )
 TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}", TokenChunk)
+CANCEL = Channel("cancel", "tessera.v1.cancel.{deployment_id}", GenerationCancel)
+SHARD_STATUS = Channel("shard_status", "tessera.v1.shard.status.{device_id}", ShardStatus)
+#: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
+HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}")
 MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
@@ -159,6 +174,8 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     SHARD_TASK,
     GENERATION,
     TOKENS,
+    CANCEL,
+    SHARD_STATUS,
     MODE_CHANGE,
     CHECKPOINT,
 )  # type: ignore[assignment]

@@ -58,6 +58,10 @@ class DeviceAnnounce(WireModel):
     emulated: bool
     #: How often the agent reports (s); the failure detector waits 3 of these.
     interval_s: Annotated[float, Field(ge=0.05, le=60.0)] = 5.0
+    #: Worker engines that run model shards here ("torch", "vllm"); empty: no worker.
+    engines: tuple[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")], ...] = Field(
+        default=(), max_length=8
+    )
     ts: Timestamp
 
 

@@ -145,6 +145,8 @@ class ShardTask(WireModel):
     layer_start: Annotated[int, Field(ge=0)]
     layer_end: Annotated[int, Field(ge=1)]
     next_device_id: DeviceId | None = None
+    #: Every device of the pipeline in order: the last shard sends tokens back to the first.
+    route: tuple[DeviceId, ...] = Field(default=(), max_length=256)
     epoch: Annotated[int, Field(ge=0)]
     ts: Timestamp
 
@@ -154,6 +156,10 @@ class ShardTask(WireModel):
             raise ValueError("layer_end must be above layer_start")
         if self.shard_index >= self.shard_count:
             raise ValueError("shard_index must be below shard_count")
+        if self.route and (
+            len(self.route) != self.shard_count or self.route[self.shard_index] != self.device_id
+        ):
+            raise ValueError("route must list shard_count devices with this one at shard_index")
         return self
 
 
@@ -193,4 +199,28 @@ class TokenChunk(WireModel):
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
     device_id: DeviceId | None = None
+    #: The placement epoch that produced it: after a re-run the owner keeps only the new one.
+    epoch: Annotated[int, Field(ge=0)] = 0
+    ts: Timestamp
+
+
+class GenerationCancel(WireModel):
+    """Stop one request on every shard of a deployment (the user went away)."""
+
+    request_id: RequestId
+    reason: Annotated[str, Field(min_length=1, max_length=200)] = "cancelled"
+    ts: Timestamp
+
+
+class ShardStatus(WireModel):
+    """A worker's answer to a ``ShardTask``: the shard is loaded, refused, unloaded or failed."""
+
+    deployment_id: DeploymentId
+    device_id: DeviceId
+    shard_index: Annotated[int, Field(ge=0)]
+    epoch: Annotated[int, Field(ge=0)]
+    state: Literal["loaded", "refused", "unloaded", "failed"]
+    engine: Annotated[str, Field(max_length=32)] = "torch"
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+    load_s: Annotated[float, Field(ge=0.0)] = 0.0
     ts: Timestamp

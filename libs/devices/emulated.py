@@ -74,6 +74,11 @@ class EmulatedDevice:
     work: dict[str, float] = field(default_factory=dict)  # task id → intensity
     reserved_memory_gb: float = 0.0
     energy_j: float = 0.0
+    #: Worker engines that run model shards on this device (empty: none).
+    engines: tuple[str, ...] = ()
+    #: Set by a real worker: its measured rate replaces the emulated one.
+    measured_tokens_per_s: float | None = None
+    queue_depth: int = 0
 
     @classmethod
     def draw(
@@ -143,6 +148,11 @@ class EmulatedDevice:
         served = min(self.demand, self.frequency_scale)
         return TOKENS_PER_S_AT_SPEED_1 * self.speed_factor * served
 
+    def _measured(self) -> float | None:
+        if self.measured_tokens_per_s is not None:
+            return self.measured_tokens_per_s
+        return self.tokens_per_s if self.work else None
+
     def reporting(self, now: float) -> bool:
         """False while a drop-out fault is active: the device sends nothing."""
         elapsed = now - self.started_at
@@ -192,6 +202,7 @@ class EmulatedDevice:
             capabilities=self.capabilities,
             emulated=True,
             interval_s=interval_s,
+            engines=self.engines,
             ts=now,
         )
 
@@ -213,7 +224,8 @@ class EmulatedDevice:
             network_rtt_ms=self.base_rtt_ms * jitter,
             network_bandwidth_mbps=caps.network_bandwidth_mbps / jitter,
             running_tasks=len(self.work),
-            measured_tokens_per_s=self.tokens_per_s if self.work else None,
+            queue_depth=self.queue_depth,
+            measured_tokens_per_s=self._measured(),
             energy_j=self.energy_j,
             frequency_scale=self.frequency_scale,
         )

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class UpOptions:
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
     devices: int = 6
+    #: CPU shard workers, each its own process and device (``worker-0``, ``worker-1``, …).
+    workers: int = 2
+    #: Models deployed once the cluster is ready (when it has workers), named after the model.
+    deploy: tuple[str, ...] = ("smollm2-135m-instruct",)
     fleet: Path | None = None
     scheduler_port: int = 8100
     ready_timeout_s: float = 180.0
@@ -69,7 +74,8 @@ class Cluster:
         self.children: list[Child] = []
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
-        self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry")}
+        workers = [f"worker-{i}" for i in range(options.workers)]
+        self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
 
     # -- environment shared by every child ------------------------------------------------
     def child_env(self) -> dict[str, str]:
@@ -81,6 +87,7 @@ class Cluster:
             TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
             TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
             TESSERA_SCHEDULER_HTTP_PORT=str(self.options.scheduler_port),
+            TESSERA_GATEWAY_SCHEDULER_URL=f"http://127.0.0.1:{self.options.scheduler_port}",
             TESSERA_SCORER_METRICS_PORT=str(self.metrics_ports["scorer"]),
             TESSERA_TELEMETRY_METRICS_PORT=str(self.metrics_ports["telemetry"]),
             TESSERA_LOG_FORMAT="json",
@@ -99,10 +106,10 @@ class Cluster:
         self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
         self._write_run_file()
         env = self.child_env()
-        for index, name in enumerate(available_services()):
+        for index, (name, service, extra) in enumerate(self.planned()):
             proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{name}"],
-                env=env,
+                [sys.executable, "-m", f"services.{service}"],
+                env={**env, **extra},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 **child_kwargs(),  # type: ignore[call-overload]
@@ -114,6 +121,26 @@ class Cluster:
             if not self._wait_child(child):
                 return
 
+    def planned(self) -> list[tuple[str, str, dict[str, str]]]:
+        """(child name, service, extra environment) in start order; one child per worker."""
+        out: list[tuple[str, str, dict[str, str]]] = []
+        for service in available_services():
+            if service != "worker":
+                out.append((service, service, {}))
+                continue
+            for i in range(self.options.workers):
+                name = f"worker-{i}"
+                port = self.metrics_ports[name]
+                env = {
+                    "TESSERA_WORKER_DEVICE_ID": name,
+                    "TESSERA_WORKER_SEED": str(i),
+                    "TESSERA_WORKER_METRICS_PORT": str(port),
+                    # workers share this machine's cores
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                }
+                out.append((name, service, env))
+        return out
+
     def _wait_child(self, child: Child) -> bool:
         while not child.ready.wait(0.1):
             if child.process.poll() is not None or time.monotonic() > self._deadline:
@@ -123,7 +150,7 @@ class Cluster:
     def wait_ready(self) -> bool:
         if not all(self._wait_child(c) for c in self.children):
             return False
-        if len(self.children) < len(available_services()):
+        if len(self.children) < len(self.planned()):
             return False
         return self._gateway_healthy(self._deadline) if self.has("gateway") else True
 
@@ -142,8 +169,21 @@ class Cluster:
             time.sleep(0.1)
         return False
 
-    def first_exited(self) -> Child | None:
-        return next((c for c in self.children if c.process.poll() is not None), None)
+    def first_exited(self, essential: bool = False) -> Child | None:
+        """The first child that exited (with ``essential``, workers do not count)."""
+        for child in self.children:
+            if essential and child.name.startswith("worker-"):
+                continue
+            if child.process.poll() is not None:
+                return child
+        return None
+
+    def exited_workers(self) -> set[str]:
+        return {
+            c.name
+            for c in self.children
+            if c.name.startswith("worker-") and c.process.poll() is not None
+        }
 
     def stop(self) -> None:
         if self._stopping:
@@ -204,6 +244,29 @@ class Cluster:
             self.say(child.name, _render(text, child), child.colour)
 
 
+def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
+    """Ask the scheduler to deploy ``model`` under its own name (retried while workers join)."""
+    url = f"http://127.0.0.1:{options.scheduler_port}/placements"
+    body = json.dumps({"model": model, "deployment_id": model}).encode()
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            url, body, headers={"content-type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                placed = json.loads(response.read())
+                devices = [a["device_id"] for a in placed["assignments"]]
+                return f"deployed {model} on {', '.join(devices)}"
+        except urllib.error.HTTPError as exc:
+            last = exc.read().decode(errors="replace")[:300]
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(1.0)
+    return f"could not deploy {model}: {last}"
+
+
 def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
     ``prometheus --config.file <path>``."""
@@ -254,10 +317,16 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
             cluster.say("cluster", f"failed to start: {why}", "bold red")
             return 1
         url = f"http://{options.gateway_host}:{options.gateway_port}"
+        for model in options.deploy if cluster.has("worker-0") else ():
+            cluster.say("cluster", deploy_model(options, model), "white")
         names = ", ".join(c.name for c in cluster.children) or "no services"
         cluster.say("cluster", f"ready: {names}; gateway {url} (OpenAI API {url}/v1)", "bold green")
+        lost: set[str] = set()
         while True:
-            dead = cluster.first_exited()
+            for worker in cluster.exited_workers() - lost:
+                lost.add(worker)  # a worker is a device: losing one is a failure to survive
+                cluster.say("cluster", f"{worker} exited: its device is lost", "bold yellow")
+            dead = cluster.first_exited(essential=True)
             if dead is not None:
                 why = _exit_text(dead.process.returncode)
                 cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")

@@ -8,6 +8,7 @@ reads the environment.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -47,9 +48,21 @@ class LauncherSettings(BaseSettings):
     gateway_port: int = Field(8000, ge=1, le=65535)
     gateway_host: str = "127.0.0.1"
     devices: int = Field(6, ge=0, le=100_000)
+    workers: int = Field(2, ge=0, le=64)
     scheduler_http_port: int = Field(8100, ge=1, le=65535)
     #: Where `tessera up` writes the running cluster's addresses for the other commands.
     run_file: Path = Path.home() / ".cache" / "tessera" / "cluster.json"
     #: Set only when the user points a command at a Redis of their own.
     redis_url: str | None = None
     key_prefix: str = "tessera"
+
+
+def model_cache_dir() -> Path:
+    """Where prepared model folders live: ``TESSERA_MODEL_DIR`` or ~/.cache/tessera/models."""
+    root = os.environ.get("TESSERA_MODEL_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "tessera" / "models"
+
+
+def hub_offline() -> None:
+    """Nothing may be downloaded at run time: tell Hugging Face libraries so before they load."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")

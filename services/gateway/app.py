@@ -1,15 +1,17 @@
-"""The gateway's FastAPI application: health and metrics for now.
+"""The gateway's FastAPI application: the OpenAI API, the admin proxy, health and metrics.
 
 Connections are opened in the lifespan and kept on ``app.state``; handlers read them from
-there, so nothing is created at import time.
+there, so nothing is created at import time. Every error leaves in OpenAI's error shape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import (
@@ -21,26 +23,62 @@ from prometheus_client import (
 )
 
 from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.generation import GenerationClient, RouteBook
+from libs.runtime.lifecycle import Background
 from libs.runtime.store import connect_redis
+from services.gateway.admin import admin_router
+from services.gateway.completions import Completions, Deployments, GatewayMetrics
+from services.gateway.guards import install_errors, install_limits
+from services.gateway.routes import openai_router
 from services.gateway.settings import GatewaySettings
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
+    routes = RouteBook()
+    deployments = Deployments(routes, settings.scheduler_url)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.nats = await connect_nats(settings.nats_url, "gateway")
+        nc = await connect_nats(settings.nats_url, "gateway")
+        app.state.nats = nc
         app.state.redis = connect_redis(settings.redis_url)
         await app.state.redis.ping()
+        watch = await routes.watch(nc)
+        client = GenerationClient(nc, routes, stall_s=settings.stall_s)
+        app.state.completions = Completions(
+            client, deployments, GatewayMetrics(registry), settings.max_concurrent
+        )
+        background = Background("gateway")
+
+        async def refresh() -> None:
+            await deployments.refresh()
+
+        with contextlib.suppress(httpx.HTTPError):
+            await refresh()
+        background.every(2.0, refresh)
         try:
             yield
         finally:
-            await close_nats(app.state.nats)
+            await background.close()
+            with contextlib.suppress(Exception):
+                await watch.unsubscribe()  # type: ignore[attr-defined]
+            await close_nats(nc)
             await app.state.redis.aclose()
 
-    app = FastAPI(title="Tessera gateway", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="Tessera gateway",
+        version="0.1.0",
+        description="OpenAI-compatible API of a Tessera cluster, and its admin API.",
+        lifespan=lifespan,
+    )
     app.state.registry = registry
+    app.state.deployments = deployments
+    install_errors(app)
+    install_limits(app, settings)
+    app.include_router(openai_router(settings))
+    app.include_router(admin_router(settings))
     requests_total = Counter(
         "tessera_gateway_requests",
         "HTTP requests by route and status",

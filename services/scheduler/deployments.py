@@ -60,7 +60,19 @@ class DeploymentsMixin:
     def preview(
         self, model: str, context_length: int, max_shards: int, now: float
     ) -> list[Preview]:
-        return previews(CATALOGUE[model], self.devices(now), context_length, max_shards)
+        return previews(CATALOGUE[model], self.model_devices(now), context_length, max_shards)
+
+    def model_devices(self, now: float) -> list[Device]:
+        """Devices that can hold shards: those with a worker engine, when any device has one.
+
+        A fleet of emulated devices without workers (the simulator, scheduling demos) is
+        planned on as a whole.
+        """
+        devices = self.devices(now)
+        serving = {d for d, a in self.view.announces.items() if a.engines}
+        if not serving:
+            return devices
+        return [d for d in devices if d.device_id in serving]
 
     async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
         task = request.task
@@ -152,6 +164,7 @@ class DeploymentsMixin:
                 layer_start=a.layer_start,
                 layer_end=a.layer_end,
                 next_device_id=shards[i + 1].device_id if i + 1 < len(shards) else None,
+                route=tuple(s.device_id for s in shards),
                 epoch=deployment.epoch,
                 ts=now,
             )
@@ -163,7 +176,7 @@ class DeploymentsMixin:
         for deployment in list(self.state.deployments.values()):
             if device_id not in self.state.devices_of(deployment.deployment_id):
                 continue
-            devices = self.devices(now)
+            devices = self.model_devices(now)
             live = sum(not d.failed for d in devices)
             chosen = replan_deployment(
                 CATALOGUE[deployment.model],

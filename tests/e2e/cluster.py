@@ -49,7 +49,7 @@ def alive(pid: int) -> bool:
 class RunningCluster:
     """``tessera up`` in a subprocess, its output collected line by line."""
 
-    def __init__(self, *args: str, devices: int = 0) -> None:
+    def __init__(self, *args: str, devices: int = 0, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()
@@ -60,6 +60,7 @@ class RunningCluster:
             TESSERA_RUN_FILE=str(self.run_file),
             TESSERA_SCHEDULER_HTTP_PORT=str(free_port()),
             COLUMNS="200",
+            **(env or {}),
         )
         self.process = subprocess.Popen(
             [str(BIN / "tessera"), "up", "--devices", str(devices), *args],
@@ -100,3 +101,15 @@ class RunningCluster:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+def process_with_env(root: int, key: str, value: str) -> int | None:
+    """The descendant of ``root`` whose environment has ``key=value``."""
+    wanted = f"{key}={value}".encode()
+    for pid in descendants(root):
+        try:
+            if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    return None

@@ -36,7 +36,7 @@ def test_prometheus_scrapes_every_service_and_answers_promql(
     cluster.wait_for("ready:")
     config = cluster.run_file.with_name("prometheus.yml")
     services = set(json.loads(cluster.run_file.read_text())["metrics"])
-    assert services == {"scorer", "telemetry", "scheduler", "gateway"}
+    assert services == {"scorer", "telemetry", "scheduler", "gateway", "worker-0", "worker-1"}
     port = free_port()
     prometheus = subprocess.Popen(
         [

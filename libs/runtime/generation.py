@@ -1,0 +1,203 @@
+"""The owner's side of a generation: send it to a deployment, stream its tokens, survive moves.
+
+``RouteBook`` knows where each deployment runs now (its epoch and devices in shard order),
+from the scheduler's placement decisions. ``GenerationClient.stream`` sends a request to the
+first shard and yields its ``TokenChunk``s in order. When the deployment moves (a device
+failed and the scheduler re-placed it under a new epoch) it sends the request again to the
+new placement with the tokens already streamed, so the model continues after them; chunks of
+the old epoch and repeats are dropped, so the caller sees one complete stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from libs.contracts import (
+    CANCEL,
+    GENERATION,
+    PLACEMENT_DECISION,
+    TOKENS,
+    GenerationCancel,
+    GenerationRequest,
+    PlacementDecision,
+    Sampling,
+    TokenChunk,
+)
+from libs.runtime.bus import subscribe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Route:
+    deployment_id: str
+    epoch: int
+    devices: tuple[str, ...]
+
+    @property
+    def first(self) -> str:
+        return self.devices[0]
+
+    @classmethod
+    def of(cls, decision: PlacementDecision) -> Route:
+        ordered = sorted(decision.assignments, key=lambda a: a.shard_index)
+        return cls(decision.task_id, decision.epoch, tuple(a.device_id for a in ordered))
+
+
+class Moved:
+    """Put in a stream's queue when its deployment's route changes."""
+
+
+class RouteBook:
+    def __init__(self) -> None:
+        self.routes: dict[str, Route] = {}
+        self._listeners: dict[str, set[asyncio.Queue[TokenChunk | Moved]]] = {}
+
+    def get(self, deployment_id: str) -> Route | None:
+        return self.routes.get(deployment_id)
+
+    def set(self, route: Route) -> None:
+        """Record ``route`` if it is newer than the one known; wake the streams that use it."""
+        known = self.routes.get(route.deployment_id)
+        if known is not None and known.epoch >= route.epoch:
+            return
+        self.routes[route.deployment_id] = route
+        for queue in self._listeners.get(route.deployment_id, ()):
+            queue.put_nowait(Moved())
+
+    def forget(self, deployment_id: str) -> None:
+        self.routes.pop(deployment_id, None)
+
+    def listen(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
+        self._listeners.setdefault(deployment_id, set()).add(queue)
+
+    def unlisten(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
+        self._listeners.get(deployment_id, set()).discard(queue)
+
+    async def watch(self, nc: NatsClient) -> object:
+        """Follow the scheduler's deployment decisions; returns the subscription."""
+
+        async def on_decision(decision: PlacementDecision, msg: Msg) -> None:
+            if decision.kind == "deployment" and decision.placed:
+                self.set(Route.of(decision))
+
+        return await subscribe(nc, PLACEMENT_DECISION, on_decision)
+
+
+class GenerationError(RuntimeError):
+    pass
+
+
+class GenerationClient:
+    def __init__(self, nc: NatsClient, routes: RouteBook, *, stall_s: float = 60.0) -> None:
+        self.nc = nc
+        self.routes = routes
+        #: Give up when nothing arrives for this long and the deployment does not move.
+        self.stall_s = stall_s
+
+    async def stream(
+        self,
+        deployment_id: str,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: Sampling,
+    ) -> AsyncIterator[TokenChunk]:
+        """Yield the request's chunks, ending with the finished one (or an error chunk)."""
+        route = self.routes.get(deployment_id)
+        if route is None:
+            raise GenerationError(f"deployment {deployment_id!r} is not placed")
+        queue: asyncio.Queue[TokenChunk | Moved] = asyncio.Queue()
+
+        async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
+            queue.put_nowait(chunk)
+
+        sub = await subscribe(
+            self.nc, TOKENS, on_chunk, subject=TOKENS.subject(request_id=request_id)
+        )
+        self.routes.listen(deployment_id, queue)
+        generated: list[int] = []
+        finished = False
+        try:
+            await self._send(route, request_id, prompt_token_ids, generated, sampling)
+            while not finished:
+                try:
+                    item = await asyncio.wait_for(queue.get(), self.stall_s)
+                except TimeoutError:
+                    yield _stalled(request_id, len(generated), route, self.stall_s)
+                    return
+                if isinstance(item, Moved):
+                    newer = self.routes.get(deployment_id)
+                    if newer is not None and newer.epoch > route.epoch:
+                        route = newer
+                        log.warning(
+                            "re-running on the new placement",
+                            extra={
+                                "request_id": request_id,
+                                "epoch": route.epoch,
+                                "devices": list(route.devices),
+                                "resume_after": len(generated),
+                            },
+                        )
+                        await self._send(route, request_id, prompt_token_ids, generated, sampling)
+                    continue
+                if item.epoch != route.epoch:
+                    continue  # from the placement before the move
+                if item.finished:
+                    finished = True
+                    yield item
+                elif item.index == len(generated) and item.token_id is not None:
+                    generated.append(item.token_id)
+                    yield item
+        finally:
+            self.routes.unlisten(deployment_id, queue)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if not finished:
+                await self.cancel(route.deployment_id, request_id)
+
+    async def cancel(self, deployment_id: str, request_id: str) -> None:
+        message = GenerationCancel(request_id=request_id, ts=time.time())
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                CANCEL.subject(deployment_id=deployment_id), CANCEL.encode(message)
+            )
+
+    async def _send(
+        self,
+        route: Route,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        generated: list[int],
+        sampling: Sampling,
+    ) -> None:
+        request = GenerationRequest(
+            request_id=request_id,
+            deployment_id=route.deployment_id,
+            epoch=route.epoch,
+            prompt_token_ids=tuple(prompt_token_ids),
+            generated_token_ids=tuple(generated),
+            sampling=sampling,
+            ts=time.time(),
+        )
+        subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
+        await self.nc.publish(subject, GENERATION.encode(request))
+
+
+def _stalled(request_id: str, index: int, route: Route, stall_s: float) -> TokenChunk:
+    return TokenChunk(
+        request_id=request_id,
+        index=index,
+        finished=True,
+        finish_reason="error",
+        error=f"no token from {route.deployment_id} (epoch {route.epoch}) for {stall_s:.0f} s",
+        epoch=route.epoch,
+        ts=time.time(),
+    )

@@ -1,0 +1,223 @@
+"""Chat and text completions: prompt to tokens, tokens through the placement, back as OpenAI.
+
+The gateway owns each request: it tokenises with the model's chat template, sends the request
+to the first shard of the model's deployment (``GenerationClient``), follows the deployment
+when the scheduler moves it, and turns the token chunks into an OpenAI response or SSE stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi.responses import StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from libs.contracts import Sampling, TokenChunk
+from libs.models.store import ModelMissing, prepare
+from libs.runtime.generation import GenerationClient, Route, RouteBook
+from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
+
+log = logging.getLogger(__name__)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.ttft = Histogram(
+            "tessera_gateway_ttft_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "tessera_gateway_inter_token_seconds",
+            "Time between streamed tokens",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "tessera_gateway_completion_tokens", "Completion tokens served", registry=r
+        )
+        self.reruns = Counter(
+            "tessera_gateway_generation_errors", "Generations that ended in an error", registry=r
+        )
+
+
+@dataclass
+class Deployments:
+    """What is deployed (from the scheduler) and where it runs now (``RouteBook``)."""
+
+    routes: RouteBook
+    scheduler_url: str
+    models: dict[str, str] = field(default_factory=dict)  #: deployment id → model
+    context: dict[str, int] = field(default_factory=dict)
+
+    async def lookup(self, model: str) -> str:
+        """``resolve``, asking the scheduler again first when the model is not known yet."""
+        try:
+            return self.resolve(model)
+        except ApiError:
+            with contextlib.suppress(httpx.HTTPError):
+                await self.refresh()
+            return self.resolve(model)
+
+    async def refresh(self) -> None:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            response = await http.get(f"{self.scheduler_url}/placements")
+            response.raise_for_status()
+        seen = set()
+        for row in response.json():
+            deployment = row["deployment_id"]
+            seen.add(deployment)
+            self.models[deployment] = row["model"]
+            self.context[deployment] = int(row["context_length"])
+            devices = tuple(
+                a["device_id"] for a in sorted(row["assignments"], key=lambda a: a["shard_index"])
+            )
+            self.routes.set(Route(deployment, int(row["epoch"]), devices))
+        for gone in set(self.models) - seen:
+            self.models.pop(gone, None)
+            self.routes.forget(gone)
+
+    def resolve(self, model: str) -> str:
+        """The deployment serving ``model`` (by deployment id, then by model name)."""
+        if model in self.models and self.routes.get(model) is not None:
+            return model
+        for deployment, name in sorted(self.models.items()):
+            if name == model and self.routes.get(deployment) is not None:
+                return deployment
+        known = ", ".join(sorted(self.models)) or "none"
+        raise ApiError(
+            404, f"model {model!r} is not deployed (deployed: {known})", code="model_not_found"
+        )
+
+
+class Completions:
+    def __init__(
+        self,
+        client: GenerationClient,
+        deployments: Deployments,
+        metrics: GatewayMetrics,
+        max_concurrent: int,
+    ) -> None:
+        self.client = client
+        self.deployments = deployments
+        self.metrics = metrics
+        self.max_concurrent = max_concurrent
+        self.in_flight = 0
+        self._tokenizers: dict[str, Any] = {}
+
+    def tokenizer(self, deployment: str) -> Any:
+        model = self.deployments.models[deployment]
+        if model not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizers[model] = AutoTokenizer.from_pretrained(prepare(model))
+            except ModelMissing as exc:
+                raise ApiError(503, str(exc), "server_error", "model_files_missing") from None
+        return self._tokenizers[model]
+
+    def check(self, deployment: str, prompt_tokens: int, max_tokens: int) -> None:
+        context = self.deployments.context.get(deployment, 2048)
+        if prompt_tokens + max_tokens > context:
+            raise ApiError(
+                400,
+                f"{prompt_tokens} prompt tokens + {max_tokens} max_tokens exceed the context "
+                f"length {context}",
+                code="context_length_exceeded",
+                param="messages",
+            )
+
+    def admit(self) -> None:
+        if self.in_flight >= self.max_concurrent:
+            raise ApiError(
+                429,
+                f"{self.in_flight} requests in flight (limit {self.max_concurrent}); retry shortly",
+                "rate_limit_error",
+                "overloaded",
+                headers={"Retry-After": "1"},
+            )
+
+    async def chunks(
+        self, deployment: str, prompt_ids: list[int], sampling: Sampling
+    ) -> AsyncIterator[TokenChunk]:
+        """The request's token chunks, measured; counts against the concurrency limit."""
+        self.in_flight += 1
+        started = time.perf_counter()
+        last: float | None = None
+        try:
+            async for chunk in self.client.stream(
+                deployment, new_id("gen")[4:40], prompt_ids, sampling
+            ):
+                now = time.perf_counter()
+                if chunk.token_id is not None:
+                    self.metrics.tokens.inc()
+                    if last is None:
+                        self.metrics.ttft.observe(now - started)
+                    else:
+                        self.metrics.inter_token.observe(now - last)
+                    last = now
+                if chunk.finish_reason == "error":
+                    self.metrics.reruns.inc()
+                yield chunk
+        finally:
+            self.in_flight -= 1
+
+
+def sampling_of(max_tokens: int | None, body: Any) -> Sampling:
+    return Sampling(
+        max_tokens=max_tokens or min(256, MAX_TOKENS),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=body.stops(),
+        seed=body.seed,
+    )
+
+
+async def collect(chunks: AsyncIterator[TokenChunk]) -> tuple[str, TokenChunk]:
+    """Join a generation's text; raise 503 if it ended in an error."""
+    text: list[str] = []
+    async for chunk in chunks:
+        text.append(chunk.text)
+        if chunk.finished:
+            if chunk.finish_reason == "error":
+                raise ApiError(
+                    503, chunk.error or "generation failed", "server_error", "no_capacity"
+                )
+            return "".join(text), chunk
+    raise ApiError(503, "generation ended without a final chunk", "server_error")
+
+
+def sse(
+    chunks: AsyncIterator[TokenChunk],
+    render: Callable[[TokenChunk], list[dict[str, Any]]],
+    usage: Callable[[TokenChunk], dict[str, Any]] | None,
+) -> StreamingResponse:
+    """Server-sent events: one ``data:`` line per OpenAI chunk, then ``data: [DONE]``."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                if chunk.finish_reason == "error":
+                    error = {"message": chunk.error, "type": "server_error", "code": "no_capacity"}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    break
+                for event in render(chunk):
+                    yield f"data: {json.dumps(event)}\n\n"
+                if chunk.finished and usage is not None:
+                    yield f"data: {json.dumps(usage(chunk))}\n\n"
+            yield "data: [DONE]\n\n"
+        except asyncio.CancelledError:  # the client went away: the stream cancels the request
+            raise
+
+    return StreamingResponse(events(), media_type="text/event-stream")

@@ -1,0 +1,82 @@
+"""Run one worker: ``python -m services.worker`` (settings: ``TESSERA_WORKER_*``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+
+import numpy as np
+
+from libs.devices.emulated import EmulatedDevice
+from libs.models.store import prepare
+from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.lifecycle import Background, announce_ready, run_service
+from libs.runtime.logs import configure_logging
+from libs.runtime.metrics import serve_metrics
+from libs.runtime.tracing import configure_tracing
+from services.worker.metrics import WorkerMetrics
+from services.worker.settings import WorkerSettings
+
+log = logging.getLogger("services.worker")
+
+
+def make_device(settings: WorkerSettings, now: float) -> EmulatedDevice:
+    """The device this worker stands in for, drawn from its class with the overrides applied."""
+    rng = np.random.default_rng(settings.seed)
+    device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
+    if settings.memory_gb is not None:
+        caps = device.capabilities.model_copy(update={"memory_total_gb": settings.memory_gb})
+        device = dataclasses.replace(device, capabilities=caps)
+    speed = settings.speed_factor or min(1.0, device.speed_factor)
+    return dataclasses.replace(device, speed_factor=speed, engines=(settings.engine,))
+
+
+async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
+    from services.telemetry.fleet import FleetAgent
+
+    configure_tracing("worker", settings.otlp_endpoint)
+    metrics = WorkerMetrics()
+    serve_metrics(metrics.registry, settings.metrics_port)
+    folder = await asyncio.to_thread(prepare, cache_dir=settings.model_dir)
+    device = make_device(settings, time.time())
+    nc = await connect_nats(settings.nats_url, f"worker-{settings.device_id}")
+    from services.worker.service import Worker
+
+    worker = Worker(
+        nc,
+        device,
+        folder,
+        max_active=settings.max_active,
+        park_s=settings.park_s,
+        metrics=metrics,
+    )
+    await worker.start()
+    agent = FleetAgent(nc, [device], settings.interval_s, seed=settings.seed)
+    telemetry = asyncio.create_task(agent.run(stop))
+    background = Background("worker")
+
+    async def expire() -> None:
+        await worker.expire(settings.idle_s)
+
+    background.every(5.0, expire)
+    announce_ready(
+        "worker",
+        device_id=device.device_id,
+        device_class=str(device.device_class),
+        engine=settings.engine,
+        speed_factor=device.speed_factor,
+    )
+    await stop.wait()
+    await background.close()
+    await telemetry
+    await worker.close()
+    await close_nats(nc)
+
+
+if __name__ == "__main__":
+    settings = WorkerSettings()
+    configure_logging(f"worker-{settings.device_id}", settings.log_level, settings.log_format)
+    sys.exit(run_service("worker", lambda stop: main(stop, settings)))

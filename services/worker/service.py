@@ -1,0 +1,371 @@
+"""The CPU shard worker: loads the shards the scheduler sends it and runs them over NATS.
+
+One process stands in for one device. It listens on its device's subjects:
+
+- ``SHARD_TASK`` (JetStream): load or unload a shard; answers on ``SHARD_STATUS``.
+- ``GENERATION``: a new request, when this device holds a deployment's first shard.
+- ``HIDDEN``: binary frames from the previous shard (or sampled tokens from the last).
+- ``CANCEL``: drop a request everywhere.
+
+Work for a shard that is still loading (a newer epoch) is parked, not lost; work for an older
+epoch is dropped. Compute runs one step at a time in a thread, in arrival order, so steps of
+concurrent requests interleave (iteration-level scheduling). A slower emulated class sleeps in
+proportion to each step's compute. The device's telemetry (announce, samples, heartbeats)
+comes from the same process, so killing the worker is a device failure the scheduler sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from libs.contracts import (
+    CANCEL,
+    GENERATION,
+    HIDDEN,
+    SHARD_STATUS,
+    SHARD_TASK,
+    TOKENS,
+    ContractError,
+    Frame,
+    GenerationCancel,
+    GenerationRequest,
+    ShardStatus,
+    ShardTask,
+    TokenChunk,
+    decode_frame,
+)
+from libs.devices.emulated import EmulatedDevice
+from libs.models.shard import ShardModel, shard_bytes
+from libs.runtime.bus import RateLimitedLog, ensure_streams, subscribe
+from services.worker.engine import Action, Emit, Send, ShardEngine
+from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+_bad_frames = RateLimitedLog()
+
+#: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
+MEMORY_SHARE = 0.8
+RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class Item:
+    """One step of work for a deployment's shard at one epoch."""
+
+    deployment_id: str
+    epoch: int
+    request: GenerationRequest | None = None
+    frame: Frame | None = None
+    parked_at: float = 0.0
+
+
+class Worker:
+    def __init__(
+        self,
+        nc: NatsClient,
+        device: EmulatedDevice,
+        folder: Path,
+        *,
+        max_active: int = 16,
+        park_s: float = 60.0,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
+        self.nc = nc
+        self.device = device
+        self.device_id = device.device_id
+        self.folder = folder
+        self.max_active = max_active
+        self.park_s = park_s
+        self.metrics = metrics or WorkerMetrics()
+        self.clock = clock
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+        eos = GenerationConfig.from_pretrained(folder).eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        self.stop_ids = frozenset(int(e) for e in eos_ids if e is not None)
+        self.engines: dict[str, ShardEngine] = {}
+        self.parked: list[Item] = []
+        self.cancelled: dict[str, float] = {}
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.rates: collections.deque[tuple[float, int]] = collections.deque()
+        self._subs: list[object] = []
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        me = self.device_id
+        await ensure_streams(self.nc)
+        js = self.nc.jetstream()
+        self._subs = [
+            await js.subscribe(
+                SHARD_TASK.subject(device_id=me),
+                durable=f"worker-{me}",
+                cb=self._on_task_msg,
+                manual_ack=True,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+            ),
+            await subscribe(
+                self.nc, GENERATION, self.on_generate, subject=GENERATION.pattern(device_id=me)
+            ),
+            await self.nc.subscribe(HIDDEN.pattern(device_id=me), cb=self.on_hidden),
+            await subscribe(self.nc, CANCEL, self.on_cancel),
+        ]
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()  # type: ignore[attr-defined]
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # -- shard tasks ------------------------------------------------------------------------
+    async def _on_task_msg(self, msg: Msg) -> None:
+        try:
+            task = SHARD_TASK.decode(msg.data)
+        except ContractError as exc:
+            log.warning("rejected shard task", extra={"reason": exc.reason, "detail": exc.detail})
+            await msg.term()
+            return
+        try:
+            await self.on_task(task)
+        finally:
+            await msg.ack()
+
+    async def on_task(self, task: ShardTask) -> None:
+        if task.device_id != self.device_id:
+            return
+        current = self.engines.get(task.deployment_id)
+        if task.action == "unload":
+            if current is not None and current.epoch <= task.epoch:
+                del self.engines[task.deployment_id]
+                self.device.unassign(task.deployment_id)
+                self._update_gauges()
+                await self._status(task, "unloaded")
+            return
+        if current is not None and current.epoch >= task.epoch:
+            return  # a repeat, or older than what runs here
+        started = time.monotonic()
+        try:
+            need = await asyncio.to_thread(
+                shard_bytes, self.folder, task.layer_start, task.layer_end
+            )
+            room = self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9
+            if need > room:
+                reason = (
+                    f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
+                    f"{self.device_id} ({room / 1e9:.2f} GB usable)"
+                )
+                log.warning("refused shard", extra={"reason": reason})
+                await self._status(task, "refused", reason)
+                return
+            model = await asyncio.to_thread(
+                ShardModel, self.folder, task.layer_start, task.layer_end
+            )
+        except Exception as exc:
+            log.exception("shard load failed", extra={"deployment_id": task.deployment_id})
+            await self._status(task, "failed", f"{type(exc).__name__}: {exc}")
+            return
+        route = task.route or (task.device_id,)
+        self.engines[task.deployment_id] = ShardEngine(
+            model, task, route, self.tokenizer, self.stop_ids, self.clock
+        )
+        self.device.assign(task.deployment_id, 0.1 + 0.5 / task.shard_count)
+        self._update_gauges()
+        load_s = time.monotonic() - started
+        log.info(
+            "loaded shard",
+            extra={
+                "deployment_id": task.deployment_id,
+                "layers": [task.layer_start, task.layer_end],
+                "epoch": task.epoch,
+                "load_s": round(load_s, 2),
+            },
+        )
+        await self._status(task, "loaded", load_s=load_s)
+        self._unpark(task.deployment_id)
+
+    async def _status(
+        self, task: ShardTask, state: str, reason: str | None = None, load_s: float = 0.0
+    ) -> None:
+        status = ShardStatus(
+            deployment_id=task.deployment_id,
+            device_id=self.device_id,
+            shard_index=task.shard_index,
+            epoch=task.epoch,
+            state=state,
+            reason=reason,
+            load_s=load_s,
+            ts=self.clock(),
+        )
+        subject = SHARD_STATUS.subject(device_id=self.device_id)
+        await self.nc.publish(subject, SHARD_STATUS.encode(status))
+
+    # -- incoming work ----------------------------------------------------------------------
+    async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+        engine = self.engines.get(request.deployment_id)
+        if engine is not None and engine.epoch == request.epoch:
+            if not engine.first:
+                log.warning("request sent to a shard that is not first", extra=_ids(request))
+                return
+            if len(engine.live) >= self.max_active:
+                self.metrics.refused.inc()
+                await self._emit(
+                    _error(request, f"{self.device_id} is busy: {self.max_active} requests")
+                )
+                return
+        self._accept(Item(request.deployment_id, request.epoch, request=request))
+
+    async def on_hidden(self, msg: Msg) -> None:
+        try:
+            frame = decode_frame(msg.data)
+            deployment_id = HIDDEN.token_of(msg.subject, "deployment_id")
+        except ContractError as exc:
+            self.metrics.rejected.labels(reason=exc.reason).inc()
+            _bad_frames.warning(("hidden", exc.reason), "rejected frame", detail=exc.detail)
+            return
+        self._accept(Item(deployment_id, frame.epoch, frame=frame))
+
+    async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
+        deployment_id = CANCEL.token_of(msg.subject, "deployment_id")
+        self.cancelled[cancel.request_id] = time.monotonic()
+        engine = self.engines.get(deployment_id)
+        if engine is not None and engine.cancel(cancel.request_id):
+            log.info("cancelled", extra={"request_id": cancel.request_id})
+
+    def _accept(self, item: Item) -> None:
+        engine = self.engines.get(item.deployment_id)
+        if engine is None or item.epoch > engine.epoch:
+            self.parked.append(
+                Item(item.deployment_id, item.epoch, item.request, item.frame, time.monotonic())
+            )
+        elif item.epoch == engine.epoch:
+            self.queue.put_nowait(item)
+        self._update_gauges()  # an older epoch's work is dropped: its owner re-runs it
+
+    def _unpark(self, deployment_id: str) -> None:
+        engine = self.engines[deployment_id]
+        keep: list[Item] = []
+        for item in self.parked:
+            if item.deployment_id != deployment_id or item.epoch > engine.epoch:
+                keep.append(item)
+            elif item.epoch == engine.epoch:
+                self.queue.put_nowait(item)
+        self.parked = keep
+
+    async def expire(self, idle_s: float) -> None:
+        """Drop parked work nobody loaded a shard for, and requests whose END was lost."""
+        now = time.monotonic()
+        stale = [i for i in self.parked if now - i.parked_at > self.park_s]
+        self.parked = [i for i in self.parked if now - i.parked_at <= self.park_s]
+        for item in stale:
+            if item.request is not None:
+                await self._emit(
+                    _error(item.request, f"no shard of {item.deployment_id} loaded on here")
+                )
+        for engine in self.engines.values():
+            engine.expire(idle_s)
+        self.cancelled = {r: t for r, t in self.cancelled.items() if now - t < idle_s}
+        self._update_gauges()
+
+    # -- the compute loop -------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            item = await self.queue.get()
+            engine = self.engines.get(item.deployment_id)
+            if engine is None or engine.epoch != item.epoch:
+                continue
+            rid = item.request.request_id if item.request else item.frame.request_id  # type: ignore[union-attr]
+            if rid in self.cancelled:
+                continue
+            started = time.monotonic()
+            try:
+                if item.request is not None:
+                    actions = await asyncio.to_thread(engine.begin, item.request)
+                else:
+                    assert item.frame is not None
+                    actions = await asyncio.to_thread(engine.on_frame, item.frame)
+            except Exception as exc:
+                log.exception("shard step failed", extra={"request_id": rid})
+                engine.cancel(rid)
+                actions = [Emit(_failed(rid, engine.epoch, f"{type(exc).__name__}: {exc}"))]
+            busy = time.monotonic() - started
+            self.metrics.step_seconds.observe(busy)
+            if self.device.speed_factor < 1.0:  # emulate a slower device class
+                await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
+            await self._dispatch(item.deployment_id, actions)
+            self._update_gauges()
+
+    async def _dispatch(self, deployment_id: str, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Emit):
+                await self._emit(action.chunk)
+            elif isinstance(action, Send):
+                if action.device_id == self.device_id:
+                    self._accept(Item(deployment_id, action.frame.epoch, frame=action.frame))
+                else:
+                    subject = HIDDEN.subject(
+                        deployment_id=deployment_id, device_id=action.device_id
+                    )
+                    await self.nc.publish(subject, action.frame.encode())
+
+    async def _emit(self, chunk: TokenChunk) -> None:
+        if chunk.token_id is not None:
+            self._count_token()
+        await self.nc.publish(TOKENS.subject(request_id=chunk.request_id), TOKENS.encode(chunk))
+
+    # -- measurements -----------------------------------------------------------------------
+    def _count_token(self) -> None:
+        now = time.monotonic()
+        self.rates.append((now, 1))
+        self.metrics.tokens.inc()
+        while self.rates and now - self.rates[0][0] > RATE_WINDOW_S:
+            self.rates.popleft()
+
+    def tokens_per_s(self) -> float | None:
+        now = time.monotonic()
+        recent = sum(n for t, n in self.rates if now - t <= RATE_WINDOW_S)
+        return recent / RATE_WINDOW_S if recent else None
+
+    def _update_gauges(self) -> None:
+        depth = self.queue.qsize() + len(self.parked)
+        self.device.queue_depth = depth
+        self.device.measured_tokens_per_s = self.tokens_per_s()
+        self.metrics.queue_depth.set(depth)
+        self.metrics.active.set(sum(len(e.live) for e in self.engines.values()))
+
+
+def _ids(request: GenerationRequest) -> dict[str, object]:
+    return {"request_id": request.request_id, "deployment_id": request.deployment_id}
+
+
+def _error(request: GenerationRequest, message: str) -> TokenChunk:
+    return _failed(request.request_id, request.epoch, message, len(request.generated_token_ids))
+
+
+def _failed(request_id: str, epoch: int, message: str, index: int = 0) -> TokenChunk:
+    return TokenChunk(
+        request_id=request_id,
+        index=index,
+        finished=True,
+        finish_reason="error",
+        error=message[:2000],
+        epoch=epoch,
+        ts=time.time(),
+    )

@@ -1,0 +1,38 @@
+"""Worker settings (prefix ``TESSERA_WORKER_``). One worker process stands in for one device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.contracts import DeviceClass
+from libs.runtime.settings import ServiceSettings
+
+
+class WorkerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TESSERA_WORKER_", extra="ignore", populate_by_name=True
+    )
+
+    device_id: str = Field("worker-0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    #: The class this worker emulates: its memory limit and speed factor apply.
+    device_class: DeviceClass = DeviceClass.WORKSTATION
+    seed: int = 0
+    #: Overrides of the class's drawn memory (GB) and speed factor (1 = this CPU's own speed).
+    memory_gb: float | None = Field(None, gt=0.0)
+    speed_factor: float | None = Field(None, gt=0.0, le=1.0)
+    #: ``torch``: layer shards on the CPU (the only engine built so far).
+    engine: Literal["torch"] = "torch"
+    #: Telemetry and heartbeat period (s); the failure detector waits three of these.
+    interval_s: float = Field(1.0, ge=0.1, le=10.0)
+    #: New requests a first shard accepts at once; more are refused with a clear error.
+    max_active: int = Field(16, ge=1, le=10_000)
+    #: A request with no traffic for this long is dropped (its END frame was lost).
+    idle_s: float = Field(120.0, gt=0)
+    #: Work for a shard not loaded yet waits this long before it is given up.
+    park_s: float = Field(60.0, gt=0)
+    #: Where the prepared model folders live (default ~/.cache/tessera/models).
+    model_dir: Path | None = None

@@ -1,0 +1,134 @@
+"""The gateway with the official `openai` client against `tessera up` running SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.cluster import RunningCluster, process_with_env
+
+MODEL = "smollm2-135m-instruct"
+KEY = "test-key-1"
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    running = RunningCluster(
+        env={
+            "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
+            "TESSERA_GATEWAY_MAX_CONCURRENT": "2",
+            "TESSERA_GATEWAY_MAX_BODY_BYTES": "65536",
+            "TESSERA_WORKER_INTERVAL_S": "0.5",
+        }
+    )
+    running.wait_for("ready:", 240)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(cluster: RunningCluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=KEY, max_retries=0)
+
+
+def ask(client: openai.OpenAI, text: str, **kw: object):  # type: ignore[no-untyped-def]
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], **kw
+    )
+
+
+def test_models_lists_the_deployed_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_streaming_and_completions(client: openai.OpenAI) -> None:
+    reply = ask(client, "What is the capital of France?", max_tokens=12, temperature=0)
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and reply.usage.completion_tokens <= 12
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    stream = ask(
+        client,
+        "What is the capital of France?",
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert "".join(parts) == reply.choices[0].message.content  # greedy: the same text
+    assert finish == reply.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == reply.usage.completion_tokens
+    text = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=6)
+    assert text.choices[0].text and text.usage is not None and text.usage.completion_tokens <= 6
+
+
+def test_errors_are_typed_openai_errors(cluster: RunningCluster, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="not deployed"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        ask(client, "x", temperature=7)
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        ask(client, "word " * 3000, max_tokens=10)
+    anonymous = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+    with pytest.raises(openai.APIStatusError) as too_big:
+        ask(client, "x" * 70_000)
+    assert too_big.value.status_code == 413
+    body = httpx.post(
+        f"{cluster.base_url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+    )
+    assert body.status_code == 400 and body.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_more_requests_than_the_limit_get_429_with_retry_after(client: openai.OpenAI) -> None:
+    streams = [ask(client, "Tell a long story.", max_tokens=200, stream=True) for _ in range(2)]
+    for stream in streams:
+        next(iter(stream))  # both are running now
+    with pytest.raises(openai.RateLimitError) as refused:
+        ask(client, "x", max_tokens=4)
+    assert refused.value.response.headers["retry-after"] == "1"
+    for stream in streams:
+        stream.close()
+
+
+def test_a_killed_worker_is_survived_and_the_stream_continues(
+    cluster: RunningCluster, client: openai.OpenAI
+) -> None:
+    placed = httpx.get(
+        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
+    ).json()
+    (deployment,) = [p for p in placed if p["deployment_id"] == MODEL]
+    host = deployment["assignments"][0]["device_id"]
+    expected = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0)
+    want = expected.choices[0].message.content
+    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
+    assert pid is not None
+    parts: list[str] = []
+    stream = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0, stream=True)
+    for i, chunk in enumerate(stream):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if i == 5:
+            os.kill(pid, signal.SIGKILL)
+    assert "".join(parts) == want  # complete, nothing repeated
+    cluster.wait_for(f"{host} exited", 10)
+    time.sleep(0.1)
+    moved = httpx.get(
+        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
+    ).json()
+    assert host not in [a["device_id"] for p in moved for a in p["assignments"]]
