@@ -203,6 +203,22 @@ class TokenChunk(WireModel):
     epoch: Annotated[int, Field(ge=0)] = 0
     ts: Timestamp
 
+    @classmethod
+    def failure(
+        cls, request_id: str, index: int, epoch: int, message: str, ts: float, **fields: object
+    ) -> TokenChunk:
+        """The final chunk of a request that could not go on."""
+        return cls(
+            request_id=request_id,
+            index=index,
+            finished=True,
+            finish_reason="error",
+            error=message[:2000],
+            epoch=epoch,
+            ts=ts,
+            **fields,
+        )
+
 
 class GenerationCancel(WireModel):
     """Stop one request on every shard of a deployment (the user went away)."""

@@ -81,7 +81,7 @@ def _build(config: PretrainedConfig, spec: ShardSpec, weights: Path) -> Any:
     sub.tie_word_embeddings = False
     torch.manual_seed(0)  # weights are all overwritten below; keep construction deterministic
     model: Any = AutoModelForCausalLM.from_config(sub, dtype=torch.float32)  # type: ignore[no-untyped-call]
-    if not spec.first:  # the embedding table is not used here: a stub, not 100 MB
+    if not spec.first:  # this shard never embeds tokens: a one-row table instead of 100 MB
         model.model.embed_tokens = nn.Embedding(1, int(config.hidden_size))
     if not spec.last:
         model.model.norm = nn.Identity()

@@ -131,7 +131,13 @@ class GenerationClient:
                 try:
                     item = await asyncio.wait_for(queue.get(), self.stall_s)
                 except TimeoutError:
-                    yield _stalled(request_id, len(generated), route, self.stall_s)
+                    message = (
+                        f"no token from {deployment_id} (epoch {route.epoch}) "
+                        f"for {self.stall_s:.0f} s"
+                    )
+                    yield TokenChunk.failure(
+                        request_id, len(generated), route.epoch, message, time.time()
+                    )
                     return
                 if isinstance(item, Moved):
                     newer = self.routes.get(deployment_id)
@@ -189,15 +195,3 @@ class GenerationClient:
         )
         subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
         await self.nc.publish(subject, GENERATION.encode(request))
-
-
-def _stalled(request_id: str, index: int, route: Route, stall_s: float) -> TokenChunk:
-    return TokenChunk(
-        request_id=request_id,
-        index=index,
-        finished=True,
-        finish_reason="error",
-        error=f"no token from {route.deployment_id} (epoch {route.epoch}) for {stall_s:.0f} s",
-        epoch=route.epoch,
-        ts=time.time(),
-    )

@@ -53,12 +53,10 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
             media_type=answer.headers.get("content-type"),
         )
 
-    @router.get("/placements", summary="Deployments and where their shards run")
+    @router.api_route(
+        "/placements", methods=["GET", "POST"], summary="Deployments; POST deploys a model"
+    )
     async def placements(request: Request) -> Response:
-        return await forward(request, "placements")
-
-    @router.post("/placements", status_code=201, summary="Deploy a model (scheduler decides)")
-    async def deploy(request: Request) -> Response:
         return await forward(request, "placements")
 
     @router.delete("/placements/{deployment_id}", status_code=204, summary="Undeploy")
@@ -69,20 +67,12 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     async def previews(request: Request) -> Response:
         return await forward(request, "instance/previews")
 
-    @router.get("/mode", summary="Scheduling mode")
-    async def get_mode(request: Request) -> Response:
+    @router.api_route("/mode", methods=["GET", "PUT"], summary="Scheduling mode (PUT: or auto)")
+    async def mode(request: Request) -> Response:
         return await forward(request, "mode")
 
-    @router.put("/mode", summary="Set the scheduling mode (or auto)")
-    async def put_mode(request: Request) -> Response:
-        return await forward(request, "mode")
-
-    @router.get("/policy", summary="Scheduling policy")
-    async def get_policy(request: Request) -> Response:
-        return await forward(request, "policy")
-
-    @router.put("/policy", summary="Set the scheduling policy")
-    async def put_policy(request: Request) -> Response:
+    @router.api_route("/policy", methods=["GET", "PUT"], summary="Scheduling policy")
+    async def policy(request: Request) -> Response:
         return await forward(request, "policy")
 
     return router

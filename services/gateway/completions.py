@@ -7,7 +7,6 @@ when the scheduler moves it, and turns the token chunks into an OpenAI response 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -47,7 +46,7 @@ class GatewayMetrics:
         self.tokens = Counter(
             "tessera_gateway_completion_tokens", "Completion tokens served", registry=r
         )
-        self.reruns = Counter(
+        self.errors = Counter(
             "tessera_gateway_generation_errors", "Generations that ended in an error", registry=r
         )
 
@@ -168,7 +167,7 @@ class Completions:
                         self.metrics.inter_token.observe(now - last)
                     last = now
                 if chunk.finish_reason == "error":
-                    self.metrics.reruns.inc()
+                    self.metrics.errors.inc()
                 yield chunk
         finally:
             self.in_flight -= 1
@@ -206,18 +205,16 @@ def sse(
     """Server-sent events: one ``data:`` line per OpenAI chunk, then ``data: [DONE]``."""
 
     async def events() -> AsyncIterator[str]:
-        try:
-            async for chunk in chunks:
-                if chunk.finish_reason == "error":
-                    error = {"message": chunk.error, "type": "server_error", "code": "no_capacity"}
-                    yield f"data: {json.dumps({'error': error})}\n\n"
-                    break
-                for event in render(chunk):
-                    yield f"data: {json.dumps(event)}\n\n"
-                if chunk.finished and usage is not None:
-                    yield f"data: {json.dumps(usage(chunk))}\n\n"
-            yield "data: [DONE]\n\n"
-        except asyncio.CancelledError:  # the client went away: the stream cancels the request
-            raise
+        # If the client goes away the generator is closed, and the request is cancelled.
+        async for chunk in chunks:
+            if chunk.finish_reason == "error":
+                error = {"message": chunk.error, "type": "server_error", "code": "no_capacity"}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+                break
+            for event in render(chunk):
+                yield f"data: {json.dumps(event)}\n\n"
+            if chunk.finished and usage is not None:
+                yield f"data: {json.dumps(usage(chunk))}\n\n"
+        yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 SLICES_PER_INTERVAL = 10
 
 
+def work_key(task: ShardTask) -> str:
+    """The device's name for the work a shard task loads."""
+    return f"{task.deployment_id}:{task.shard_index}"
+
+
 def shard_intensity(task: ShardTask) -> float:
     """Compute share a shard keeps busy: a fixed base plus its share of the layers."""
     return min(1.0, 0.1 + 0.5 / task.shard_count)
@@ -77,7 +82,7 @@ class FleetAgent:
         device = self.devices.get(task.device_id)
         if device is None:
             return
-        key = f"{task.deployment_id}:{task.shard_index}"
+        key = work_key(task)
         if task.action == "load":
             device.assign(key, shard_intensity(task))
         else:

@@ -209,11 +209,14 @@ class ShardEngine:
         )
 
     def _error(self, request: GenerationRequest, message: str) -> Emit:
-        chunk = self._chunk(
-            request.request_id,
-            len(request.generated_token_ids),
-            finished=True,
-            finish_reason="error",
-            error=message,
+        index = len(request.generated_token_ids)
+        return Emit(
+            TokenChunk.failure(
+                request.request_id,
+                index,
+                self.epoch,
+                message,
+                self.clock(),
+                device_id=self.task.device_id,
+            )
         )
-        return Emit(chunk)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
 from libs.runtime.bus import RateLimitedLog, ensure_streams, subscribe
+from services.telemetry.fleet import shard_intensity, work_key
 from services.worker.engine import Action, Emit, Send, ShardEngine
 from services.worker.metrics import WorkerMetrics
 
@@ -101,7 +103,7 @@ class Worker:
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
-        self.rates: collections.deque[tuple[float, int]] = collections.deque()
+        self.token_times: collections.deque[float] = collections.deque()
         self._subs: list[object] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -155,7 +157,7 @@ class Worker:
         if task.action == "unload":
             if current is not None and current.epoch <= task.epoch:
                 del self.engines[task.deployment_id]
-                self.device.unassign(task.deployment_id)
+                self.device.unassign(work_key(task))
                 self._update_gauges()
                 await self._status(task, "unloaded")
             return
@@ -186,7 +188,7 @@ class Worker:
         self.engines[task.deployment_id] = ShardEngine(
             model, task, route, self.tokenizer, self.stop_ids, self.clock
         )
-        self.device.assign(task.deployment_id, 0.1 + 0.5 / task.shard_count)
+        self.device.assign(work_key(task), shard_intensity(task))
         self._update_gauges()
         load_s = time.monotonic() - started
         log.info(
@@ -252,9 +254,7 @@ class Worker:
     def _accept(self, item: Item) -> None:
         engine = self.engines.get(item.deployment_id)
         if engine is None or item.epoch > engine.epoch:
-            self.parked.append(
-                Item(item.deployment_id, item.epoch, item.request, item.frame, time.monotonic())
-            )
+            self.parked.append(dataclasses.replace(item, parked_at=time.monotonic()))
         elif item.epoch == engine.epoch:
             self.queue.put_nowait(item)
         self._update_gauges()  # an older epoch's work is dropped: its owner re-runs it
@@ -304,7 +304,8 @@ class Worker:
             except Exception as exc:
                 log.exception("shard step failed", extra={"request_id": rid})
                 engine.cancel(rid)
-                actions = [Emit(_failed(rid, engine.epoch, f"{type(exc).__name__}: {exc}"))]
+                failure = f"{type(exc).__name__}: {exc}"
+                actions = [Emit(TokenChunk.failure(rid, 0, engine.epoch, failure, time.time()))]
             busy = time.monotonic() - started
             self.metrics.step_seconds.observe(busy)
             if self.device.speed_factor < 1.0:  # emulate a slower device class
@@ -332,16 +333,14 @@ class Worker:
 
     # -- measurements -----------------------------------------------------------------------
     def _count_token(self) -> None:
-        now = time.monotonic()
-        self.rates.append((now, 1))
+        self.token_times.append(time.monotonic())
         self.metrics.tokens.inc()
-        while self.rates and now - self.rates[0][0] > RATE_WINDOW_S:
-            self.rates.popleft()
 
     def tokens_per_s(self) -> float | None:
-        now = time.monotonic()
-        recent = sum(n for t, n in self.rates if now - t <= RATE_WINDOW_S)
-        return recent / RATE_WINDOW_S if recent else None
+        cutoff = time.monotonic() - RATE_WINDOW_S
+        while self.token_times and self.token_times[0] < cutoff:
+            self.token_times.popleft()
+        return len(self.token_times) / RATE_WINDOW_S if self.token_times else None
 
     def _update_gauges(self) -> None:
         depth = self.queue.qsize() + len(self.parked)
@@ -356,16 +355,5 @@ def _ids(request: GenerationRequest) -> dict[str, object]:
 
 
 def _error(request: GenerationRequest, message: str) -> TokenChunk:
-    return _failed(request.request_id, request.epoch, message, len(request.generated_token_ids))
-
-
-def _failed(request_id: str, epoch: int, message: str, index: int = 0) -> TokenChunk:
-    return TokenChunk(
-        request_id=request_id,
-        index=index,
-        finished=True,
-        finish_reason="error",
-        error=message[:2000],
-        epoch=epoch,
-        ts=time.time(),
-    )
+    index = len(request.generated_token_ids)
+    return TokenChunk.failure(request.request_id, index, request.epoch, message, time.time())
