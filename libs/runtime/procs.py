@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -20,7 +21,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def child_kwargs() -> dict[str, object]:
+def child_kwargs() -> dict[str, Any]:
     """Keyword arguments for ``subprocess.Popen`` of a child that must not outlive us.
 
     The child gets its own process group, so a Ctrl-C at the terminal reaches only the parent,

@@ -74,7 +74,7 @@ class EmbeddedServer(ABC):
             self.command(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            **child_kwargs(),  # type: ignore[call-overload]
+            **child_kwargs(),
         )
         log.close()
         try:

@@ -66,3 +66,8 @@ def model_cache_dir() -> Path:
 def hub_offline() -> None:
     """Nothing may be downloaded at run time: tell Hugging Face libraries so before they load."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process: this one's, with ``extra`` set."""
+    return {**os.environ, **extra}

@@ -8,35 +8,43 @@ wrapping errors in OpenAI's shape. Devices and scores are read from Redis.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from libs.cli.devices import fetch
+from libs.contracts import PlacementDecision
+from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
+from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.keys import Keys
-from services.gateway.openai_api import ApiError
+from services.gateway.openai_api import ApiError, documented
 from services.gateway.settings import GatewaySettings
+
+ERRORS = documented(400, 401, 413, 503)
 
 
 def admin_router(settings: GatewaySettings) -> APIRouter:
-    router = APIRouter(prefix="/v1/cluster", tags=["admin"])
+    router = APIRouter(prefix="/v1/cluster", tags=["admin"], responses=ERRORS)
 
     @router.get("/devices", summary="Devices with their five scores, best first")
-    async def devices(request: Request, limit: int = 100) -> list[dict[str, Any]]:
-        rows = await fetch(request.app.state.redis, Keys(), max(1, min(limit, 10_000)))
+    async def devices(
+        request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+    ) -> list[dict[str, Any]]:
+        rows = await fetch(request.app.state.redis, Keys(), limit)
         return [{"device_id": d, **row} for d, row in rows]
 
-    async def forward(request: Request, path: str) -> Response:
-        body = await request.body()
+    async def forward(request: Request, path: str, body: BaseModel | None = None) -> Response:
+        content = body.model_dump_json(exclude_unset=True).encode() if body else None
         try:
             async with httpx.AsyncClient(timeout=10.0) as http:
                 answer = await http.request(
                     request.method,
                     f"{settings.scheduler_url}/{path}",
                     params=request.query_params,
-                    content=body,
-                    headers={"content-type": "application/json"} if body else {},
+                    content=content,
+                    headers={"content-type": "application/json"} if content else {},
                 )
         except httpx.HTTPError as exc:
             raise ApiError(503, f"scheduler unreachable: {exc}", "server_error") from None
@@ -46,33 +54,62 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
             except ValueError:
                 detail = answer.text
             message = detail if isinstance(detail, str) else json.dumps(detail)[:2000]
-            raise ApiError(answer.status_code, message)
+            # The scheduler's own validation (422) is a bad request here, as on every route.
+            raise ApiError(400 if answer.status_code == 422 else answer.status_code, message)
         return Response(
             answer.content,
             status_code=answer.status_code,
             media_type=answer.headers.get("content-type"),
         )
 
-    @router.api_route(
-        "/placements", methods=["GET", "POST"], summary="Deployments; POST deploys a model"
-    )
+    @router.get("/placements", summary="Deployments and where their shards run")
     async def placements(request: Request) -> Response:
         return await forward(request, "placements")
 
-    @router.delete("/placements/{deployment_id}", status_code=204, summary="Undeploy")
-    async def undeploy(deployment_id: str, request: Request) -> Response:
+    @router.post(
+        "/placements",
+        status_code=201,
+        summary="Deploy a model",
+        response_model=PlacementDecision,
+        responses=documented(404, 409),
+    )
+    async def deploy(body: DeployBody, request: Request) -> Response:
+        return await forward(request, "placements", body)
+
+    @router.delete(
+        "/placements/{deployment_id}",
+        status_code=204,
+        summary="Undeploy",
+        responses=documented(404),
+    )
+    async def undeploy(
+        deployment_id: Annotated[str, Path(pattern=TOKEN_PATTERN)], request: Request
+    ) -> Response:
         return await forward(request, f"placements/{deployment_id}")
 
-    @router.get("/previews", summary="Partition previews for a model")
-    async def previews(request: Request) -> Response:
+    @router.get("/previews", summary="Partition previews for a model", responses=documented(404))
+    async def previews(
+        request: Request,
+        model: Annotated[str, Query(min_length=1, max_length=128)],
+        context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
+        max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
+    ) -> Response:
         return await forward(request, "instance/previews")
 
-    @router.api_route("/mode", methods=["GET", "PUT"], summary="Scheduling mode (PUT: or auto)")
+    @router.get("/mode", summary="Scheduling mode and whether it was set by hand")
     async def mode(request: Request) -> Response:
         return await forward(request, "mode")
 
-    @router.api_route("/policy", methods=["GET", "PUT"], summary="Scheduling policy")
+    @router.put("/mode", summary="Set the scheduling mode (or auto)")
+    async def set_mode(body: ModeBody, request: Request) -> Response:
+        return await forward(request, "mode", body)
+
+    @router.get("/policy", summary="Scheduling policy, its profile, and the policies there are")
     async def policy(request: Request) -> Response:
         return await forward(request, "policy")
+
+    @router.put("/policy", summary="Set the scheduling policy (and profile)")
+    async def set_policy(body: PolicyBody, request: Request) -> Response:
+        return await forward(request, "policy", body)
 
     return router

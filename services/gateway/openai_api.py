@@ -7,7 +7,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TOKENS = 4096
 
@@ -46,6 +46,33 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+_MEANINGS = {
+    400: "Bad request: invalid JSON, a field out of range, or the context length exceeded",
+    401: "Missing or invalid API key",
+    404: "Not found: the model is not deployed, or no such deployment",
+    409: "Conflict: the model cannot be placed on the devices there are",
+    413: "Request body too large",
+    429: "Too many requests in flight; retry after Retry-After seconds",
+    503: "No capacity: the generation could not run, or a service is unreachable",
+}
+
+
+def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, each with OpenAI's error body."""
+    return {c: {"description": _MEANINGS[c], "model": ErrorBody} for c in codes}
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
@@ -65,21 +92,16 @@ class _Common(BaseModel):
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
-        None
-    )
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)]
+        | None
+    ) = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: Annotated[int, Field(ge=0)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_nonempty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, str) and not value:
-            raise ValueError("stop must not be empty")
-        return value
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -23,23 +23,14 @@ from services.gateway.openai_api import (
     TextCompletion,
     Usage,
     chat_chunk,
+    documented,
     new_id,
     now_s,
     text_chunk,
 )
 from services.gateway.settings import GatewaySettings
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"description": text}
-    for code, text in (
-        (400, "Bad request (OpenAI error shape)"),
-        (401, "Missing or invalid API key"),
-        (404, "Model not deployed"),
-        (413, "Request body too large"),
-        (429, "Too many requests in flight; see Retry-After"),
-        (503, "No capacity: the generation could not run"),
-    )
-}
+ERRORS = documented(400, 401, 404, 413, 429, 503)
 
 
 def _usage(chunk: TokenChunk) -> Usage:

@@ -6,36 +6,16 @@ The gateway's admin API proxies these under /v1/cluster/… (issue 8); this is w
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
 
 from libs.contracts import Mode, ModelDeployment, PlacementDecision, PlacementRequest
+from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.core.catalogue import CATALOGUE
-from libs.core.profiles import Profile
 from libs.core.registry import POLICIES
 from services.scheduler.service import Scheduler
-
-
-class DeployBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    deployment_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
-    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
-    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
-
-
-class ModeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    mode: Mode | Literal["auto"]
-
-
-class PolicyBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    policy: str
-    profile: Profile | None = None
 
 
 def _known_model(model: str) -> None:

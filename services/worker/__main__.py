@@ -7,8 +7,10 @@ import dataclasses
 import logging
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+from nats.aio.client import Client as NatsClient
 
 from libs.devices.emulated import EmulatedDevice
 from libs.models.store import prepare
@@ -17,6 +19,7 @@ from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
 from libs.runtime.tracing import configure_tracing
+from services.worker.base import DeviceWorker
 from services.worker.metrics import WorkerMetrics
 from services.worker.settings import WorkerSettings
 
@@ -34,6 +37,40 @@ def make_device(settings: WorkerSettings, now: float) -> EmulatedDevice:
     return dataclasses.replace(device, speed_factor=speed, engines=(settings.engine,))
 
 
+def make_worker(
+    nc: NatsClient,
+    device: EmulatedDevice,
+    folder: Path,
+    settings: WorkerSettings,
+    metrics: WorkerMetrics,
+) -> DeviceWorker:
+    """The worker of the configured engine (each imports only what it needs)."""
+    if settings.engine == "vllm":
+        from services.worker.vllm import VllmWorker, server_factory
+
+        make_server = server_factory(
+            settings.vllm_python,
+            folder,
+            dtype=settings.vllm_dtype,
+            kv_cache_gb=settings.vllm_kv_cache_gb,
+            eager=settings.vllm_eager,
+        )
+        return VllmWorker(
+            nc,
+            device,
+            make_server,
+            max_active=settings.max_active,
+            park_s=settings.park_s,
+            start_s=settings.vllm_start_s,
+            metrics=metrics,
+        )
+    from services.worker.service import Worker
+
+    return Worker(
+        nc, device, folder, max_active=settings.max_active, park_s=settings.park_s, metrics=metrics
+    )
+
+
 async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     from services.telemetry.fleet import FleetAgent
 
@@ -43,16 +80,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     folder = await asyncio.to_thread(prepare, cache_dir=settings.model_dir)
     device = make_device(settings, time.time())
     nc = await connect_nats(settings.nats_url, f"worker-{settings.device_id}")
-    from services.worker.service import Worker
-
-    worker = Worker(
-        nc,
-        device,
-        folder,
-        max_active=settings.max_active,
-        park_s=settings.park_s,
-        metrics=metrics,
-    )
+    worker = make_worker(nc, device, folder, settings, metrics)
     await worker.start()
     agent = FleetAgent(nc, [device], settings.interval_s, seed=settings.seed)
     telemetry = asyncio.create_task(agent.run(stop))
@@ -62,6 +90,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
         await worker.expire(settings.idle_s)
 
     background.every(5.0, expire)
+    background.every(settings.interval_s, worker.tick)
     announce_ready(
         "worker",
         device_id=device.device_id,

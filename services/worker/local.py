@@ -49,7 +49,7 @@ class WorkerProcess:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            **child_kwargs(),  # type: ignore[call-overload]
+            **child_kwargs(),
         )
         threading.Thread(target=self._read, daemon=True).start()
 

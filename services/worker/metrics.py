@@ -29,3 +29,10 @@ class WorkerMetrics:
             "tessera_worker_queue_depth", "Steps waiting to run or parked", registry=r
         )
         self.active = Gauge("tessera_worker_active_requests", "Requests in flight", registry=r)
+        self.gpu_power = Gauge("tessera_worker_gpu_power_watts", "GPU power (NVML)", registry=r)
+        self.gpu_temperature = Gauge(
+            "tessera_worker_gpu_temperature_celsius", "GPU temperature (NVML)", registry=r
+        )
+        self.gpu_memory = Gauge(
+            "tessera_worker_gpu_memory_used_bytes", "GPU memory in use (NVML)", registry=r
+        )

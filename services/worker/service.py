@@ -17,7 +17,6 @@ comes from the same process, so killing the worker is a device failure the sched
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,28 +28,23 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from libs.contracts import (
     CANCEL,
-    GENERATION,
     HIDDEN,
-    SHARD_STATUS,
-    SHARD_TASK,
-    TOKENS,
     ContractError,
     Frame,
     GenerationCancel,
     GenerationRequest,
-    ShardStatus,
     ShardTask,
     TokenChunk,
     decode_frame,
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
-from libs.runtime.bus import RateLimitedLog, ensure_streams, subscribe
+from libs.runtime.bus import RateLimitedLog
 from services.telemetry.fleet import shard_intensity, work_key
+from services.worker.base import DeviceWorker, failure
 from services.worker.engine import Action, Emit, Send, ShardEngine
 from services.worker.metrics import WorkerMetrics
 
@@ -59,7 +53,6 @@ _bad_frames = RateLimitedLog()
 
 #: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
 MEMORY_SHARE = 0.8
-RATE_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +66,7 @@ class Item:
     parked_at: float = 0.0
 
 
-class Worker:
+class Worker(DeviceWorker):
     def __init__(
         self,
         nc: NatsClient,
@@ -87,14 +80,10 @@ class Worker:
     ) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
-        self.nc = nc
-        self.device = device
-        self.device_id = device.device_id
+        super().__init__(nc, device, metrics, clock)
         self.folder = folder
         self.max_active = max_active
         self.park_s = park_s
-        self.metrics = metrics or WorkerMetrics()
-        self.clock = clock
         self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
         eos = GenerationConfig.from_pretrained(folder).eos_token_id
         eos_ids = eos if isinstance(eos, list) else [eos]
@@ -103,63 +92,31 @@ class Worker:
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
-        self.token_times: collections.deque[float] = collections.deque()
-        self._subs: list[object] = []
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def start(self) -> None:
-        me = self.device_id
-        await ensure_streams(self.nc)
-        js = self.nc.jetstream()
-        self._subs = [
-            await js.subscribe(
-                SHARD_TASK.subject(device_id=me),
-                durable=f"worker-{me}",
-                cb=self._on_task_msg,
-                manual_ack=True,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
-            ),
-            await subscribe(
-                self.nc, GENERATION, self.on_generate, subject=GENERATION.pattern(device_id=me)
-            ),
-            await self.nc.subscribe(HIDDEN.pattern(device_id=me), cb=self.on_hidden),
-            await subscribe(self.nc, CANCEL, self.on_cancel),
-        ]
+    async def subscribe_more(self) -> list[object]:
         self._task = asyncio.create_task(self._run())
+        return [
+            await self.nc.subscribe(HIDDEN.pattern(device_id=self.device_id), cb=self.on_hidden)
+        ]
 
     async def close(self) -> None:
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()  # type: ignore[attr-defined]
+        await super().close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
     # -- shard tasks ------------------------------------------------------------------------
-    async def _on_task_msg(self, msg: Msg) -> None:
-        try:
-            task = SHARD_TASK.decode(msg.data)
-        except ContractError as exc:
-            log.warning("rejected shard task", extra={"reason": exc.reason, "detail": exc.detail})
-            await msg.term()
-            return
-        try:
-            await self.on_task(task)
-        finally:
-            await msg.ack()
-
     async def on_task(self, task: ShardTask) -> None:
-        if task.device_id != self.device_id:
-            return
         current = self.engines.get(task.deployment_id)
         if task.action == "unload":
             if current is not None and current.epoch <= task.epoch:
                 del self.engines[task.deployment_id]
                 self.device.unassign(work_key(task))
                 self._update_gauges()
-                await self._status(task, "unloaded")
+                await self.status(task, "unloaded")
             return
         if current is not None and current.epoch >= task.epoch:
             return  # a repeat, or older than what runs here
@@ -175,14 +132,14 @@ class Worker:
                     f"{self.device_id} ({room / 1e9:.2f} GB usable)"
                 )
                 log.warning("refused shard", extra={"reason": reason})
-                await self._status(task, "refused", reason)
+                await self.status(task, "refused", reason)
                 return
             model = await asyncio.to_thread(
                 ShardModel, self.folder, task.layer_start, task.layer_end
             )
         except Exception as exc:
             log.exception("shard load failed", extra={"deployment_id": task.deployment_id})
-            await self._status(task, "failed", f"{type(exc).__name__}: {exc}")
+            await self.status(task, "failed", f"{type(exc).__name__}: {exc}")
             return
         route = task.route or (task.device_id,)
         self.engines[task.deployment_id] = ShardEngine(
@@ -200,24 +157,8 @@ class Worker:
                 "load_s": round(load_s, 2),
             },
         )
-        await self._status(task, "loaded", load_s=load_s)
+        await self.status(task, "loaded", load_s=load_s)
         self._unpark(task.deployment_id)
-
-    async def _status(
-        self, task: ShardTask, state: str, reason: str | None = None, load_s: float = 0.0
-    ) -> None:
-        status = ShardStatus(
-            deployment_id=task.deployment_id,
-            device_id=self.device_id,
-            shard_index=task.shard_index,
-            epoch=task.epoch,
-            state=state,
-            reason=reason,
-            load_s=load_s,
-            ts=self.clock(),
-        )
-        subject = SHARD_STATUS.subject(device_id=self.device_id)
-        await self.nc.publish(subject, SHARD_STATUS.encode(status))
 
     # -- incoming work ----------------------------------------------------------------------
     async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
@@ -228,8 +169,8 @@ class Worker:
                 return
             if len(engine.live) >= self.max_active:
                 self.metrics.refused.inc()
-                await self._emit(
-                    _error(request, f"{self.device_id} is busy: {self.max_active} requests")
+                await self.emit(
+                    failure(request, f"{self.device_id} is busy: {self.max_active} requests")
                 )
                 return
         self._accept(Item(request.deployment_id, request.epoch, request=request))
@@ -276,8 +217,8 @@ class Worker:
         self.parked = [i for i in self.parked if now - i.parked_at <= self.park_s]
         for item in stale:
             if item.request is not None:
-                await self._emit(
-                    _error(item.request, f"no shard of {item.deployment_id} loaded on here")
+                await self.emit(
+                    failure(item.request, f"no shard of {item.deployment_id} loaded on here")
                 )
         for engine in self.engines.values():
             engine.expire(idle_s)
@@ -316,7 +257,7 @@ class Worker:
     async def _dispatch(self, deployment_id: str, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Emit):
-                await self._emit(action.chunk)
+                await self.emit(action.chunk)
             elif isinstance(action, Send):
                 if action.device_id == self.device_id:
                     self._accept(Item(deployment_id, action.frame.epoch, frame=action.frame))
@@ -325,22 +266,6 @@ class Worker:
                         deployment_id=deployment_id, device_id=action.device_id
                     )
                     await self.nc.publish(subject, action.frame.encode())
-
-    async def _emit(self, chunk: TokenChunk) -> None:
-        if chunk.token_id is not None:
-            self._count_token()
-        await self.nc.publish(TOKENS.subject(request_id=chunk.request_id), TOKENS.encode(chunk))
-
-    # -- measurements -----------------------------------------------------------------------
-    def _count_token(self) -> None:
-        self.token_times.append(time.monotonic())
-        self.metrics.tokens.inc()
-
-    def tokens_per_s(self) -> float | None:
-        cutoff = time.monotonic() - RATE_WINDOW_S
-        while self.token_times and self.token_times[0] < cutoff:
-            self.token_times.popleft()
-        return len(self.token_times) / RATE_WINDOW_S if self.token_times else None
 
     def _update_gauges(self) -> None:
         depth = self.queue.qsize() + len(self.parked)
@@ -352,8 +277,3 @@ class Worker:
 
 def _ids(request: GenerationRequest) -> dict[str, object]:
     return {"request_id": request.request_id, "deployment_id": request.deployment_id}
-
-
-def _error(request: GenerationRequest, message: str) -> TokenChunk:
-    index = len(request.generated_token_ids)
-    return TokenChunk.failure(request.request_id, index, request.epoch, message, time.time())

@@ -11,6 +11,8 @@ from pydantic_settings import SettingsConfigDict
 from libs.contracts import DeviceClass
 from libs.runtime.settings import ServiceSettings
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 class WorkerSettings(ServiceSettings):
     model_config = SettingsConfigDict(
@@ -24,8 +26,8 @@ class WorkerSettings(ServiceSettings):
     #: Overrides of the class's drawn memory (GB) and speed factor (1 = this CPU's own speed).
     memory_gb: float | None = Field(None, gt=0.0)
     speed_factor: float | None = Field(None, gt=0.0, le=1.0)
-    #: ``torch``: layer shards on the CPU (the only engine built so far).
-    engine: Literal["torch"] = "torch"
+    #: ``torch``: layer shards on the CPU; ``vllm``: whole models in a vLLM server process.
+    engine: Literal["torch", "vllm"] = "torch"
     #: Telemetry and heartbeat period (s); the failure detector waits three of these.
     interval_s: float = Field(1.0, ge=0.1, le=10.0)
     #: New requests a first shard accepts at once; more are refused with a clear error.
@@ -36,3 +38,10 @@ class WorkerSettings(ServiceSettings):
     park_s: float = Field(60.0, gt=0)
     #: Where the prepared model folders live (default ~/.cache/tessera/models).
     model_dir: Path | None = None
+    #: The vLLM engine: the Python of its own virtualenv (``make vllm``) and its options.
+    vllm_python: Path = REPO / ".venv-vllm" / "bin" / "python"
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    vllm_kv_cache_gb: int = Field(1, ge=1, le=1024)
+    #: CUDA graphs off: required by the CPU build, slower on a GPU (set false there).
+    vllm_eager: bool = True
+    vllm_start_s: float = Field(300.0, gt=0)

@@ -1,0 +1,37 @@
+"""Bodies of the admin API: the scheduler serves them, the gateway documents and forwards them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from libs.contracts import Mode
+from libs.core.profiles import Profile
+from libs.core.registry import POLICIES
+
+
+class DeployBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Annotated[str, Field(min_length=1, max_length=128)]
+    deployment_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+
+
+class ModeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Mode | Literal["auto"]
+
+
+class PolicyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: Annotated[str, Field(json_schema_extra={"enum": sorted(POLICIES)})]
+    profile: Profile | None = None
+
+    @field_validator("policy")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; known: {sorted(POLICIES)}")
+        return value

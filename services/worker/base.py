@@ -1,0 +1,150 @@
+"""What every worker engine shares: its device, the shard-task consumer, status and token replies.
+
+A worker stands in for one device. Whatever runs the model (layer shards in PyTorch, a vLLM
+server), it takes ``SHARD_TASK`` from its durable JetStream consumer, answers on
+``SHARD_STATUS``, takes new requests on ``GENERATION`` and cancels on ``CANCEL``, streams
+``TokenChunk``s on ``TOKENS``, and measures the tokens per second it really delivers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from libs.contracts import (
+    CANCEL,
+    GENERATION,
+    SHARD_STATUS,
+    SHARD_TASK,
+    TOKENS,
+    ContractError,
+    GenerationCancel,
+    GenerationRequest,
+    ShardStatus,
+    ShardTask,
+    TokenChunk,
+)
+from libs.devices.emulated import EmulatedDevice
+from libs.runtime.bus import ensure_streams, subscribe
+from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 10.0
+
+
+class DeviceWorker:
+    def __init__(
+        self,
+        nc: NatsClient,
+        device: EmulatedDevice,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nc = nc
+        self.device = device
+        self.device_id = device.device_id
+        self.metrics = metrics or WorkerMetrics()
+        self.clock = clock
+        self.token_times: collections.deque[float] = collections.deque()
+        self._subs: list[object] = []
+
+    # -- what an engine provides ---------------------------------------------------------------
+    async def on_task(self, task: ShardTask) -> None:
+        raise NotImplementedError
+
+    async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+        raise NotImplementedError
+
+    async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
+        raise NotImplementedError
+
+    async def expire(self, idle_s: float) -> None:
+        """Drop work that has waited too long (an engine that keeps such state overrides it)."""
+
+    async def tick(self) -> None:
+        """Readings an engine takes once per telemetry interval (the vLLM one reads NVML)."""
+
+    async def subscribe_more(self) -> list[object]:
+        """Extra subscriptions of an engine (the torch one takes hidden-state frames)."""
+        return []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        me = self.device_id
+        await ensure_streams(self.nc)
+        self._subs = [
+            await self.nc.jetstream().subscribe(
+                SHARD_TASK.subject(device_id=me),
+                durable=f"worker-{me}",
+                cb=self._on_task_msg,
+                manual_ack=True,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+            ),
+            await subscribe(
+                self.nc, GENERATION, self.on_generate, subject=GENERATION.pattern(device_id=me)
+            ),
+            await subscribe(self.nc, CANCEL, self.on_cancel),
+            *await self.subscribe_more(),
+        ]
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()  # type: ignore[attr-defined]
+
+    async def _on_task_msg(self, msg: Msg) -> None:
+        try:
+            task = SHARD_TASK.decode(msg.data)
+        except ContractError as exc:
+            log.warning("rejected shard task", extra={"reason": exc.reason, "detail": exc.detail})
+            await msg.term()
+            return
+        try:
+            if task.device_id == self.device_id:
+                await self.on_task(task)
+        finally:
+            await msg.ack()
+
+    # -- replies -------------------------------------------------------------------------------
+    async def status(
+        self, task: ShardTask, state: str, reason: str | None = None, load_s: float = 0.0
+    ) -> None:
+        status = ShardStatus(
+            deployment_id=task.deployment_id,
+            device_id=self.device_id,
+            shard_index=task.shard_index,
+            epoch=task.epoch,
+            state=state,
+            reason=reason,
+            load_s=load_s,
+            ts=self.clock(),
+        )
+        subject = SHARD_STATUS.subject(device_id=self.device_id)
+        await self.nc.publish(subject, SHARD_STATUS.encode(status))
+
+    async def emit(self, chunk: TokenChunk) -> None:
+        if chunk.token_id is not None:
+            self.token_times.append(time.monotonic())
+            self.metrics.tokens.inc()
+        await self.nc.publish(TOKENS.subject(request_id=chunk.request_id), TOKENS.encode(chunk))
+
+    # -- measurements --------------------------------------------------------------------------
+    def tokens_per_s(self) -> float | None:
+        cutoff = time.monotonic() - RATE_WINDOW_S
+        while self.token_times and self.token_times[0] < cutoff:
+            self.token_times.popleft()
+        return len(self.token_times) / RATE_WINDOW_S if self.token_times else None
+
+
+def failure(request: GenerationRequest, message: str) -> TokenChunk:
+    """The final chunk of a request this worker cannot run."""
+    index = len(request.generated_token_ids)
+    return TokenChunk.failure(request.request_id, index, request.epoch, message, time.time())

@@ -1,0 +1,123 @@
+"""The vLLM worker for real: a vLLM server (the CPU build, in .venv-vllm) serving SmolLM2 whole,
+driven through the same shard tasks and NATS subjects as the torch workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from libs.contracts import GENERATION, TOKENS, GenerationRequest, Sampling, TokenChunk
+from libs.models.chat import encode_chat
+from libs.models.store import MODEL_NAME, prepare
+from libs.runtime.bus import subscribe
+from libs.runtime.generation import GenerationClient, RouteBook
+from libs.runtime.servers import NatsServer
+from services.worker.local import LocalWorkers, even_split, place, route_of, shard_tasks
+from services.worker.settings import WorkerSettings
+
+VLLM_PYTHON = WorkerSettings().vllm_python
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(),
+        reason=f"no vLLM virtualenv at {VLLM_PYTHON}: `make vllm` builds it (`make test` does)",
+    ),
+]
+DEVICE = "vw-a"
+PROMPTS = ("What is the capital of France?", "Write a story about a fox.")
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def worker(nats_server: NatsServer) -> Iterator[LocalWorkers]:
+    env = {
+        "TESSERA_WORKER_ENGINE": "vllm",
+        "TESSERA_WORKER_VLLM_DTYPE": "float32",  # the reference below runs in float32 too
+        "OMP_NUM_THREADS": "2",
+    }
+    with LocalWorkers(nats_server.url, [DEVICE], env=env) as running:
+        yield running
+
+
+def reference_tokens(ids: list[int]) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(prepare(), dtype=torch.float32)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+async def run(nc: NatsClient, request: GenerationRequest) -> list[TokenChunk]:
+    """Send one request straight to the worker and gather its chunks."""
+    chunks: list[TokenChunk] = []
+    done = asyncio.Event()
+
+    async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
+        chunks.append(chunk)
+        if chunk.finished:
+            done.set()
+
+    sub = await subscribe(
+        nc, TOKENS, on_chunk, subject=TOKENS.subject(request_id=request.request_id)
+    )
+    subject = GENERATION.subject(deployment_id=request.deployment_id, device_id=DEVICE)
+    await nc.publish(subject, GENERATION.encode(request))
+    await asyncio.wait_for(done.wait(), 120)
+    await sub.unsubscribe()
+    return chunks
+
+
+async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
+    worker: LocalWorkers, nc: NatsClient
+) -> None:
+    deployment = "dep-" + uuid.uuid4().hex[:8]
+    tasks = shard_tasks(deployment, MODEL_NAME, (DEVICE,), [(0, 30)], epoch=1)
+    (status,) = await place(nc, tasks, timeout_s=400)
+    assert status.state == "loaded", status.reason
+    book = RouteBook()
+    book.set(route_of(tasks))
+    client = GenerationClient(nc, book)
+    tokenizer = AutoTokenizer.from_pretrained(prepare())
+    for text in PROMPTS:
+        ids = encode_chat(tokenizer, [{"role": "user", "content": text}])
+        want = reference_tokens(ids)
+        chunks = [
+            c
+            async for c in client.stream(
+                deployment, uuid.uuid4().hex[:12], ids, Sampling(max_tokens=NEW_TOKENS)
+            )
+        ]
+        got = [c.token_id for c in chunks if c.token_id is not None]
+        assert got == want, text  # vLLM's greedy tokens are the whole model's
+        assert [c.index for c in chunks if c.token_id is not None] == list(range(len(got)))
+        final = chunks[-1]
+        assert final.finish_reason == ("length" if len(want) == NEW_TOKENS else "stop")
+        assert final.completion_tokens == len(want) and final.device_id == DEVICE
+        assert "".join(c.text for c in chunks) == tokenizer.decode(want, skip_special_tokens=True)
+
+        # The owner's re-run after a migration: the tokens already streamed come back as
+        # generated_token_ids and the worker continues after them, numbering from there.
+        half = len(want) // 2
+        resumed = GenerationRequest(
+            request_id=uuid.uuid4().hex[:12],
+            deployment_id=deployment,
+            epoch=1,
+            prompt_token_ids=tuple(ids),
+            generated_token_ids=tuple(want[:half]),
+            sampling=Sampling(max_tokens=NEW_TOKENS),
+            ts=time.time(),
+        )
+        rest = await run(nc, resumed)
+        assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
+        assert rest[0].index == half and rest[-1].completion_tokens == len(want)
+
+    # A layer shard is not vLLM's to serve: refused, with the reason.
+    split = shard_tasks("dep-split", MODEL_NAME, (DEVICE, "vw-gone"), even_split(30, 2), epoch=1)
+    (refused,) = await place(nc, split[:1], timeout_s=30)
+    assert refused.state == "refused" and "whole models" in (refused.reason or "")
