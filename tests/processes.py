@@ -18,8 +18,17 @@ from libs.runtime.procs import child_kwargs
 class ServiceProcess:
     """``python -m services.<name>`` with extra environment; its JSON log lines are kept."""
 
-    def __init__(self, name: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        argv: list[str] | None = None,
+        ready: Any = None,
+    ) -> None:
         self.name = name
+        #: What runs after ``python``, and the log line that says it is up.
+        self.argv = argv or ["-m", f"services.{name}"]
+        self.ready = ready or (lambda e: e.get("msg") == "ready")
         self.env = {**os.environ, "TESSERA_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1", **env}
         self.lines: list[dict[str, Any]] = []
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -29,14 +38,14 @@ class ServiceProcess:
         self.lines.clear()
         self._events = queue.Queue()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.name}"],
+            [sys.executable, *self.argv],
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            **child_kwargs(),  # type: ignore[call-overload]
+            **child_kwargs(),
         )
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
-        self.wait_for(lambda e: e.get("msg") == "ready", ready_timeout_s)
+        self.wait_for(self.ready, ready_timeout_s)
         return self
 
     def _read(self, process: subprocess.Popen[bytes]) -> None:

@@ -1,0 +1,1 @@
+"""Batch and deadline jobs through Celery (Redis broker): one queue per device."""

@@ -1,0 +1,58 @@
+"""The Celery app: Redis broker, one queue per device, late acks so a killed worker's job returns.
+
+Run a device's worker with ``celery -A services.batch.app worker -Q device.<device_id>
+--pool=solo``. The scheduler's placement picks the queue (``dispatch.py``). ``acks_late`` with
+``task_reject_on_worker_lost``: a job is acknowledged only when it finishes, so a worker killed
+mid-job leaves it unacknowledged and the broker hands it out again after the visibility timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from services.batch.settings import BatchSettings
+from services.batch.training import train
+
+
+def queue_of(device_id: str) -> str:
+    return f"device.{device_id}"
+
+
+def make_app(settings: BatchSettings) -> Celery:
+    app = Celery("tessera", broker=settings.broker_url, backend=settings.broker_url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="device.unplaced",
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        result_expires=24 * 3600,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+    )
+
+    @app.task(name="tessera.train", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def train_job(
+        self: Any, job_id: str, steps: int, attempt: int = 1, every: int = 5, step_s: float = 0.0
+    ) -> dict[str, Any]:
+        device_id = self.request.delivery_info.get("routing_key", "").removeprefix("device.")
+        result = train(
+            job_id,
+            steps,
+            Path(settings.checkpoint_dir),
+            device_id=device_id,
+            attempt=attempt,
+            every=every,
+            step_s=step_s,
+        )
+        return asdict(result)
+
+    return app
+
+
+app = make_app(BatchSettings())

@@ -1,0 +1,24 @@
+"""Batch settings (prefix ``TESSERA_BATCH_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.runtime.settings import ServiceSettings
+
+
+class BatchSettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TESSERA_BATCH_", extra="ignore", populate_by_name=True
+    )
+
+    #: The Celery broker and result backend (Redis).
+    broker_url: str = "redis://127.0.0.1:6379/1"
+    #: Shared storage every worker reads and writes checkpoints in.
+    checkpoint_dir: Path = Path.home() / ".cache" / "tessera" / "checkpoints"
+    #: An unacknowledged job (its worker died) is handed out again after this long. A job still
+    #: running then is handed out twice; the second copy resumes from the checkpoint, or stops.
+    visibility_timeout_s: float = Field(3600.0, gt=0)
