@@ -3,9 +3,9 @@
 Starts ``tessera up`` with one CPU worker (SmolLM2 deployed on it), streams the same greedy
 prompts through the OpenAI API (HTTP + SSE -> gateway -> NATS -> worker) and through a
 ``ShardModel`` of the whole model in this process, with the same torch thread count (1, as the
-launcher gives each worker), in one run.
+launcher gives each worker), alternating prompt by prompt in one run.
 
-    python bench/gateway.py --json [--prompts 4] [--max-tokens 48]
+    python bench/gateway.py --json [--prompts 4] [--max-tokens 48] [--rounds 2]
 
 Goal (issue 8): gateway tokens/s ≥ 0.9 × direct.
 """
@@ -40,60 +40,60 @@ PROMPTS = (
 )
 
 
-def direct(prompts: list[list[int]], max_tokens: int, stop_ids: set[int]) -> tuple[float, float]:
-    torch.set_num_threads(1)
-    model = ShardModel(prepare(), 0, 30)
-    ttfts, tokens, seconds = [], 0, 0.0
-    for ids in prompts:
-        cache = model.new_cache()
-        started = time.perf_counter()
-        rows = torch.tensor([ids])
-        first_at = None
-        for index in range(max_tokens):
-            token = sample(model.forward(rows, cache), Sampling(), "bench", index)
-            now = time.perf_counter()
-            if first_at is None:
-                first_at = now
-                ttfts.append(now - started)
-            else:
-                tokens += 1
-            if token in stop_ids:
-                break
-            rows = torch.tensor([[token]])
-        seconds += time.perf_counter() - (first_at or started)
-    return tokens / seconds, 1000 * sum(ttfts) / len(ttfts)
+Run = tuple[int, float, float]  #: tokens after the first, seconds after the first, TTFT (s)
 
 
-def through_gateway(url: str, texts: list[str], max_tokens: int) -> tuple[float, float]:
-    ttfts, tokens, seconds = [], 0, 0.0
-    with httpx.Client(timeout=120) as http:
-        for text in texts:
-            body = {
-                "model": MODEL_NAME,
-                "messages": [{"role": "user", "content": text}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "stream": True,
-            }
-            started = time.perf_counter()
-            first_at = None
-            count = 0
-            with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                response.raise_for_status()
-                for line in response.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    choices = json.loads(line[6:]).get("choices", [])
-                    if choices and choices[0].get("delta", {}).get("content"):
-                        now = time.perf_counter()
-                        if first_at is None:
-                            first_at = now
-                            ttfts.append(now - started)
-                        else:
-                            count += 1
-            tokens += count
-            seconds += time.perf_counter() - (first_at or started)
-    return tokens / seconds, 1000 * sum(ttfts) / len(ttfts)
+def direct(model: ShardModel, ids: list[int], max_tokens: int, stop_ids: set[int]) -> Run:
+    """One greedy generation on the engine in this process."""
+    cache = model.new_cache()
+    started = time.perf_counter()
+    rows = torch.tensor([ids])
+    first_at, tokens = None, 0
+    for index in range(max_tokens):
+        token = sample(model.forward(rows, cache), Sampling(), "bench", index)
+        now = time.perf_counter()
+        if first_at is None:
+            first_at = now
+        else:
+            tokens += 1
+        if token in stop_ids:
+            break
+        rows = torch.tensor([[token]])
+    assert first_at is not None
+    return tokens, time.perf_counter() - first_at, first_at - started
+
+
+def through_gateway(http: httpx.Client, url: str, text: str, max_tokens: int) -> Run:
+    """One greedy generation streamed through the OpenAI API."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    first_at, tokens = None, 0
+    with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:]).get("choices", [])
+            if choices and choices[0].get("delta", {}).get("content"):
+                if first_at is None:
+                    first_at = time.perf_counter()
+                else:
+                    tokens += 1
+    assert first_at is not None
+    return tokens, time.perf_counter() - first_at, first_at - started
+
+
+def rates(runs: list[Run]) -> tuple[float, float]:
+    """Tokens/s after the first token, and mean TTFT in ms."""
+    tokens = sum(r[0] for r in runs)
+    seconds = sum(r[1] for r in runs)
+    return tokens / seconds, 1000 * sum(r[2] for r in runs) / len(runs)
 
 
 def start_cluster(port: int) -> subprocess.Popen[str]:
@@ -123,24 +123,38 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     texts = list(PROMPTS[: args.prompts])
     tokenizer = AutoTokenizer.from_pretrained(prepare())
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    torch.set_num_threads(1)  # as the launcher gives each worker
+    model = ShardModel(prepare(), 0, 30)
+    stop_ids = {int(tokenizer.eos_token_id)}
     port = free_port()
     cluster = start_cluster(port)
+    gateway_runs: list[Run] = []
+    direct_runs: list[Run] = []
     try:
         url = f"http://127.0.0.1:{port}"
-        through_gateway(url, texts[:1], 4)  # warm-up: the shard loads, the tokenizer loads
-        gateway_rate, gateway_ttft = through_gateway(url, texts, args.max_tokens)
+        with httpx.Client(timeout=120) as http:
+            through_gateway(http, url, texts[0], 4)  # warm-up: the tokenizer loads
+            # Side by side, prompt by prompt, with the cluster up for both: drift and background
+            # load fall on the two alike.
+            for _ in range(args.rounds):
+                for text, ids in zip(texts, prompts, strict=True):
+                    gateway_runs.append(through_gateway(http, url, text, args.max_tokens))
+                    direct_runs.append(direct(model, ids, args.max_tokens, stop_ids))
     finally:
         cluster.terminate()
         cluster.wait(30)
-    direct_rate, direct_ttft = direct(prompts, args.max_tokens, {int(tokenizer.eos_token_id)})
+    gateway_rate, gateway_ttft = rates(gateway_runs)
+    direct_rate, direct_ttft = rates(direct_runs)
     report = {
         "model": MODEL_NAME,
         "prompts": len(texts),
         "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
         "gateway_tokens_per_s": round(gateway_rate, 2),
         "direct_tokens_per_s": round(direct_rate, 2),
         "ratio": round(gateway_rate / direct_rate, 3),

@@ -22,9 +22,13 @@ from nats.aio.msg import Msg
 
 from libs.contracts import (
     CANCEL,
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
     GENERATION,
     PLACEMENT_DECISION,
     TOKENS,
+    DeviceFailed,
+    DeviceRecovered,
     GenerationCancel,
     GenerationRequest,
     PlacementDecision,
@@ -59,6 +63,8 @@ class Moved:
 class RouteBook:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
+        #: Devices the scorer reported failed and not recovered since.
+        self.down: set[str] = set()
         self._listeners: dict[str, set[asyncio.Queue[TokenChunk | Moved]]] = {}
 
     def get(self, deployment_id: str) -> Route | None:
@@ -73,6 +79,24 @@ class RouteBook:
         for queue in self._listeners.get(route.deployment_id, ()):
             queue.put_nowait(Moved())
 
+    def down_in(self, route: Route) -> list[str]:
+        return [d for d in route.devices if d in self.down]
+
+    def failed(self, device_id: str) -> None:
+        """A device failed: streams on it wait a little for the re-placement, or give up."""
+        self.down.add(device_id)
+        self._wake(device_id)
+
+    def recovered(self, device_id: str) -> None:
+        self.down.discard(device_id)
+        self._wake(device_id)
+
+    def _wake(self, device_id: str) -> None:
+        for route in self.routes.values():
+            if device_id in route.devices:
+                for queue in self._listeners.get(route.deployment_id, ()):
+                    queue.put_nowait(Moved())
+
     def forget(self, deployment_id: str) -> None:
         self.routes.pop(deployment_id, None)
 
@@ -82,14 +106,24 @@ class RouteBook:
     def unlisten(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
         self._listeners.get(deployment_id, set()).discard(queue)
 
-    async def watch(self, nc: NatsClient) -> object:
-        """Follow the scheduler's deployment decisions; returns the subscription."""
+    async def watch(self, nc: NatsClient) -> list[object]:
+        """Follow deployment decisions and device failures; returns the subscriptions."""
 
         async def on_decision(decision: PlacementDecision, msg: Msg) -> None:
             if decision.kind == "deployment" and decision.placed:
                 self.set(Route.of(decision))
 
-        return await subscribe(nc, PLACEMENT_DECISION, on_decision)
+        async def on_failed(event: DeviceFailed, msg: Msg) -> None:
+            self.failed(event.device_id)
+
+        async def on_recovered(event: DeviceRecovered, msg: Msg) -> None:
+            self.recovered(event.device_id)
+
+        return [
+            await subscribe(nc, PLACEMENT_DECISION, on_decision),
+            await subscribe(nc, DEVICE_FAILED, on_failed),
+            await subscribe(nc, DEVICE_RECOVERED, on_recovered),
+        ]
 
 
 class GenerationError(RuntimeError):
@@ -97,11 +131,15 @@ class GenerationError(RuntimeError):
 
 
 class GenerationClient:
-    def __init__(self, nc: NatsClient, routes: RouteBook, *, stall_s: float = 60.0) -> None:
+    def __init__(
+        self, nc: NatsClient, routes: RouteBook, *, stall_s: float = 60.0, move_s: float = 5.0
+    ) -> None:
         self.nc = nc
         self.routes = routes
         #: Give up when nothing arrives for this long and the deployment does not move.
         self.stall_s = stall_s
+        #: How long a request on a failed device waits for the scheduler to re-place it.
+        self.move_s = move_s
 
     async def stream(
         self,
@@ -126,13 +164,22 @@ class GenerationClient:
         generated: list[int] = []
         finished = False
         try:
-            await self._send(route, request_id, prompt_token_ids, generated, sampling)
+            sent = -1  # the epoch the request was last sent to
             while not finished:
+                down = self.routes.down_in(route)
+                if not down and sent != route.epoch:
+                    await self._send(route, request_id, prompt_token_ids, generated, sampling)
+                    sent = route.epoch
                 try:
-                    item = await asyncio.wait_for(queue.get(), self.stall_s)
+                    item = await asyncio.wait_for(
+                        queue.get(), self.move_s if down else self.stall_s
+                    )
                 except TimeoutError:
                     message = (
-                        f"no token from {deployment_id} (epoch {route.epoch}) "
+                        f"no capacity: {', '.join(down)} failed and {deployment_id} could not be "
+                        "placed elsewhere"
+                        if down
+                        else f"no token from {deployment_id} (epoch {route.epoch}) "
                         f"for {self.stall_s:.0f} s"
                     )
                     yield TokenChunk.failure(
@@ -144,7 +191,7 @@ class GenerationClient:
                     if newer is not None and newer.epoch > route.epoch:
                         route = newer
                         log.warning(
-                            "re-running on the new placement",
+                            "following the deployment to its new placement",
                             extra={
                                 "request_id": request_id,
                                 "epoch": route.epoch,
@@ -152,8 +199,7 @@ class GenerationClient:
                                 "resume_after": len(generated),
                             },
                         )
-                        await self._send(route, request_id, prompt_token_ids, generated, sampling)
-                    continue
+                    continue  # sent to the new placement at the top of the loop
                 if item.epoch != route.epoch:
                     continue  # from the placement before the move
                 if item.finished:

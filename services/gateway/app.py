@@ -62,8 +62,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             yield
         finally:
             await background.close()
-            with contextlib.suppress(Exception):
-                await watch.unsubscribe()  # type: ignore[attr-defined]
+            for sub in watch:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()  # type: ignore[attr-defined]
             await close_nats(nc)
             await app.state.redis.aclose()
 

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ class Worker(DeviceWorker):
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        #: Every step runs on this one thread: its caches and torch's thread state stay warm.
+        self.compute = ThreadPoolExecutor(1, thread_name_prefix="compute")
 
     # -- lifecycle --------------------------------------------------------------------------
     async def subscribe_more(self) -> list[object]:
@@ -107,6 +110,7 @@ class Worker(DeviceWorker):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self.compute.shutdown(wait=False, cancel_futures=True)
 
     # -- shard tasks ------------------------------------------------------------------------
     async def on_task(self, task: ShardTask) -> None:
@@ -227,6 +231,7 @@ class Worker(DeviceWorker):
 
     # -- the compute loop -------------------------------------------------------------------
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             item = await self.queue.get()
             engine = self.engines.get(item.deployment_id)
@@ -238,10 +243,10 @@ class Worker(DeviceWorker):
             started = time.monotonic()
             try:
                 if item.request is not None:
-                    actions = await asyncio.to_thread(engine.begin, item.request)
+                    actions = await loop.run_in_executor(self.compute, engine.begin, item.request)
                 else:
                     assert item.frame is not None
-                    actions = await asyncio.to_thread(engine.on_frame, item.frame)
+                    actions = await loop.run_in_executor(self.compute, engine.on_frame, item.frame)
             except Exception as exc:
                 log.exception("shard step failed", extra={"request_id": rid})
                 engine.cancel(rid)

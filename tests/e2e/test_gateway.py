@@ -175,3 +175,23 @@ def test_a_killed_worker_is_survived_and_the_stream_continues(
         f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
     ).json()
     assert host not in [a["device_id"] for p in moved for a in p["assignments"]]
+
+
+def test_with_every_worker_gone_a_request_gets_503_no_capacity(
+    cluster: RunningCluster, client: openai.OpenAI
+) -> None:
+    """Runs last: it kills the worker now serving the model, and no other can take it."""
+    placed = httpx.get(
+        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
+    ).json()
+    (deployment,) = [p for p in placed if p["deployment_id"] == MODEL]
+    host = deployment["assignments"][0]["device_id"]
+    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    cluster.wait_for(f"{host} exited", 10)
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError, match="no capacity") as refused:
+        ask(client, "Hello?", max_tokens=8)
+    assert refused.value.status_code == 503
+    assert time.monotonic() - started < 30  # told promptly, not after the stall timeout
