@@ -20,6 +20,7 @@ from libs.runtime.tracing import processing, sending
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", bound=BaseModel)
 
 Rejected = Callable[[str, str, str], None]
 """Called as ``rejected(channel_name, reason, detail)`` for a message that fails its contract."""
@@ -75,6 +76,27 @@ async def publish(nc: NatsClient, channel: Channel[M], message: M, **tokens: str
     subject = channel.subject(**tokens)
     with sending(channel.name, subject) as headers:
         await nc.publish(subject, channel.encode(message), headers=headers)
+
+
+async def request(
+    nc: NatsClient,
+    channel: Channel[M],
+    message: M,
+    answer: Channel[N],
+    timeout_s: float,
+    **tokens: str,
+) -> N:
+    """Send ``message`` and wait for one reply in ``answer``'s model (traced like ``publish``).
+    Raises ``TimeoutError`` when nobody answers in time."""
+    subject = channel.subject(**tokens)
+    with sending(channel.name, subject) as headers:
+        try:
+            reply = await nc.request(
+                subject, channel.encode(message), timeout=timeout_s, headers=headers
+            )
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise TimeoutError(f"no answer on {subject} within {timeout_s} s") from exc
+    return answer.decode(reply.data)
 
 
 class RateLimitedLog:

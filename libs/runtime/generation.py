@@ -26,16 +26,20 @@ from libs.contracts import (
     DEVICE_RECOVERED,
     GENERATION,
     PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
     TOKENS,
+    ContractError,
     DeviceFailed,
     DeviceRecovered,
     GenerationCancel,
     GenerationRequest,
+    InferenceRequest,
     PlacementDecision,
+    PlacementRequest,
     Sampling,
     TokenChunk,
 )
-from libs.runtime.bus import subscribe
+from libs.runtime.bus import publish, request, subscribe
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,10 @@ class Route:
         return self.devices[0]
 
     @classmethod
-    def of(cls, decision: PlacementDecision) -> Route:
+    def of(cls, decision: PlacementDecision, deployment_id: str | None = None) -> Route:
         ordered = sorted(decision.assignments, key=lambda a: a.shard_index)
-        return cls(decision.task_id, decision.epoch, tuple(a.device_id for a in ordered))
+        deployment = deployment_id or decision.task_id
+        return cls(deployment, decision.epoch, tuple(a.device_id for a in ordered))
 
 
 class Moved:
@@ -132,10 +137,18 @@ class GenerationError(RuntimeError):
 
 class GenerationClient:
     def __init__(
-        self, nc: NatsClient, routes: RouteBook, *, stall_s: float = 60.0, move_s: float = 5.0
+        self,
+        nc: NatsClient,
+        routes: RouteBook,
+        *,
+        stall_s: float = 60.0,
+        move_s: float = 5.0,
+        place_s: float = 1.0,
     ) -> None:
         self.nc = nc
         self.routes = routes
+        #: How long to wait for the scheduler's answer to a request's placement.
+        self.place_s = place_s
         #: Give up when nothing arrives for this long and the deployment does not move.
         self.stall_s = stall_s
         #: How long a request on a failed device waits for the scheduler to re-place it.
@@ -149,6 +162,11 @@ class GenerationClient:
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         """Yield the request's chunks, ending with the finished one (or an error chunk)."""
+        placed = await self.place(deployment_id, request_id, len(prompt_token_ids), sampling)
+        if placed is not None and not placed.placed:
+            message = f"no capacity: {placed.reason}"
+            yield TokenChunk.failure(request_id, 0, placed.epoch, message, time.time())
+            return
         route = self.routes.get(deployment_id)
         if route is None:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
@@ -215,6 +233,33 @@ class GenerationClient:
             if not finished:
                 await self.cancel(route.deployment_id, request_id)
 
+    async def place(
+        self, deployment_id: str, request_id: str, prompt_tokens: int, sampling: Sampling
+    ) -> PlacementDecision | None:
+        """Ask the scheduler where this request runs (a placement request on NATS). For a
+        deployed model it answers at once with the deployment's current placement, which the
+        route book learns. ``None`` when it does not answer in time: the known route is used."""
+        task = InferenceRequest(
+            request_id=request_id,
+            model=deployment_id,
+            prompt_tokens=prompt_tokens,
+            max_tokens=sampling.max_tokens,
+        )
+        try:
+            decision = await request(
+                self.nc,
+                PLACEMENT_REQUEST,
+                PlacementRequest(task=task, ts=time.time()),
+                PLACEMENT_DECISION,
+                self.place_s,
+            )
+        except (TimeoutError, ContractError) as exc:
+            log.warning("no placement answer; using the known route", extra={"error": str(exc)})
+            return None
+        if decision.placed:
+            self.routes.set(Route.of(decision, deployment_id))
+        return decision
+
     async def cancel(self, deployment_id: str, request_id: str) -> None:
         message = GenerationCancel(request_id=request_id, ts=time.time())
         with contextlib.suppress(Exception):
@@ -239,5 +284,6 @@ class GenerationClient:
             sampling=sampling,
             ts=time.time(),
         )
-        subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
-        await self.nc.publish(subject, GENERATION.encode(request))
+        await publish(
+            self.nc, GENERATION, request, deployment_id=route.deployment_id, device_id=route.first
+        )

@@ -2,15 +2,19 @@
 
 ``configure_tracing`` installs the SDK with an OTLP/HTTP exporter when an endpoint is set
 (``TESSERA_OTLP_ENDPOINT``, e.g. http://otel-collector:4318), prints spans with ``console``,
-and leaves tracing off otherwise (the API's no-op tracer: nothing is recorded or sent).
+writes them as JSON lines under a folder with ``file:///folder`` (one file per process: what
+the one-trace test reads), and leaves tracing off otherwise (the API's no-op tracer: nothing
+is recorded or sent).
 Propagation uses OpenTelemetry's own W3C propagator (``opentelemetry.propagate``); spans follow
 the messaging semantic conventions (messaging.system, destination, operation).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -38,6 +42,12 @@ def configure_tracing(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif endpoint == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    elif str(endpoint).startswith("file://"):
+        folder = Path(str(endpoint).removeprefix("file://"))
+        folder.mkdir(parents=True, exist_ok=True)
+        out = (folder / f"{service}-{os.getpid()}.jsonl").open("a", encoding="utf-8")
+        lines = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(None) + "\n")
+        provider.add_span_processor(SimpleSpanProcessor(lines))
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -59,6 +69,15 @@ def instrument(provider: TracerProvider | None, app: object | None = None) -> No
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)  # type: ignore[arg-type]
+
+
+def instrument_celery(provider: TracerProvider | None) -> None:
+    """Carry trace context through Celery (publish and run spans), only when tracing is on."""
+    if provider is None:
+        return
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
 
 
 def _attributes(subject: str, operation: str) -> dict[str, str]:
@@ -101,3 +120,25 @@ def processing(
         attributes=_attributes(subject, "process"),
     ) as span:
         yield span
+
+
+def carried() -> dict[str, str] | None:
+    """The current trace context as message headers (None when nothing is traced)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
+@contextmanager
+def step(name: str, headers: Mapping[str, str] | None, **attributes: str | int) -> Iterator[None]:
+    """A span for work done on a message's behalf later (a shard's step), child of the context
+    the message carried; nothing when it carried none."""
+    if not headers or TRACEPARENT not in headers:
+        yield
+        return
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(name, context=propagate.extract(dict(headers))) as span:
+        span.set_attributes(attributes)
+        yield

@@ -23,7 +23,7 @@ from libs.contracts import (
 from libs.runtime.bus import close_nats, connect_nats, subscribe
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
-from libs.runtime.tracing import configure_tracing
+from libs.runtime.tracing import configure_tracing, instrument_celery
 from services.batch.app import make_app
 from services.batch.dispatch import Dispatcher
 from services.batch.settings import BatchSettings
@@ -32,7 +32,7 @@ log = logging.getLogger("services.batch")
 
 
 async def main(stop: asyncio.Event, settings: BatchSettings) -> None:
-    configure_tracing("batch", settings.otlp_endpoint)
+    instrument_celery(configure_tracing("batch", settings.otlp_endpoint))
     dispatcher = Dispatcher(make_app(settings))
     nc = await connect_nats(settings.nats_url, "batch")
 

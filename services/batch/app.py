@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 
+from libs.runtime.tracing import configure_tracing, instrument_celery
 from services.batch.settings import BatchSettings
 from services.batch.training import train
 
@@ -56,3 +58,10 @@ def make_app(settings: BatchSettings) -> Celery:
 
 
 app = make_app(BatchSettings())
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _trace_worker(**_: object) -> None:
+    """The worker traces its jobs as children of the dispatcher's publish span (the SDK's span
+    processors restart themselves in forked pool children)."""
+    instrument_celery(configure_tracing("batch-worker", BatchSettings().otlp_endpoint))

@@ -133,6 +133,32 @@ class DeploymentsMixin:
             ts=now,
         )
 
+    def serving(self, model: str) -> DeploymentState | None:
+        """The deployment that serves ``model`` (a deployment id, or a model's name)."""
+        if model in self.state.deployments:
+            return self.state.deployments[model]
+        named = [d for d in self.state.deployments.values() if d.model == model]
+        return min(named, key=lambda d: d.deployment_id) if named else None
+
+    def route_decision(
+        self, request_id: str, deployment: DeploymentState, now: float
+    ) -> PlacementDecision:
+        """An inference request for a deployed model goes where its deployment runs now."""
+        failed = [a.device_id for a in deployment.assignments if a.device_id in self.view.failed]
+        if failed:
+            return PlacementDecision(
+                task_id=request_id,
+                kind="inference",
+                placed=False,
+                reason=f"no_capacity: {deployment.deployment_id} waits on failed {failed}",
+                policy="route",
+                mode=self.state.mode,
+                epoch=deployment.epoch,
+                ts=now,
+            )
+        decision = self._deployment_decision(deployment, now)
+        return decision.model_copy(update={"task_id": request_id, "kind": "inference"})
+
     async def undeploy(self, deployment_id: str) -> bool:
         deployment = self.state.deployments.pop(deployment_id, None)
         if deployment is None:

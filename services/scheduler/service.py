@@ -30,6 +30,7 @@ from libs.contracts import (
     DeviceFailed,
     DeviceRecovered,
     DvfsHint,
+    InferenceRequest,
     Mode,
     ModeChange,
     ModelDeployment,
@@ -141,6 +142,15 @@ class Scheduler(DeploymentsMixin):
 
     # -- events -------------------------------------------------------------------------------
     async def on_request(self, request: PlacementRequest, msg: Msg) -> None:
+        task = request.task
+        if isinstance(task, InferenceRequest):
+            deployment = self.serving(task.model)
+            if deployment is not None:  # routed at once: no need to wait for the next cycle
+                started = time.perf_counter()
+                decision = self.route_decision(task.request_id, deployment, self.clock())
+                self.metrics.decision_seconds.observe(time.perf_counter() - started)
+                await self._announce(decision, msg.reply or None, None)
+                return
         self.pending.append((request, msg.reply or None, None))
 
     async def on_score(self, update: ScoreUpdate, msg: Msg) -> None:

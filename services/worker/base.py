@@ -33,6 +33,7 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import ensure_streams, subscribe
+from libs.runtime.tracing import carried
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,8 @@ class DeviceWorker:
         if chunk.token_id is not None:
             self.token_times.append(time.monotonic())
             self.metrics.tokens.inc()
-        await self.nc.publish(TOKENS.subject(request_id=chunk.request_id), TOKENS.encode(chunk))
+        subject = TOKENS.subject(request_id=chunk.request_id)
+        await self.nc.publish(subject, TOKENS.encode(chunk), headers=carried())
 
     # -- measurements --------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:

@@ -35,6 +35,7 @@ from libs.contracts import (
     HIDDEN,
     ContractError,
     Frame,
+    FrameKind,
     GenerationCancel,
     GenerationRequest,
     ShardTask,
@@ -44,6 +45,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
 from libs.runtime.bus import RateLimitedLog
+from libs.runtime.tracing import carried, step
 from services.telemetry.fleet import shard_intensity, work_key
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine import Action, Emit, Send, ShardEngine
@@ -65,6 +67,8 @@ class Item:
     request: GenerationRequest | None = None
     frame: Frame | None = None
     parked_at: float = 0.0
+    #: The trace context it came with (a new request, a prefill frame); None when untraced.
+    headers: dict[str, str] | None = None
 
 
 class Worker(DeviceWorker):
@@ -177,7 +181,7 @@ class Worker(DeviceWorker):
                     failure(request, f"{self.device_id} is busy: {self.max_active} requests")
                 )
                 return
-        self._accept(Item(request.deployment_id, request.epoch, request=request))
+        self._accept(Item(request.deployment_id, request.epoch, request=request, headers=carried()))
 
     async def on_hidden(self, msg: Msg) -> None:
         try:
@@ -187,7 +191,7 @@ class Worker(DeviceWorker):
             self.metrics.rejected.labels(reason=exc.reason).inc()
             _bad_frames.warning(("hidden", exc.reason), "rejected frame", detail=exc.detail)
             return
-        self._accept(Item(deployment_id, frame.epoch, frame=frame))
+        self._accept(Item(deployment_id, frame.epoch, frame=frame, headers=msg.headers))
 
     async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
         deployment_id = CANCEL.token_of(msg.subject, "deployment_id")
@@ -240,24 +244,39 @@ class Worker(DeviceWorker):
             rid = item.request.request_id if item.request else item.frame.request_id  # type: ignore[union-attr]
             if rid in self.cancelled:
                 continue
-            started = time.monotonic()
-            try:
-                if item.request is not None:
-                    actions = await loop.run_in_executor(self.compute, engine.begin, item.request)
-                else:
-                    assert item.frame is not None
-                    actions = await loop.run_in_executor(self.compute, engine.on_frame, item.frame)
-            except Exception as exc:
-                log.exception("shard step failed", extra={"request_id": rid})
-                engine.cancel(rid)
-                failure = f"{type(exc).__name__}: {exc}"
-                actions = [Emit(TokenChunk.failure(rid, 0, engine.epoch, failure, time.time()))]
-            busy = time.monotonic() - started
-            self.metrics.step_seconds.observe(busy)
-            if self.device.speed_factor < 1.0:  # emulate a slower device class
-                await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
-            await self._dispatch(item.deployment_id, actions)
+            task = engine.task
+            attributes: dict[str, str | int] = {
+                "gen_ai.operation.name": "text_completion",
+                "gen_ai.request.model": task.model,
+                "tessera.device_id": self.device_id,
+                "tessera.shard_index": task.shard_index,
+                "tessera.layers": f"{task.layer_start}-{task.layer_end}",
+            }
+            # Traced: a request's first step on each shard (decode steps carry no context).
+            with step(f"shard {task.shard_index} step", item.headers, **attributes):
+                await self._step(loop, item, engine, rid)
             self._update_gauges()
+
+    async def _step(
+        self, loop: asyncio.AbstractEventLoop, item: Item, engine: ShardEngine, rid: str
+    ) -> None:
+        started = time.monotonic()
+        try:
+            if item.request is not None:
+                actions = await loop.run_in_executor(self.compute, engine.begin, item.request)
+            else:
+                assert item.frame is not None
+                actions = await loop.run_in_executor(self.compute, engine.on_frame, item.frame)
+        except Exception as exc:
+            log.exception("shard step failed", extra={"request_id": rid})
+            engine.cancel(rid)
+            message = f"{type(exc).__name__}: {exc}"
+            actions = [Emit(TokenChunk.failure(rid, 0, engine.epoch, message, time.time()))]
+        busy = time.monotonic() - started
+        self.metrics.step_seconds.observe(busy)
+        if self.device.speed_factor < 1.0:  # emulate a slower device class
+            await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
+        await self._dispatch(item.deployment_id, actions)
 
     async def _dispatch(self, deployment_id: str, actions: list[Action]) -> None:
         for action in actions:
@@ -270,7 +289,10 @@ class Worker(DeviceWorker):
                     subject = HIDDEN.subject(
                         deployment_id=deployment_id, device_id=action.device_id
                     )
-                    await self.nc.publish(subject, action.frame.encode())
+                    # Only a request's prefill carries its trace on: decode steps stay untraced.
+                    prefill = action.frame.kind == FrameKind.PREFILL
+                    headers = carried() if prefill else None
+                    await self.nc.publish(subject, action.frame.encode(), headers=headers)
 
     def _update_gauges(self) -> None:
         depth = self.queue.qsize() + len(self.parked)

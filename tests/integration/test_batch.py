@@ -3,6 +3,7 @@ training job checkpointed to shared storage, killed mid-run and resumed elsewher
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ def celery_worker(device_id: str, settings: BatchSettings) -> ServiceProcess:
         "TESSERA_BATCH_BROKER_URL": settings.broker_url,
         "TESSERA_BATCH_CHECKPOINT_DIR": str(settings.checkpoint_dir),
         "TESSERA_BATCH_VISIBILITY_TIMEOUT_S": str(settings.visibility_timeout_s),
+        "TESSERA_OTLP_ENDPOINT": f"file://{settings.checkpoint_dir.parent / 'spans'}",
     }
     ready = lambda e: " ready." in e.get("msg", "")  # noqa: E731
     return ServiceProcess(f"celery-{device_id}", env, argv, ready).start(60)
@@ -115,3 +117,12 @@ def test_a_training_job_killed_mid_run_resumes_from_its_checkpoint_elsewhere(
     again = first.get(timeout=60)
     assert again["superseded"] and again["final_step"] == STEPS
     assert checkpoint_step(settings.checkpoint_dir, job.job_id) == STEPS
+
+    # Celery's own instrumentation traced each run in the worker that ran it.
+    runs = [
+        json.loads(line)
+        for path in (tmp_path / "spans").glob("batch-worker-*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    traced = {r["attributes"].get("celery.task_name") for r in runs if r["name"].startswith("run/")}
+    assert traced == {"tessera.train"}
