@@ -11,8 +11,8 @@ every extra hop costs the network round trip — so a poor network prefers fewer
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
@@ -142,6 +142,18 @@ def previews(
         return [Preview(model.name, (), (), False, "no live devices", None)]
     top = min(max_shards, len(ranked), model.layers)
     return [plan(model, ranked[:k], context_length) for k in range(1, top + 1)]
+
+
+def whole_models_only(option: Preview, devices: Collection[str]) -> Preview:
+    """``option``, infeasible when it cuts the model and gives a shard to one of ``devices``
+    (they serve whole models only: an engine such as vLLM that runs no layer ranges)."""
+    if not option.feasible or len(option.shards) <= 1:
+        return option
+    named = [d for d in option.devices if d in devices]
+    if not named:
+        return option
+    reason = f"engine: {', '.join(named)} serve whole models only"
+    return replace(option, feasible=False, reason=reason, shards=(), step_ms=None)
 
 
 def choose(options: Sequence[Preview]) -> Preview:

@@ -21,7 +21,7 @@ from libs.contracts import (
 )
 from libs.core.catalogue import CATALOGUE
 from libs.core.migration import replan_deployment
-from libs.core.partition import Preview, choose, previews
+from libs.core.partition import Preview, choose, previews, whole_models_only
 from services.scheduler.state import replace_assignments
 from services.scheduler.tasks import assignments_of
 
@@ -60,7 +60,11 @@ class DeploymentsMixin:
     def preview(
         self, model: str, context_length: int, max_shards: int, now: float
     ) -> list[Preview]:
-        return previews(CATALOGUE[model], self.model_devices(now), context_length, max_shards)
+        options = previews(CATALOGUE[model], self.model_devices(now), context_length, max_shards)
+        whole_only = {
+            d for d, a in self.view.announces.items() if a.engines and "torch" not in a.engines
+        }
+        return [whole_models_only(o, whole_only) for o in options]
 
     def model_devices(self, now: float) -> list[Device]:
         """Devices that can hold shards: those with a worker engine, when any device has one.

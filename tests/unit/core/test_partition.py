@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from libs.contracts import DeviceClass
 from libs.core.catalogue import CATALOGUE
 from libs.core.migration import replan_deployment
-from libs.core.partition import choose, largest_remainder, plan, previews
+from libs.core.partition import choose, largest_remainder, plan, previews, whole_models_only
 from tests.builders import make_device
 
 SMOL = CATALOGUE["smollm2-135m-instruct"]
@@ -118,3 +118,15 @@ def test_a_failed_devices_tasks_move_to_the_best_alternatives() -> None:
     tasks = [make_task(f"t{i}", intensity=0.05) for i in range(3)]
     placed = replace_tasks(Dwps(), fleet, "big", tasks, 0.0, np.random.default_rng(0))
     assert all(p.device_id in {"mid", "small"} for p in placed)
+
+
+def test_a_whole_model_engine_takes_whole_models_but_never_one_shard_of_several() -> None:
+    options = previews(SMOL, three_devices(), 2048, 3)
+    cut = next(o for o in options if o.feasible and len(o.shards) > 1 and "big" in o.devices)
+    refused = whole_models_only(cut, {"big"})
+    assert not refused.feasible and "big serve whole models only" in (refused.reason or "")
+    assert whole_models_only(cut, {"elsewhere"}) == cut
+    whole = next(o for o in options if o.feasible and o.devices == ("big",))
+    assert whole_models_only(whole, {"big"}) == whole
+    best = choose([whole_models_only(o, {"big"}) for o in options])
+    assert best.feasible and ("big" not in best.devices or len(best.shards) == 1)
