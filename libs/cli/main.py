@@ -34,6 +34,10 @@ def up(
         int | None,
         typer.Option(min=0, max=64, help="CPU shard workers, one device each (default 2)."),
     ] = None,
+    vllm_workers: Annotated[
+        int | None,
+        typer.Option(min=0, max=16, help="vLLM workers (whole models; run `make vllm` first)."),
+    ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.runtime.launcher import UpOptions, run_cluster
@@ -44,6 +48,7 @@ def up(
         gateway_port=port or settings.gateway_port,
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
+        vllm_workers=settings.vllm_workers if vllm_workers is None else vllm_workers,
         fleet=fleet,
         run_file=settings.run_file,
         scheduler_port=settings.scheduler_http_port,

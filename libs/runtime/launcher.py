@@ -56,6 +56,8 @@ class UpOptions:
     devices: int = 6
     #: CPU shard workers, each its own process and device (``worker-0``, ``worker-1``, …).
     workers: int = 2
+    #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
+    vllm_workers: int = 0
     #: Models deployed once the cluster is ready (when it has workers), named after the model.
     deploy: tuple[str, ...] = ("smollm2-135m-instruct",)
     fleet: Path | None = None
@@ -74,7 +76,7 @@ class Cluster:
         self.children: list[Child] = []
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
-        workers = [f"worker-{i}" for i in range(options.workers)]
+        workers = [name for name, _ in self.worker_names()]
         self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
 
     # -- environment shared by every child ------------------------------------------------
@@ -128,11 +130,11 @@ class Cluster:
             if service != "worker":
                 out.append((service, service, {}))
                 continue
-            for i in range(self.options.workers):
-                name = f"worker-{i}"
+            for i, (name, engine) in enumerate(self.worker_names()):
                 port = self.metrics_ports[name]
                 env = {
                     "TESSERA_WORKER_DEVICE_ID": name,
+                    "TESSERA_WORKER_ENGINE": engine,
                     "TESSERA_WORKER_SEED": str(i),
                     "TESSERA_WORKER_METRICS_PORT": str(port),
                     # workers share this machine's cores
@@ -140,6 +142,14 @@ class Cluster:
                 }
                 out.append((name, service, env))
         return out
+
+    def worker_names(self) -> list[tuple[str, str]]:
+        """(device id, engine) of each worker: torch workers, then vLLM ones."""
+        torch = [(f"worker-{i}", "torch") for i in range(self.options.workers)]
+        return torch + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
+
+    def is_worker(self, child: Child) -> bool:
+        return child.name in dict(self.worker_names())
 
     def _wait_child(self, child: Child) -> bool:
         while not child.ready.wait(0.1):
@@ -172,18 +182,14 @@ class Cluster:
     def first_exited(self, essential: bool = False) -> Child | None:
         """The first child that exited (with ``essential``, workers do not count)."""
         for child in self.children:
-            if essential and child.name.startswith("worker-"):
+            if essential and self.is_worker(child):
                 continue
             if child.process.poll() is not None:
                 return child
         return None
 
     def exited_workers(self) -> set[str]:
-        return {
-            c.name
-            for c in self.children
-            if c.name.startswith("worker-") and c.process.poll() is not None
-        }
+        return {c.name for c in self.children if self.is_worker(c) and c.process.poll() is not None}
 
     def stop(self) -> None:
         if self._stopping:
@@ -317,7 +323,8 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
             cluster.say("cluster", f"failed to start: {why}", "bold red")
             return 1
         url = f"http://{options.gateway_host}:{options.gateway_port}"
-        for model in options.deploy if cluster.has("worker-0") else ():
+        has_workers = any(cluster.is_worker(c) for c in cluster.children)
+        for model in options.deploy if has_workers else ():
             cluster.say("cluster", deploy_model(options, model), "white")
         names = ", ".join(c.name for c in cluster.children) or "no services"
         cluster.say("cluster", f"ready: {names}; gateway {url} (OpenAI API {url}/v1)", "bold green")
