@@ -39,7 +39,7 @@ from libs.contracts import (
     Sampling,
     TokenChunk,
 )
-from libs.runtime.bus import publish, request, subscribe
+from libs.runtime.bus import Rejected, publish, request, subscribe
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class RouteBook:
     def unlisten(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
         self._listeners.get(deployment_id, set()).discard(queue)
 
-    async def watch(self, nc: NatsClient) -> list[object]:
+    async def watch(self, nc: NatsClient, rejected: Rejected | None = None) -> list[object]:
         """Follow deployment decisions and device failures; returns the subscriptions."""
 
         async def on_decision(decision: PlacementDecision, msg: Msg) -> None:
@@ -125,9 +125,9 @@ class RouteBook:
             self.recovered(event.device_id)
 
         return [
-            await subscribe(nc, PLACEMENT_DECISION, on_decision),
-            await subscribe(nc, DEVICE_FAILED, on_failed),
-            await subscribe(nc, DEVICE_RECOVERED, on_recovered),
+            await subscribe(nc, PLACEMENT_DECISION, on_decision, rejected=rejected),
+            await subscribe(nc, DEVICE_FAILED, on_failed, rejected=rejected),
+            await subscribe(nc, DEVICE_RECOVERED, on_recovered, rejected=rejected),
         ]
 
 
@@ -144,8 +144,10 @@ class GenerationClient:
         stall_s: float = 60.0,
         move_s: float = 5.0,
         place_s: float = 1.0,
+        rejected: Rejected | None = None,
     ) -> None:
         self.nc = nc
+        self.rejected = rejected
         self.routes = routes
         #: How long to wait for the scheduler's answer to a request's placement.
         self.place_s = place_s
@@ -176,7 +178,11 @@ class GenerationClient:
             queue.put_nowait(chunk)
 
         sub = await subscribe(
-            self.nc, TOKENS, on_chunk, subject=TOKENS.subject(request_id=request_id)
+            self.nc,
+            TOKENS,
+            on_chunk,
+            subject=TOKENS.subject(request_id=request_id),
+            rejected=self.rejected,
         )
         self.routes.listen(deployment_id, queue)
         generated: list[int] = []

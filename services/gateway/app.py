@@ -45,11 +45,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.nats = nc
         app.state.redis = connect_redis(settings.redis_url)
         await app.state.redis.ping()
-        watch = await routes.watch(nc)
-        client = GenerationClient(nc, routes, stall_s=settings.stall_s)
-        app.state.completions = Completions(
-            client, deployments, GatewayMetrics(registry), settings.max_concurrent
+        metrics = GatewayMetrics(registry)
+        watch = await routes.watch(nc, metrics.on_rejected)
+        client = GenerationClient(
+            nc, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
         )
+        app.state.completions = Completions(client, deployments, metrics, settings.max_concurrent)
         background = Background("gateway")
 
         async def refresh() -> None:

@@ -49,6 +49,15 @@ class GatewayMetrics:
         self.errors = Counter(
             "tessera_gateway_generation_errors", "Generations that ended in an error", registry=r
         )
+        self.rejected = Counter(
+            "tessera_gateway_rejected_messages",
+            "NATS messages that broke their contract, by channel and reason",
+            ["channel", "reason"],
+            registry=r,
+        )
+
+    def on_rejected(self, channel: str, reason: str, detail: str) -> None:
+        self.rejected.labels(channel, reason).inc()
 
 
 @dataclass

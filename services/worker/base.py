@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 
@@ -32,11 +31,11 @@ from libs.contracts import (
     TokenChunk,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import ensure_streams, subscribe
+from libs.runtime.bus import RateLimitedLog, ensure_streams, subscribe
 from libs.runtime.tracing import carried
 from services.worker.metrics import WorkerMetrics
 
-log = logging.getLogger(__name__)
+_refusals = RateLimitedLog()
 
 RATE_WINDOW_S = 10.0
 
@@ -90,9 +89,13 @@ class DeviceWorker:
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
             ),
             await subscribe(
-                self.nc, GENERATION, self.on_generate, subject=GENERATION.pattern(device_id=me)
+                self.nc,
+                GENERATION,
+                self.on_generate,
+                subject=GENERATION.pattern(device_id=me),
+                rejected=self.on_rejected,
             ),
-            await subscribe(self.nc, CANCEL, self.on_cancel),
+            await subscribe(self.nc, CANCEL, self.on_cancel, rejected=self.on_rejected),
             *await self.subscribe_more(),
         ]
 
@@ -105,7 +108,7 @@ class DeviceWorker:
         try:
             task = SHARD_TASK.decode(msg.data)
         except ContractError as exc:
-            log.warning("rejected shard task", extra={"reason": exc.reason, "detail": exc.detail})
+            self.refuse(SHARD_TASK.name, exc)
             await msg.term()
             return
         try:
@@ -113,6 +116,16 @@ class DeviceWorker:
                 await self.on_task(task)
         finally:
             await msg.ack()
+
+    def on_rejected(self, channel: str, reason: str, detail: str) -> None:
+        """A message that broke its contract: counted by channel and reason (the bus logs it,
+        rate-limited)."""
+        self.metrics.rejected.labels(channel, reason).inc()
+
+    def refuse(self, channel: str, exc: ContractError) -> None:
+        """``on_rejected`` for what arrives outside the bus's decoding (JetStream, frames)."""
+        self.on_rejected(channel, exc.reason, exc.detail)
+        _refusals.warning((channel, exc.reason), "rejected message", detail=exc.detail[:300])
 
     # -- replies -------------------------------------------------------------------------------
     async def status(

@@ -14,9 +14,9 @@ class WorkerMetrics:
             "tessera_worker_refused_requests", "Requests refused: too many in flight", registry=r
         )
         self.rejected = Counter(
-            "tessera_worker_rejected_frames",
-            "Frames that broke the contract",
-            ["reason"],
+            "tessera_worker_rejected_messages",
+            "Messages and frames that broke their contract, by channel and reason",
+            ["channel", "reason"],
             registry=r,
         )
         self.step_seconds = Histogram(

@@ -44,7 +44,6 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
-from libs.runtime.bus import RateLimitedLog
 from libs.runtime.tracing import carried, step
 from services.telemetry.fleet import shard_intensity, work_key
 from services.worker.base import DeviceWorker, failure
@@ -52,7 +51,6 @@ from services.worker.engine import Action, Emit, Send, ShardEngine
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-_bad_frames = RateLimitedLog()
 
 #: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
 MEMORY_SHARE = 0.8
@@ -188,8 +186,7 @@ class Worker(DeviceWorker):
             frame = decode_frame(msg.data)
             deployment_id = HIDDEN.token_of(msg.subject, "deployment_id")
         except ContractError as exc:
-            self.metrics.rejected.labels(reason=exc.reason).inc()
-            _bad_frames.warning(("hidden", exc.reason), "rejected frame", detail=exc.detail)
+            self.refuse(HIDDEN.name, exc)
             return
         self._accept(Item(deployment_id, frame.epoch, frame=frame, headers=msg.headers))
 
