@@ -26,8 +26,15 @@ Rejected = Callable[[str, str, str], None]
 """Called as ``rejected(channel_name, reason, detail)`` for a message that fails its contract."""
 
 
-async def connect_nats(url: str, name: str, *, connect_timeout_s: float = 5.0) -> NatsClient:
-    """Connect with unlimited reconnects; connection changes are logged, never raised."""
+async def connect_nats(
+    url: str,
+    name: str,
+    *,
+    connect_timeout_s: float = 5.0,
+    reconnected: Callable[[], Awaitable[None]] | None = None,
+) -> NatsClient:
+    """Connect with unlimited reconnects; connection changes are logged, never raised;
+    ``reconnected`` runs after each reconnect (what was in flight may have been lost)."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": repr(exc)})
@@ -37,6 +44,8 @@ async def connect_nats(url: str, name: str, *, connect_timeout_s: float = 5.0) -
 
     async def on_reconnect() -> None:
         log.info("nats reconnected")
+        if reconnected is not None:
+            await reconnected()
 
     return await nats.connect(
         url,

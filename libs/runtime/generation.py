@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -39,7 +40,8 @@ from libs.contracts import (
     Sampling,
     TokenChunk,
 )
-from libs.runtime.bus import Rejected, publish, request, subscribe
+from libs.runtime.bus import Rejected, request, subscribe
+from libs.runtime.tracing import sending
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +67,20 @@ class Moved:
     """Put in a stream's queue when its deployment's route changes."""
 
 
+class Resend:
+    """Put in a stream's queue when messages may have been lost (NATS reconnected)."""
+
+
+#: What a stream waits on: its chunks, and news of its deployment.
+Inbox = asyncio.Queue[TokenChunk | Moved | Resend]
+
+
 class RouteBook:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         #: Devices the scorer reported failed and not recovered since.
         self.down: set[str] = set()
-        self._listeners: dict[str, set[asyncio.Queue[TokenChunk | Moved]]] = {}
+        self._listeners: dict[str, set[Inbox]] = {}
 
     def get(self, deployment_id: str) -> Route | None:
         return self.routes.get(deployment_id)
@@ -105,10 +115,16 @@ class RouteBook:
     def forget(self, deployment_id: str) -> None:
         self.routes.pop(deployment_id, None)
 
-    def listen(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
+    def resend_all(self) -> None:
+        """Every stream asks again for what it has not received (after a reconnect)."""
+        for queues in self._listeners.values():
+            for queue in queues:
+                queue.put_nowait(Resend())
+
+    def listen(self, deployment_id: str, queue: Inbox) -> None:
         self._listeners.setdefault(deployment_id, set()).add(queue)
 
-    def unlisten(self, deployment_id: str, queue: asyncio.Queue[TokenChunk | Moved]) -> None:
+    def unlisten(self, deployment_id: str, queue: Inbox) -> None:
         self._listeners.get(deployment_id, set()).discard(queue)
 
     async def watch(self, nc: NatsClient, rejected: Rejected | None = None) -> list[object]:
@@ -129,6 +145,13 @@ class RouteBook:
             await subscribe(nc, DEVICE_FAILED, on_failed, rejected=rejected),
             await subscribe(nc, DEVICE_RECOVERED, on_recovered, rejected=rejected),
         ]
+
+
+#: How often a request is sent again when its tokens go missing, before it fails.
+RESENDS = 2
+#: The first shard acknowledges a request within this long, or it is sent again (tries).
+ACK_S = 0.5
+SEND_TRIES = 20
 
 
 class GenerationError(RuntimeError):
@@ -172,7 +195,7 @@ class GenerationClient:
         route = self.routes.get(deployment_id)
         if route is None:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
-        queue: asyncio.Queue[TokenChunk | Moved] = asyncio.Queue()
+        queue: Inbox = asyncio.Queue()
 
         async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
             queue.put_nowait(chunk)
@@ -188,7 +211,8 @@ class GenerationClient:
         generated: list[int] = []
         finished = False
         try:
-            sent = -1  # the epoch the request was last sent to
+            sent = -1  # the epoch the request was last sent to (-1: send it again)
+            resent = 0  # times it was sent again because tokens went missing on the way
             while not finished:
                 down = self.routes.down_in(route)
                 if not down and sent != route.epoch:
@@ -199,6 +223,9 @@ class GenerationClient:
                         queue.get(), self.move_s if down else self.stall_s
                     )
                 except TimeoutError:
+                    if not down and resent < RESENDS:  # its chunks were lost: ask again
+                        resent, sent = resent + 1, -1
+                        continue
                     message = (
                         f"no capacity: {', '.join(down)} failed and {deployment_id} could not be "
                         "placed elsewhere"
@@ -210,6 +237,9 @@ class GenerationClient:
                         request_id, len(generated), route.epoch, message, time.time()
                     )
                     return
+                if isinstance(item, Resend):
+                    sent = -1  # its request or tokens may be gone: send it again
+                    continue
                 if isinstance(item, Moved):
                     newer = self.routes.get(deployment_id)
                     if newer is not None and newer.epoch > route.epoch:
@@ -227,6 +257,16 @@ class GenerationClient:
                 if item.epoch != route.epoch:
                     continue  # from the placement before the move
                 if item.finished:
+                    missing = (item.completion_tokens or 0) > len(generated)
+                    if missing and item.finish_reason != "error" and resent < RESENDS:
+                        # A token was lost in transit (a server restart): run it again after
+                        # the tokens that did arrive, rather than end the stream with a hole.
+                        log.warning(
+                            "tokens lost on the way; asking again",
+                            extra={"request_id": request_id, "resume_after": len(generated)},
+                        )
+                        resent, sent = resent + 1, -1
+                        continue
                     finished = True
                     yield item
                 elif item.index == len(generated) and item.token_id is not None:
@@ -290,6 +330,17 @@ class GenerationClient:
             sampling=sampling,
             ts=time.time(),
         )
-        await publish(
-            self.nc, GENERATION, request, deployment_id=route.deployment_id, device_id=route.first
-        )
+        subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
+        data = GENERATION.encode(request)
+        # The first shard acknowledges at once. Without an answer (its worker is reconnecting
+        # after a NATS restart, or gone) ask again shortly; a duplicate only re-runs the request
+        # and the repeated tokens are dropped here by index.
+        for _ in range(SEND_TRIES):
+            with sending(GENERATION.name, subject) as headers:
+                try:
+                    await self.nc.request(subject, data, timeout=ACK_S, headers=headers)
+                    return
+                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                    pass
+            await asyncio.sleep(ACK_S / 2)
+        log.warning("no worker took the request", extra={"request_id": request_id})

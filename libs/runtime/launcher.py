@@ -107,21 +107,38 @@ class Cluster:
         self.redis.start()
         self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
         self._write_run_file()
-        env = self.child_env()
         for index, (name, service, extra) in enumerate(self.planned()):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{service}"],
-                env={**env, **extra},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                **child_kwargs(),
-            )
-            child = Child(name, COLOURS[index % len(COLOURS)], proc)
-            threading.Thread(target=self._pump, args=(child,), daemon=True).start()
+            child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
             self.children.append(child)
             # In order: a consumer is listening before its producers start.
             if not self._wait_child(child):
                 return
+
+    def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> Child:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{service}"],
+            env={**self.child_env(), **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **child_kwargs(),
+        )
+        child = Child(name, colour, proc)
+        threading.Thread(target=self._pump, args=(child,), daemon=True).start()
+        return child
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def respawn(self, name: str, timeout_s: float = 120.0) -> bool:
+        """Start ``name`` again after it exited (the chaos harness's restart); True once ready."""
+        old = self.child(name)
+        if old.process.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        _, service, extra = next(p for p in self.planned() if p[0] == name)
+        new = self._spawn(name, service, extra, old.colour)
+        self.children[self.children.index(old)] = new
+        self._deadline = time.monotonic() + timeout_s
+        return self._wait_child(new)
 
     def planned(self) -> list[tuple[str, str, dict[str, str]]]:
         """(child name, service, extra environment) in start order; one child per worker."""
@@ -135,6 +152,7 @@ class Cluster:
                 env = {
                     "TESSERA_WORKER_DEVICE_ID": name,
                     "TESSERA_WORKER_ENGINE": engine,
+                    "TESSERA_WORKER_PRELOAD": "true",  # a warm standby for failover
                     "TESSERA_WORKER_SEED": str(i),
                     "TESSERA_WORKER_METRICS_PORT": str(port),
                     # workers share this machine's cores

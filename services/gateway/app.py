@@ -41,7 +41,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nc = await connect_nats(settings.nats_url, "gateway")
+        async def reconnected() -> None:
+            routes.resend_all()  # tokens in flight during the outage are gone: ask again
+
+        nc = await connect_nats(settings.nats_url, "gateway", reconnected=reconnected)
         app.state.nats = nc
         app.state.redis = connect_redis(settings.redis_url)
         await app.state.redis.ping()

@@ -244,6 +244,7 @@ class DeploymentsMixin:
                 },
             )
             await self._announce(self._deployment_decision(new, now), None, None)
+        await self.save()  # a restart must not bring back the placement before the move
         moved = [a for a in self.state.active.values() if a.device_id == device_id]
         for active in moved:
             del self.state.active[active.task_id]

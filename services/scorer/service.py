@@ -78,6 +78,8 @@ class Scorer:
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
         self.rescore_all = False
+        #: Every announce seen, to write back if Redis comes back empty (restarted, no disk).
+        self.known: dict[str, DeviceAnnounce] = {}
         self.background = Background("scorer")
         metrics.registry.register(DeviceCollector(lambda: list(self.table.values())))
 
@@ -170,12 +172,18 @@ class Scorer:
         if due:
             await self._rescore(due, now, pipe)
         counted = sum(per_device[d] for d in latest)
+        # Set only if missing: a 1 back means Redis lost what we wrote (or this is the first
+        # flush), so every device is written again at once rather than when next rescored.
+        marker = len(pipe)
+        pipe.hsetnx(self.keys.stats, "since", now)
         if counted:
             pipe.hincrby(self.keys.stats, "processed", counted)
         for reason, count in self.rejects.items():
             pipe.hincrby(self.keys.stats, f"rejected:{reason}", count)
         self.rejects.clear()
-        await pipe.execute()
+        results = await pipe.execute()
+        if results[marker] == 1 and self.known:
+            await self._rewrite(now)
         self.metrics.samples.inc(counted)
         self.metrics.flush_seconds.observe(time.perf_counter() - started)
 
@@ -195,7 +203,17 @@ class Scorer:
             self.table[announce.device_id] = record
             self.unknown_until.pop(announce.device_id, None)
             pipe.set(self.keys.caps(announce.device_id), announce.model_dump_json())
+            self.known[announce.device_id] = announce
         await pipe.execute()
+
+    async def _rewrite(self, now: float) -> None:
+        """Redis came back empty: store every device's announce and scores again now."""
+        log.warning("redis lost the scores; writing them again", extra={"devices": len(self.known)})
+        pipe = self.redis.pipeline(transaction=False)
+        for device_id, announce in self.known.items():
+            pipe.set(self.keys.caps(device_id), announce.model_dump_json())
+        await pipe.execute()
+        self.rescore_all = True
 
     async def _resolve_unknown(
         self, latest: dict[str, TelemetrySample], per_device: Counter[str], now: float

@@ -21,6 +21,7 @@ from libs.runtime.metrics import serve_metrics
 from libs.runtime.tracing import configure_tracing
 from services.worker.base import DeviceWorker
 from services.worker.metrics import WorkerMetrics
+from services.worker.service import Worker
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger("services.worker")
@@ -64,8 +65,6 @@ def make_worker(
             start_s=settings.vllm_start_s,
             metrics=metrics,
         )
-    from services.worker.service import Worker
-
     return Worker(
         nc, device, folder, max_active=settings.max_active, park_s=settings.park_s, metrics=metrics
     )
@@ -82,6 +81,8 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     nc = await connect_nats(settings.nats_url, f"worker-{settings.device_id}")
     worker = make_worker(nc, device, folder, settings, metrics)
     await worker.start()
+    if settings.preload and isinstance(worker, Worker):
+        await worker.preload()
     agent = FleetAgent(nc, [device], settings.interval_s, seed=settings.seed)
     telemetry = asyncio.create_task(agent.run(stop))
     background = Background("worker")

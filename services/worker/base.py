@@ -91,7 +91,7 @@ class DeviceWorker:
             await subscribe(
                 self.nc,
                 GENERATION,
-                self.on_generate,
+                self._on_generate,
                 subject=GENERATION.pattern(device_id=me),
                 rejected=self.on_rejected,
             ),
@@ -103,6 +103,11 @@ class DeviceWorker:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()  # type: ignore[attr-defined]
+
+    async def _on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+        if msg.reply:
+            await msg.respond(b"")  # taken: the owner stops asking
+        await self.on_generate(request, msg)
 
     async def _on_task_msg(self, msg: Msg) -> None:
         try:

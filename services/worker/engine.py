@@ -105,14 +105,16 @@ class ShardEngine:
             return []
         if frame.kind == FrameKind.TOKEN:
             live = self.live.get(frame.request_id)
-            if live is None or not self.first:
-                return []  # finished or cancelled meanwhile
+            if live is None or not self.first or frame.position != live.position:
+                return []  # finished or cancelled meanwhile, or from a run since replaced
             rows = torch.tensor([[frame.token]], dtype=torch.long)
             return self._run(live, rows, FrameKind.DECODE, True, b"")
         if frame.meta:
             live = self._open(GenerationRequest.model_validate_json(frame.meta))
         elif (found := self.live.get(frame.request_id)) is not None:
             live = found
+            if frame.position != live.position:
+                return []  # from a run of this request that was since started again
         else:
             return []
         rows = torch.frombuffer(bytearray(frame.data), dtype=torch.float32)

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
 MEMORY_SHARE = 0.8
+#: Layer ranges kept loaded (the current shard and standbys).
+MODELS_KEPT = 2
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Worker(DeviceWorker):
         eos_ids = eos if isinstance(eos, list) else [eos]
         self.stop_ids = frozenset(int(e) for e in eos_ids if e is not None)
         self.engines: dict[str, ShardEngine] = {}
+        self.models: dict[tuple[int, int], ShardModel] = {}
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -140,9 +143,7 @@ class Worker(DeviceWorker):
                 log.warning("refused shard", extra={"reason": reason})
                 await self.status(task, "refused", reason)
                 return
-            model = await asyncio.to_thread(
-                ShardModel, self.folder, task.layer_start, task.layer_end
-            )
+            model = await self.model(task.layer_start, task.layer_end)
         except Exception as exc:
             log.exception("shard load failed", extra={"deployment_id": task.deployment_id})
             await self.status(task, "failed", f"{type(exc).__name__}: {exc}")
@@ -165,6 +166,27 @@ class Worker(DeviceWorker):
         )
         await self.status(task, "loaded", load_s=load_s)
         self._unpark(task.deployment_id)
+
+    async def model(self, start: int, end: int) -> ShardModel:
+        """The layers ``[start, end)``, loaded once: a shard this worker held before (or the
+        whole model it preloaded) is ready at once when the scheduler moves work here."""
+        key = (start, end)
+        if key not in self.models:
+            self.models[key] = await asyncio.to_thread(ShardModel, self.folder, start, end)
+            while len(self.models) > MODELS_KEPT:
+                self.models.pop(next(iter(self.models)))  # the least recently used
+        self.models[key] = self.models.pop(key)  # most recently used last
+        return self.models[key]
+
+    async def preload(self) -> None:
+        """Load the whole model now if it fits (a warm standby for a failed device's work)."""
+        from transformers import AutoConfig
+
+        layers = int(AutoConfig.from_pretrained(self.folder).num_hidden_layers)
+        need = await asyncio.to_thread(shard_bytes, self.folder, 0, layers)
+        if need <= self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9:
+            await self.model(0, layers)
+            log.info("preloaded the whole model", extra={"layers": layers})
 
     # -- incoming work ----------------------------------------------------------------------
     async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:

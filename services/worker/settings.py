@@ -36,6 +36,9 @@ class WorkerSettings(ServiceSettings):
     idle_s: float = Field(120.0, gt=0)
     #: Work for a shard not loaded yet waits this long before it is given up.
     park_s: float = Field(60.0, gt=0)
+    #: Load the whole model at start (when it fits): work moved here after a failure starts
+    #: at once instead of after a load (torch engine).
+    preload: bool = False
     #: Where the prepared model folders live (default ~/.cache/tessera/models).
     model_dir: Path | None = None
     #: The vLLM engine: the Python of its own virtualenv (``make vllm``) and its options.

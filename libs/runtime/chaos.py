@@ -1,0 +1,278 @@
+"""The chaos harness: a local cluster under steady chat load, one fault at a time, outcomes counted.
+
+``Chaos`` runs ``tessera up``'s ``Cluster`` in this process (two workers, a small emulated
+fleet, SmolLM2 deployed), drives ``concurrency`` streaming clients through the gateway with
+short greedy requests, injects a fault once a third of the requests are done, and counts every
+request as ``completed`` (the exact text of an undisturbed run: nothing missing, nothing
+repeated), ``failed`` (an error the client could read), ``corrupt`` (completed with other text)
+or ``lost`` (no answer at all). ``recovery_s`` runs from the fault until a new request streams
+again (its first token) and the fault's own check passes (the scheduler knows the deployment
+again; every device is back in Redis with scores). Faults: SIGKILL the worker holding the
+model, SIGKILL the telemetry agent (restarted), SIGKILL the scheduler (restarted from its
+checkpoint), restart nats-server, restart redis-server. Used by ``bench/chaos.py`` and, at
+small scale, the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from rich.console import Console
+
+from libs.contracts.keys import Keys
+from libs.runtime.launcher import Cluster, UpOptions, deploy_model
+from libs.runtime.procs import free_port
+
+MODEL = "smollm2-135m-instruct"
+FAULTS = ("worker_kill", "telemetry_kill", "scheduler_restart", "nats_restart", "redis_restart")
+PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
+
+
+@dataclass
+class Outcome:
+    fault: str
+    counts: Counter[str] = field(default_factory=Counter)
+    recovery_s: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "completed": self.counts["completed"],
+            "failed": self.counts["failed"],
+            "lost": self.counts["lost"],
+            "corrupt": self.counts["corrupt"],
+            "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
+        }
+
+
+class Chaos:
+    def __init__(
+        self,
+        *,
+        devices: int = 2,
+        concurrency: int = 4,
+        max_tokens: int = 8,
+        interval_s: float = 1.0,
+        log_path: Path | None = None,
+    ) -> None:
+        self.concurrency, self.max_tokens, self.interval_s = concurrency, max_tokens, interval_s
+        self.devices = devices
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        log = (log_path or Path(tempfile.mkdtemp()) / "chaos.log").open("w")
+        self.options = UpOptions(
+            gateway_port=port,
+            devices=devices,
+            workers=2,
+            scheduler_port=free_port(),
+            extra_env={
+                "TESSERA_WORKER_INTERVAL_S": str(interval_s),
+                "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
+                # A stream whose tokens were lost (nats-server restarting) fails in 10 s.
+                "TESSERA_GATEWAY_STALL_S": "10",
+                "TESSERA_GATEWAY_MAX_CONCURRENT": "64",
+            },
+        )
+        self.cluster = Cluster(self.options, Console(file=log, width=200))
+        self.expected: dict[str, str] = {}
+        self.killed: str | None = None  #: a worker a fault killed, respawned after it
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.cluster.start()
+        if not self.cluster.wait_ready():
+            raise RuntimeError("the cluster did not start")
+        placed = deploy_model(self.options, MODEL)
+        if not placed.startswith("deployed"):
+            raise RuntimeError(placed)
+        self.expected = {p: self._ask(p) for p in PROMPTS}
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+    def _ask(self, prompt: str) -> str:
+        body = self._body(prompt, stream=False)
+        reply = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=60)
+        reply.raise_for_status()
+        return str(reply.json()["choices"][0]["message"]["content"])
+
+    def _body(self, prompt: str, stream: bool) -> dict[str, Any]:
+        messages = [{"role": "user", "content": prompt}]
+        return {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": stream,
+        }
+
+    # -- one fault -----------------------------------------------------------------------------
+    def run(self, fault: str, requests: int) -> Outcome:
+        """Load in a thread; the fault, the restarts and the recovery probe from this one (a
+        child started from a passing thread would get SIGTERM when that thread ends: the
+        launcher's children die with their parent, and Linux means the parent thread)."""
+        outcome = Outcome(fault)
+        third = threading.Event()
+        load = threading.Thread(
+            target=lambda: asyncio.run(self._load(requests, outcome, third)), daemon=True
+        )
+        load.start()
+        third.wait()
+        started = time.monotonic()
+        check = self._inject(fault)
+        outcome.recovery_s = self._recover(started, check)
+        load.join()
+        self._heal()
+        return outcome
+
+    async def _load(self, requests: int, outcome: Outcome, third: threading.Event) -> None:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        for i in range(requests):
+            queue.put_nowait(PROMPTS[i % len(PROMPTS)])
+
+        async def client(http: httpx.AsyncClient) -> None:
+            while not queue.empty():
+                prompt = queue.get_nowait()
+                outcome.counts[await self._stream(http, prompt)] += 1
+                if sum(outcome.counts.values()) >= max(1, requests // 3):
+                    third.set()
+
+        async with httpx.AsyncClient(timeout=httpx.Timeout(90.0)) as http:
+            await asyncio.gather(*(client(http) for _ in range(self.concurrency)))
+        third.set()
+
+    def _recover(self, started: float, check: Callable[[], bool]) -> float | None:
+        """Seconds from the fault until a fresh request streams and ``check`` passes."""
+
+        async def probe() -> bool:  # serving again: a fresh request streams its first token
+            body = self._body(PROMPTS[0], stream=True)
+            try:
+                async with (
+                    httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http,
+                    http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r,
+                ):
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and '"content"' in line:
+                            return r.status_code == 200
+            except httpx.TransportError:
+                pass
+            return False
+
+        served = False
+        while time.monotonic() < started + 120:
+            served = served or asyncio.run(probe())
+            if served and check():
+                return time.monotonic() - started
+            time.sleep(0.1)
+        return None
+
+    async def _stream(self, http: httpx.AsyncClient, prompt: str) -> str:
+        """One streamed request's outcome: completed, failed, corrupt or lost."""
+        parts: list[str] = []
+        finished = False
+        try:
+            body = self._body(prompt, stream=True)
+            async with http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return (
+                        "failed"
+                        if r.headers.get("content-type", "").startswith("application/json")
+                        else "lost"
+                    )
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        return "failed"
+                    for choice in event.get("choices", ()):
+                        parts.append(choice.get("delta", {}).get("content") or "")
+                        finished = finished or choice.get("finish_reason") is not None
+        except (httpx.TransportError, json.JSONDecodeError):
+            return "lost"
+        if not finished:
+            return "lost"
+        return "completed" if "".join(parts) == self.expected[prompt] else "corrupt"
+
+    # -- faults --------------------------------------------------------------------------------
+    def _inject(self, fault: str) -> Callable[[], bool]:
+        cluster = self.cluster
+        if fault == "worker_kill":
+            host = self._placement()[0]
+            cluster.child(host).process.kill()
+            self.killed = host
+            return lambda: host not in self._placement()
+        if fault in ("telemetry_kill", "scheduler_restart"):
+            name = "telemetry" if fault == "telemetry_kill" else "scheduler"
+            child = cluster.child(name)
+            child.process.kill()
+            child.process.wait(10)
+            if not cluster.respawn(name):
+                raise RuntimeError(f"{name} did not come back")
+            return self._devices_healthy if name == "telemetry" else lambda: bool(self._placement())
+        if fault == "nats_restart":
+            cluster.nats.restart()
+            return lambda: True
+        if fault == "redis_restart":
+            cluster.redis.restart()
+            return self._devices_healthy
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+
+    def _heal(self) -> None:
+        """Bring back what a fault took away for good (a killed worker's device rejoins)."""
+        if self.killed is not None:
+            killed, self.killed = self.killed, None
+            self.cluster.respawn(killed)
+
+    def _placement(self) -> list[str]:
+        try:
+            url = f"http://127.0.0.1:{self.options.scheduler_port}/placements"
+            rows = httpx.get(url, timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return []
+        for row in rows:
+            if row["deployment_id"] == MODEL:
+                ordered = sorted(row["assignments"], key=lambda a: a["shard_index"])
+                return [a["device_id"] for a in ordered]
+        return []
+
+    def _devices_healthy(self) -> bool:
+        """Every device scored again in Redis, none marked failed."""
+        keys = Keys()
+        try:
+            client = redis.Redis.from_url(
+                self.cluster.redis.url, socket_timeout=2, decode_responses=True
+            )
+            with client:
+                ranked = client.zrange(keys.rank("total"), 0, -1)
+                failed = client.smembers(keys.failed)
+        except redis.RedisError:
+            return False
+        alive = {str(d) for d in ranked} - {str(d) for d in failed}
+        return len(alive) >= self.devices + len(self.cluster.worker_names())
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        "| fault | completed | failed | lost | corrupt | recovery (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for o in outcomes:
+        r = o.row()
+        lines.append(
+            f"| {o.fault} | {r['completed']} | {r['failed']} | {r['lost']} | {r['corrupt']} "
+            f"| {r['recovery_s'] if r['recovery_s'] is not None else 'not recovered'} |"
+        )
+    return "\n".join(lines)
