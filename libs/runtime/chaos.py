@@ -252,7 +252,7 @@ class Chaos:
         keys = Keys()
         try:
             client = redis.Redis.from_url(
-                self.cluster.redis.url, socket_timeout=2, decode_responses=True
+                self.cluster.urls("admin")["redis"], socket_timeout=2, decode_responses=True
             )
             with client:
                 ranked = client.zrange(keys.rank("total"), 0, -1)

@@ -27,6 +27,7 @@ from types import FrameType
 from rich.console import Console
 from rich.text import Text
 
+from libs.runtime.doors import REDIS_USERS, Doors
 from libs.runtime.lifecycle import READY_MESSAGE
 from libs.runtime.procs import child_kwargs, free_port, stop_process
 from libs.runtime.servers import NatsServer, RedisServer
@@ -64,6 +65,9 @@ class UpOptions:
     scheduler_port: int = 8100
     ready_timeout_s: float = 180.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: NATS users with subject permissions and Redis ACL users, one per service and worker
+    #: (``libs/runtime/doors.py``); passwords drawn per run, the admin's in the run file only.
+    doors: bool = True
     run_file: Path | None = None
 
 
@@ -71,12 +75,15 @@ class Cluster:
     def __init__(self, options: UpOptions, console: Console | None = None) -> None:
         self.options = options
         self.console = console or Console(highlight=False)
+        workers = [name for name, _ in self.worker_names()]
+        self.doors = Doors(workers) if options.doors else None
         self.nats = NatsServer()
-        self.redis = RedisServer()
+        self.redis = RedisServer(acl=self.doors.redis_acl() if self.doors else None)
+        if self.doors is not None:
+            self.nats.config = self.doors.write_nats_config(self.nats.data_dir / "nats.conf")
         self.children: list[Child] = []
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
-        workers = [name for name, _ in self.worker_names()]
         self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
 
     # -- environment shared by every child ------------------------------------------------
@@ -100,6 +107,16 @@ class Cluster:
         env.update(self.options.extra_env)
         return env
 
+    def urls(self, user: str) -> dict[str, str]:
+        """NATS and Redis URLs with ``user``'s credentials (plain ones without doors)."""
+        if self.doors is None:
+            return {"nats": self.nats.url, "redis": self.redis.url}
+        redis_user = user if user in REDIS_USERS else None
+        return {
+            "nats": self.doors.nats_url(self.nats.url, user),
+            "redis": self.doors.redis_url(self.redis.url, redis_user) if redis_user else "",
+        }
+
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         self._deadline = time.monotonic() + self.options.ready_timeout_s
@@ -115,9 +132,13 @@ class Cluster:
                 return
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> Child:
+        urls = self.urls(name if self.is_worker_name(name) else service)
+        access = {"TESSERA_NATS_URL": urls["nats"]}
+        if urls["redis"]:
+            access["TESSERA_REDIS_URL"] = urls["redis"]
         proc = subprocess.Popen(
             [sys.executable, "-m", f"services.{service}"],
-            env={**self.child_env(), **extra},
+            env={**self.child_env(), **access, **extra},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             **child_kwargs(),
@@ -167,7 +188,10 @@ class Cluster:
         return torch + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
 
     def is_worker(self, child: Child) -> bool:
-        return child.name in dict(self.worker_names())
+        return self.is_worker_name(child.name)
+
+    def is_worker_name(self, name: str) -> bool:
+        return name in dict(self.worker_names())
 
     def _wait_child(self, child: Child) -> bool:
         while not child.ready.wait(0.1):
@@ -230,11 +254,14 @@ class Cluster:
             return
         self.options.run_file.parent.mkdir(parents=True, exist_ok=True)
         url = f"http://{self.options.gateway_host}:{self.options.gateway_port}"
+        admin = self.urls("admin")
+        self.options.run_file.touch()
+        self.options.run_file.chmod(0o600)  # it holds the admin's passwords
         self.options.run_file.write_text(
             json.dumps(
                 {
-                    "nats_url": self.nats.url,
-                    "redis_url": self.redis.url,
+                    "nats_url": admin["nats"],
+                    "redis_url": admin["redis"],
                     "gateway_url": url,
                     "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
                     "metrics": self.metrics_targets(),

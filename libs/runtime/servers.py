@@ -141,9 +141,13 @@ class NatsServer(EmbeddedServer):
 
 
 class RedisServer(EmbeddedServer):
-    """redis-server keeping nothing on disk."""
+    """redis-server keeping nothing on disk; ``acl``: its users, one ``user`` directive each."""
 
     name = "redis"
+
+    def __init__(self, port: int | None = None, *, acl: list[str] | None = None, **kw: object):
+        super().__init__(port, **kw)  # type: ignore[arg-type]
+        self.acl = acl or []
 
     def command(self) -> list[str]:
         return [
@@ -155,6 +159,7 @@ class RedisServer(EmbeddedServer):
             "--dir", str(self.data_dir),
             "--daemonize", "no",
             "--protected-mode", "yes",
+            *[arg for rule in self.acl for arg in ("--user", *rule.split())],
         ]  # fmt: skip
 
     @property

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from nats.aio.client import Client as NatsClient
@@ -26,6 +27,7 @@ from libs.contracts import (
     SHARD_TASK,
     TELEMETRY,
     AnnounceRequest,
+    Channel,
     DvfsHint,
     ShardTask,
 )
@@ -35,6 +37,8 @@ from libs.runtime.bus import subscribe
 log = logging.getLogger(__name__)
 
 SLICES_PER_INTERVAL = 10
+#: Up to this many devices, an agent subscribes to each one's subjects (else to wildcards).
+OWN_SUBJECTS = 16
 
 
 def work_key(task: ShardTask) -> str:
@@ -116,10 +120,23 @@ class FleetAgent:
             if self.published is not None:
                 self.published.inc()
 
+    def _mine(self, channel: Channel[Any]) -> list[str]:
+        """The subjects of this agent's own devices (one each for a few; a wildcard for a
+        fleet): an agent's NATS user may read only its own devices' work and hints."""
+        if len(self.devices) > OWN_SUBJECTS:
+            return [channel.wildcard]
+        return [channel.pattern(device_id=d) for d in self.devices]
+
     async def run(self, stop: asyncio.Event) -> None:
         subs = [
-            await subscribe(self.nc, SHARD_TASK, self.on_work),
-            await subscribe(self.nc, DVFS_HINT, self.on_hint),
+            *[
+                await subscribe(self.nc, SHARD_TASK, self.on_work, subject=s)
+                for s in self._mine(SHARD_TASK)
+            ],
+            *[
+                await subscribe(self.nc, DVFS_HINT, self.on_hint, subject=s)
+                for s in self._mine(DVFS_HINT)
+            ],
             await subscribe(self.nc, ANNOUNCE_REQUEST, self.on_announce_request),
         ]
         await self.announce()

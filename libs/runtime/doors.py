@@ -1,0 +1,196 @@
+"""Who may do what: NATS users with subject permissions and Redis ACL users, per service.
+
+``nats_config`` writes a nats-server ``authorization`` block (JSON is valid nats-server
+config): one user per service, and one per worker device. A device agent may publish only its
+own device's announce, telemetry, heartbeat and shard status, and read only its own work,
+hints and requests; only the scheduler publishes placements and shard tasks. Everything a user
+is not granted is refused by the server. ``redis_acl`` gives each service a Redis user with
+only the key patterns and command categories it needs. Passwords are drawn per cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libs.contracts import (
+    ANNOUNCE,
+    ANNOUNCE_REQUEST,
+    CANCEL,
+    CHECKPOINT,
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    DVFS_HINT,
+    GENERATION,
+    HEARTBEAT,
+    HIDDEN,
+    MODE_CHANGE,
+    PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
+    SCORE,
+    SHARD_STATUS,
+    SHARD_TASK,
+    TELEMETRY,
+    TOKENS,
+)
+
+#: The users that talk to Redis (the rest have no Redis user at all).
+REDIS_USERS = ("scorer", "scheduler", "gateway", "admin")
+INBOX = "_INBOX.>"  #: replies to this user's requests
+JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$KV.>"]
+
+
+@dataclass(frozen=True)
+class Grant:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def service_grants() -> dict[str, Grant]:
+    """What each service (not device-bound) may publish and subscribe to."""
+    every = (ANNOUNCE_REQUEST.wildcard, INBOX)
+    return {
+        "telemetry": Grant(  # the emulated fleet: many devices under one agent
+            (ANNOUNCE.wildcard, TELEMETRY.wildcard, HEARTBEAT.wildcard),
+            (SHARD_TASK.wildcard, DVFS_HINT.wildcard, *every),
+        ),
+        "scorer": Grant(
+            (
+                SCORE.wildcard,
+                DEVICE_FAILED.wildcard,
+                DEVICE_RECOVERED.wildcard,
+                ANNOUNCE_REQUEST.wildcard,
+            ),
+            (
+                ANNOUNCE.wildcard,
+                TELEMETRY.wildcard,
+                HEARTBEAT.wildcard,
+                MODE_CHANGE.wildcard,
+                *every,
+            ),
+        ),
+        "scheduler": Grant(
+            (
+                PLACEMENT_DECISION.wildcard,
+                SHARD_TASK.wildcard,
+                DVFS_HINT.wildcard,
+                MODE_CHANGE.wildcard,
+                CHECKPOINT.wildcard,
+                *JETSTREAM,
+            ),
+            (
+                PLACEMENT_REQUEST.wildcard,
+                SCORE.wildcard,
+                DEVICE_FAILED.wildcard,
+                DEVICE_RECOVERED.wildcard,
+                SHARD_STATUS.wildcard,
+                *every,
+            ),
+        ),
+        "gateway": Grant(
+            (PLACEMENT_REQUEST.wildcard, GENERATION.wildcard, CANCEL.wildcard),
+            (
+                TOKENS.wildcard,
+                PLACEMENT_DECISION.wildcard,
+                DEVICE_FAILED.wildcard,
+                DEVICE_RECOVERED.wildcard,
+                *every,
+            ),
+        ),
+        "batch": Grant((), (PLACEMENT_REQUEST.wildcard, PLACEMENT_DECISION.wildcard, *every)),
+    }
+
+
+def device_grant(device_id: str) -> Grant:
+    """A worker: its own device's telemetry and status, tokens and hidden states out; its own
+    work, requests, frames and hints in."""
+    me = {"device_id": device_id}
+    return Grant(
+        (
+            ANNOUNCE.pattern(**me),
+            TELEMETRY.pattern(**me),
+            HEARTBEAT.pattern(**me),
+            SHARD_STATUS.pattern(**me),
+            TOKENS.wildcard,
+            HIDDEN.pattern(),
+            *JETSTREAM,
+        ),
+        (
+            SHARD_TASK.pattern(**me),
+            GENERATION.pattern(**me),
+            HIDDEN.pattern(**me),
+            CANCEL.wildcard,
+            DVFS_HINT.pattern(**me),
+            ANNOUNCE_REQUEST.wildcard,
+            INBOX,
+        ),
+    )
+
+
+@dataclass
+class Doors:
+    """The users of one cluster, with passwords drawn for it."""
+
+    devices: list[str]
+    passwords: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in [*service_grants(), *self.devices, "admin"]:
+            self.passwords.setdefault(name, secrets.token_urlsafe(18))
+
+    def grants(self) -> dict[str, Grant]:
+        return {**service_grants(), **{d: device_grant(d) for d in self.devices}}
+
+    def nats_config(self) -> dict[str, Any]:
+        users: list[dict[str, Any]] = [
+            {"user": "admin", "password": self.passwords["admin"]}  # operators and tests: all
+        ]
+        for name, grant in self.grants().items():
+            users.append(
+                {
+                    "user": name,
+                    "password": self.passwords[name],
+                    "permissions": {
+                        "publish": {"allow": list(grant.publish)},
+                        "subscribe": {"allow": list(grant.subscribe)},
+                        "allow_responses": True,  # answer requests sent to this user
+                    },
+                }
+            )
+        return {"authorization": {"users": users}}
+
+    def write_nats_config(self, path: Path) -> Path:
+        path.write_text(json.dumps(self.nats_config(), indent=2))
+        path.chmod(0o600)
+        return path
+
+    def redis_acl(self, prefix: str = "tessera") -> list[str]:
+        """Redis users (``user`` directives): the scorer writes device rows, ranks and
+        histories; the scheduler reads them and writes only its mode and checkpoints; the
+        gateway only reads; the default user is off."""
+        p = prefix
+        scorer = " ".join(
+            f"~{p}:{k}" for k in ("dev:*", "caps:*", "hist:*", "rank:*", "failed", "stats")
+        )
+        writes = "-@all +@read +@write +@transaction +@connection"
+        rules = {
+            "scorer": f"{scorer} %R~{p}:mode {writes}",
+            "scheduler": f"~{p}:checkpoints ~{p}:mode %R~{p}:* {writes}",
+            "gateway": f"%R~{p}:* -@all +@read +@connection",
+            "admin": "~* &* +@all",
+        }
+        users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]
+        return ["default off", *users]
+
+    def redis_url(self, base: str, user: str) -> str:
+        """``base`` (redis://host:port/db) with ``user``'s credentials."""
+        scheme, _, rest = base.partition("://")
+        return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
+
+    def nats_url(self, base: str, user: str) -> str:
+        """``base`` (nats://host:port) with ``user``'s credentials."""
+        scheme, _, rest = base.partition("://")
+        return f"{scheme}://{user}:{self.passwords[user]}@{rest}"

@@ -1,0 +1,31 @@
+"""Each fault of the chaos harness at small scale, under load: nothing lost, no stream with a
+token missing or repeated, and the cluster serves again (figures: bench/chaos.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from libs.runtime.chaos import FAULTS, Chaos
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def chaos() -> Iterator[Chaos]:
+    harness = Chaos(concurrency=3, max_tokens=6)
+    harness.start()
+    yield harness
+    harness.stop()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_under_load_loses_nothing_and_the_cluster_recovers(
+    chaos: Chaos, fault: str
+) -> None:
+    outcome = chaos.run(fault, requests=9)
+    assert outcome.counts["lost"] == 0, outcome.row()
+    assert outcome.counts["corrupt"] == 0, outcome.row()  # no token missing or repeated
+    assert outcome.counts["completed"] + outcome.counts["failed"] == 9
+    assert outcome.recovery_s is not None, f"{fault} never recovered"

@@ -1,0 +1,166 @@
+"""The doors: a real nats-server and redis-server with the generated users refuse every publish,
+subscription and write a service was not granted, and anyone without a password."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+import redis
+from nats.aio.client import Client as NatsClient
+
+from libs.contracts import DVFS_HINT, PLACEMENT_DECISION, SHARD_TASK, TELEMETRY
+from libs.contracts.keys import Keys
+from libs.runtime.doors import Doors
+from libs.runtime.servers import NatsServer, RedisServer
+
+DOORS = Doors(["dev-a", "dev-b"])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    config = DOORS.write_nats_config(Path(tmp_path_factory.mktemp("nats")) / "nats.conf")
+    with NatsServer(config=config) as running:
+        yield running  # type: ignore[misc]
+
+
+class Client:
+    """A connection as one user, keeping the errors the server sends it."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.nc: NatsClient | None = None
+
+    async def connect(self, server: NatsServer, user: str) -> NatsClient:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc))
+
+        self.nc = await nats.connect(
+            DOORS.nats_url(server.url, user), allow_reconnect=False, error_cb=on_error
+        )
+        return self.nc
+
+
+@pytest.fixture
+async def admin(server: NatsServer) -> AsyncIterator[NatsClient]:
+    nc = await Client().connect(server, "admin")
+    yield nc
+    await nc.close()
+
+
+async def heard(admin: NatsClient, subject: str, send: object) -> bool:
+    """Whether a message published by ``send()`` on ``subject`` reaches a subscriber."""
+    got = asyncio.Event()
+
+    async def on_msg(msg: object) -> None:
+        got.set()
+
+    sub = await admin.subscribe(subject, cb=on_msg)
+    await admin.flush()
+    await send()  # type: ignore[operator]
+    try:
+        await asyncio.wait_for(got.wait(), 0.5)
+    except TimeoutError:
+        return False
+    finally:
+        await sub.unsubscribe()
+    return True
+
+
+async def test_a_device_publishes_only_its_own_telemetry_and_never_placements(
+    server: NatsServer, admin: NatsClient
+) -> None:
+    device = Client()
+    nc = await device.connect(server, "dev-a")
+
+    async def publish(subject: str) -> None:
+        await nc.publish(subject, b"{}")
+        await nc.flush()
+
+    own = TELEMETRY.subject(device_id="dev-a")
+    other = TELEMETRY.subject(device_id="dev-b")
+    decision = PLACEMENT_DECISION.subject(task_id="t1")
+    assert await heard(admin, own, lambda: publish(own))
+    assert not await heard(admin, other, lambda: publish(other))
+    assert not await heard(admin, decision, lambda: publish(decision))
+    await nc.subscribe(DVFS_HINT.subject(device_id="dev-b"))  # another device's hints
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    refused = [e.lower() for e in device.errors if "permissions violation" in e.lower()]
+    assert any(f'publish to "{other}"' in e for e in refused)
+    assert any(f'publish to "{decision}"' in e for e in refused)
+    assert any("subscription" in e and "dev-b" in e for e in refused), device.errors
+    await nc.close()
+
+
+async def test_only_the_scheduler_writes_placements_and_shard_tasks(
+    server: NatsServer, admin: NatsClient
+) -> None:
+    decision = PLACEMENT_DECISION.subject(task_id="t2")
+    work = SHARD_TASK.subject(device_id="dev-a")
+    for user in ("gateway", "scorer", "telemetry", "dev-a"):
+        nc = await Client().connect(server, user)
+        for subject in (decision, work):
+
+            async def publish(s: str = subject, c: NatsClient = nc) -> None:
+                await c.publish(s, b"{}")
+                await c.flush()
+
+            assert not await heard(admin, subject, publish), (user, subject)
+        await nc.close()
+    scheduler = await Client().connect(server, "scheduler")
+
+    async def place() -> None:
+        await scheduler.publish(decision, b"{}")
+        await scheduler.flush()
+
+    assert await heard(admin, decision, place)
+    await scheduler.close()
+
+
+async def test_nobody_gets_in_without_the_password(server: NatsServer) -> None:
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0)
+    wrong = server.url.replace("nats://", "nats://gateway:not-the-password@")
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await nats.connect(wrong, allow_reconnect=False, max_reconnect_attempts=0)
+
+
+@pytest.fixture(scope="module")
+def acl_redis() -> Iterator[RedisServer]:
+    with RedisServer(acl=DOORS.redis_acl()) as running:
+        yield running  # type: ignore[misc]
+
+
+def as_user(server: RedisServer, user: str) -> redis.Redis:
+    return redis.Redis.from_url(DOORS.redis_url(server.url, user), decode_responses=True)
+
+
+def test_redis_users_write_only_what_their_service_owns(acl_redis: RedisServer) -> None:
+    keys = Keys()
+    scorer, scheduler, gateway = (as_user(acl_redis, u) for u in ("scorer", "scheduler", "gateway"))
+    scorer.hset(keys.device("dev-a"), "total", "0.5")
+    scorer.zadd(keys.rank("total"), {"dev-a": 0.5})
+    scheduler.set(keys.mode, "energy")
+    assert gateway.hget(keys.device("dev-a"), "total") == "0.5"
+    assert scheduler.zrevrange(keys.rank("total"), 0, 9) == ["dev-a"]
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gateway.set(keys.mode, "performance")  # the gateway only reads
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        scheduler.hset(keys.device("dev-a"), "total", "1.0")  # scores are the scorer's
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        scorer.set(keys.mode, "performance")  # the mode is the scheduler's
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gateway.flushall()
+    assert scorer.get(keys.mode) == "energy"
+
+
+def test_redis_refuses_anyone_without_a_password(acl_redis: RedisServer) -> None:
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(acl_redis.url).ping()
+    wrong = acl_redis.url.replace("redis://", "redis://gateway:wrong@")
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(wrong).ping()
