@@ -38,6 +38,10 @@ def up(
         int | None,
         typer.Option(min=0, max=16, help="vLLM workers (whole models; run `make vllm` first)."),
     ] = None,
+    scheduler_replicas: Annotated[
+        int | None,
+        typer.Option(min=1, max=5, help="Scheduler replicas: one leads, the others stand by."),
+    ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.runtime.launcher import UpOptions, run_cluster
@@ -49,6 +53,7 @@ def up(
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
         vllm_workers=settings.vllm_workers if vllm_workers is None else vllm_workers,
+        scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
         fleet=fleet,
         run_file=settings.run_file,
         scheduler_port=settings.scheduler_http_port,

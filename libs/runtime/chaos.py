@@ -8,8 +8,9 @@ repeated), ``failed`` (an error the client could read), ``corrupt`` (completed w
 or ``lost`` (no answer at all). ``recovery_s`` runs from the fault until a new request streams
 again (its first token) and the fault's own check passes (the scheduler knows the deployment
 again; every device is back in Redis with scores). Faults: SIGKILL the worker holding the
-model, SIGKILL the telemetry agent (restarted), SIGKILL the scheduler (restarted from its
-checkpoint), restart nats-server, restart redis-server. Used by ``bench/chaos.py`` and, at
+model, SIGKILL the telemetry agent (restarted), SIGKILL the leading one of two scheduler
+replicas (the other takes over from the checkpoint and live state; the killed one restarts as
+a follower), restart nats-server, restart redis-server. Used by ``bench/chaos.py`` and, at
 small scale, the tests.
 """
 
@@ -35,7 +36,7 @@ from libs.runtime.launcher import Cluster, UpOptions, deploy_model
 from libs.runtime.procs import free_port
 
 MODEL = "smollm2-135m-instruct"
-FAULTS = ("worker_kill", "telemetry_kill", "scheduler_restart", "nats_restart", "redis_restart")
+FAULTS = ("worker_kill", "telemetry_kill", "scheduler_leader_kill", "nats_restart", "redis_restart")
 PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
 
 
@@ -75,6 +76,7 @@ class Chaos:
             devices=devices,
             workers=2,
             scheduler_port=free_port(),
+            scheduler_replicas=2,
             extra_env={
                 "TESSERA_WORKER_INTERVAL_S": str(interval_s),
                 "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
@@ -213,8 +215,8 @@ class Chaos:
             cluster.child(host).process.kill()
             self.killed = host
             return lambda: host not in self._placement()
-        if fault in ("telemetry_kill", "scheduler_restart"):
-            name = "telemetry" if fault == "telemetry_kill" else "scheduler"
+        if fault in ("telemetry_kill", "scheduler_leader_kill"):
+            name = "telemetry" if fault == "telemetry_kill" else self._leader()
             child = cluster.child(name)
             child.process.kill()
             child.process.wait(10)
@@ -235,11 +237,23 @@ class Chaos:
             killed, self.killed = self.killed, None
             self.cluster.respawn(killed)
 
+    def _leader(self) -> str:
+        """The scheduler replica that leads: the one serving HTTP."""
+        for name, port in self.cluster.scheduler_ports.items():
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).raise_for_status()
+                return name
+            except httpx.HTTPError:
+                continue
+        raise RuntimeError("no scheduler replica leads")
+
     def _placement(self) -> list[str]:
+        """The model's devices, from whichever replica leads (through the gateway)."""
         try:
-            url = f"http://127.0.0.1:{self.options.scheduler_port}/placements"
-            rows = httpx.get(url, timeout=2).json()
+            rows = httpx.get(f"{self.url}/v1/cluster/placements", timeout=3).json()
         except (httpx.HTTPError, ValueError):
+            return []
+        if not isinstance(rows, list):
             return []
         for row in rows:
             if row["deployment_id"] == MODEL:

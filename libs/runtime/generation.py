@@ -149,9 +149,9 @@ class RouteBook:
 
 #: How often a request is sent again when its tokens go missing, before it fails.
 RESENDS = 2
-#: The first shard acknowledges a request within this long, or it is sent again (tries).
+#: The first shard acknowledges a request within this long, or it is sent again (until the
+#: stall timeout).
 ACK_S = 0.5
-SEND_TRIES = 20
 
 
 class GenerationError(RuntimeError):
@@ -213,16 +213,22 @@ class GenerationClient:
         try:
             sent = -1  # the epoch the request was last sent to (-1: send it again)
             resent = 0  # times it was sent again because tokens went missing on the way
+            unacked: float | None = None  # since when no first shard has taken it
             while not finished:
                 down = self.routes.down_in(route)
                 if not down and sent != route.epoch:
-                    await self._send(route, request_id, prompt_token_ids, generated, sampling)
-                    sent = route.epoch
-                try:
-                    item = await asyncio.wait_for(
-                        queue.get(), self.move_s if down else self.stall_s
+                    taken = await self._send(
+                        route, request_id, prompt_token_ids, generated, sampling
                     )
+                    sent = route.epoch
+                    unacked = None if taken else (unacked or time.monotonic())
+                wait = self.move_s if down else ACK_S if unacked is not None else self.stall_s
+                try:
+                    item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
+                    if unacked is not None and time.monotonic() - unacked < self.stall_s:
+                        sent = -1  # nobody took it yet (a worker reconnecting): ask again
+                        continue
                     if not down and resent < RESENDS:  # its chunks were lost: ask again
                         resent, sent = resent + 1, -1
                         continue
@@ -256,6 +262,7 @@ class GenerationClient:
                     continue  # sent to the new placement at the top of the loop
                 if item.epoch != route.epoch:
                     continue  # from the placement before the move
+                unacked = None  # the placement is working on it
                 if item.finished:
                     missing = (item.completion_tokens or 0) > len(generated)
                     if missing and item.finish_reason != "error" and resent < RESENDS:
@@ -320,7 +327,8 @@ class GenerationClient:
         prompt_token_ids: Sequence[int],
         generated: list[int],
         sampling: Sampling,
-    ) -> None:
+    ) -> bool:
+        """Send the request to the route's first shard; True once that shard took it."""
         request = GenerationRequest(
             request_id=request_id,
             deployment_id=route.deployment_id,
@@ -333,14 +341,11 @@ class GenerationClient:
         subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
         data = GENERATION.encode(request)
         # The first shard acknowledges at once. Without an answer (its worker is reconnecting
-        # after a NATS restart, or gone) ask again shortly; a duplicate only re-runs the request
-        # and the repeated tokens are dropped here by index.
-        for _ in range(SEND_TRIES):
-            with sending(GENERATION.name, subject) as headers:
-                try:
-                    await self.nc.request(subject, data, timeout=ACK_S, headers=headers)
-                    return
-                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                    pass
-            await asyncio.sleep(ACK_S / 2)
-        log.warning("no worker took the request", extra={"request_id": request_id})
+        # after a NATS restart, or gone) the stream asks again shortly; a duplicate only
+        # re-runs the request, and the repeated tokens are dropped by index.
+        with sending(GENERATION.name, subject) as headers:
+            try:
+                await self.nc.request(subject, data, timeout=ACK_S, headers=headers)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                return False
+        return True

@@ -63,6 +63,8 @@ class UpOptions:
     deploy: tuple[str, ...] = ("smollm2-135m-instruct",)
     fleet: Path | None = None
     scheduler_port: int = 8100
+    #: Scheduler replicas: one leads (a lease in NATS KV), the others stand by to take over.
+    scheduler_replicas: int = 1
     ready_timeout_s: float = 180.0
     extra_env: dict[str, str] = field(default_factory=dict)
     #: NATS users with subject permissions and Redis ACL users, one per service and worker
@@ -85,6 +87,11 @@ class Cluster:
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
         self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
+        others = range(1, options.scheduler_replicas)
+        self.scheduler_ports = {
+            "scheduler": options.scheduler_port,
+            **{f"scheduler-{i}": free_port() for i in others},
+        }
 
     # -- environment shared by every child ------------------------------------------------
     def child_env(self) -> dict[str, str]:
@@ -96,7 +103,9 @@ class Cluster:
             TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
             TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
             TESSERA_SCHEDULER_HTTP_PORT=str(self.options.scheduler_port),
-            TESSERA_GATEWAY_SCHEDULER_URL=f"http://127.0.0.1:{self.options.scheduler_port}",
+            TESSERA_GATEWAY_SCHEDULER_URL=",".join(
+                f"http://127.0.0.1:{p}" for p in self.scheduler_ports.values()
+            ),
             TESSERA_SCORER_METRICS_PORT=str(self.metrics_ports["scorer"]),
             TESSERA_TELEMETRY_METRICS_PORT=str(self.metrics_ports["telemetry"]),
             TESSERA_LOG_FORMAT="json",
@@ -132,7 +141,7 @@ class Cluster:
                 return
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> Child:
-        urls = self.urls(name if self.is_worker_name(name) else service)
+        urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
         access = {"TESSERA_NATS_URL": urls["nats"]}
         if urls["redis"]:
             access["TESSERA_REDIS_URL"] = urls["redis"]
@@ -165,6 +174,13 @@ class Cluster:
         """(child name, service, extra environment) in start order; one child per worker."""
         out: list[tuple[str, str, dict[str, str]]] = []
         for service in available_services():
+            if service == "scheduler":
+                for name, port in self.scheduler_ports.items():
+                    replica = {"TESSERA_SCHEDULER_REPLICA": name}
+                    out.append(
+                        (name, service, {**replica, "TESSERA_SCHEDULER_HTTP_PORT": str(port)})
+                    )
+                continue
             if service != "worker":
                 out.append((service, service, {}))
                 continue
@@ -186,6 +202,11 @@ class Cluster:
         """(device id, engine) of each worker: torch workers, then vLLM ones."""
         torch = [(f"worker-{i}", "torch") for i in range(self.options.workers)]
         return torch + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
+
+    def _standby_exists(self, child: Child) -> bool:
+        """A scheduler replica may exit while another one runs: it takes over."""
+        replicas = [c for c in self.children if c.name in self.scheduler_ports]
+        return child in replicas and any(c.process.poll() is None for c in replicas)
 
     def is_worker(self, child: Child) -> bool:
         return self.is_worker_name(child.name)
@@ -224,7 +245,7 @@ class Cluster:
     def first_exited(self, essential: bool = False) -> Child | None:
         """The first child that exited (with ``essential``, workers do not count)."""
         for child in self.children:
-            if essential and self.is_worker(child):
+            if essential and (self.is_worker(child) or self._standby_exists(child)):
                 continue
             if child.process.poll() is not None:
                 return child
@@ -276,7 +297,7 @@ class Cluster:
     def metrics_targets(self) -> dict[str, str]:
         """host:port of every service's /metrics."""
         targets = {n: f"127.0.0.1:{p}" for n, p in self.metrics_ports.items()}
-        targets["scheduler"] = f"127.0.0.1:{self.options.scheduler_port}"
+        targets.update({n: f"127.0.0.1:{p}" for n, p in self.scheduler_ports.items()})
         targets["gateway"] = f"{self.options.gateway_host}:{self.options.gateway_port}"
         return targets
 

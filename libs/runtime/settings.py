@@ -50,6 +50,7 @@ class LauncherSettings(BaseSettings):
     devices: int = Field(6, ge=0, le=100_000)
     workers: int = Field(2, ge=0, le=64)
     vllm_workers: int = Field(0, ge=0, le=16)
+    scheduler_replicas: int = Field(1, ge=1, le=5)
     scheduler_http_port: int = Field(8100, ge=1, le=65535)
     #: Where `tessera up` writes the running cluster's addresses for the other commands.
     run_file: Path = Path.home() / ".cache" / "tessera" / "cluster.json"

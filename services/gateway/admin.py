@@ -20,6 +20,7 @@ from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.keys import Keys
 from services.gateway.openai_api import ApiError, documented
+from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
 
 ERRORS = documented(400, 401, 413, 503)
@@ -38,14 +39,14 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     async def forward(request: Request, path: str, body: BaseModel | None = None) -> Response:
         content = body.model_dump_json(exclude_unset=True).encode() if body else None
         try:
-            async with httpx.AsyncClient(timeout=10.0) as http:
-                answer = await http.request(
-                    request.method,
-                    f"{settings.scheduler_url}/{path}",
-                    params=request.query_params,
-                    content=content,
-                    headers={"content-type": "application/json"} if content else {},
-                )
+            answer = await ask_scheduler(
+                split_urls(settings.scheduler_url),
+                request.method,
+                path,
+                params=request.query_params,
+                content=content,
+                headers={"content-type": "application/json"} if content else {},
+            )
         except httpx.HTTPError as exc:
             raise ApiError(503, f"scheduler unreachable: {exc}", "server_error") from None
         if answer.status_code >= 400:

@@ -30,6 +30,7 @@ from services.gateway.admin import admin_router
 from services.gateway.completions import Completions, Deployments, GatewayMetrics
 from services.gateway.guards import install_errors, install_limits
 from services.gateway.routes import openai_router
+from services.gateway.schedulers import split_urls
 from services.gateway.settings import GatewaySettings
 
 
@@ -37,7 +38,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
     routes = RouteBook()
-    deployments = Deployments(routes, settings.scheduler_url)
+    deployments = Deployments(routes, split_urls(settings.scheduler_url))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

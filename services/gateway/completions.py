@@ -23,6 +23,7 @@ from libs.contracts import Sampling, TokenChunk
 from libs.models.store import ModelMissing, prepare
 from libs.runtime.generation import GenerationClient, Route, RouteBook
 from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
+from services.gateway.schedulers import ask_scheduler
 
 log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -65,7 +66,7 @@ class Deployments:
     """What is deployed (from the scheduler) and where it runs now (``RouteBook``)."""
 
     routes: RouteBook
-    scheduler_url: str
+    scheduler_urls: list[str]
     models: dict[str, str] = field(default_factory=dict)  #: deployment id → model
     context: dict[str, int] = field(default_factory=dict)
 
@@ -79,9 +80,8 @@ class Deployments:
             return self.resolve(model)
 
     async def refresh(self) -> None:
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            response = await http.get(f"{self.scheduler_url}/placements")
-            response.raise_for_status()
+        response = await ask_scheduler(self.scheduler_urls, "GET", "placements", timeout_s=5.0)
+        response.raise_for_status()
         seen = set()
         for row in response.json():
             deployment = row["deployment_id"]

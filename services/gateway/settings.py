@@ -16,6 +16,7 @@ class GatewaySettings(ServiceSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     #: The scheduler's HTTP API: deployments come from it, /v1/cluster/… is proxied to it.
+    #: Several replicas: their URLs separated by commas (the leader answers).
     scheduler_url: str = Field(
         "http://127.0.0.1:8100", validation_alias="TESSERA_GATEWAY_SCHEDULER_URL"
     )

@@ -90,7 +90,6 @@ class Scheduler(DeploymentsMixin):
         self.background = Background("scheduler")
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
-        metrics.leader.set(1.0)  # one replica for now; leader election comes with #10
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,6 +135,10 @@ class Scheduler(DeploymentsMixin):
     async def stop(self) -> None:
         await self.background.close()
         await self.save()
+
+    async def abandon(self) -> None:
+        """Stop deciding and write nothing: the lease is lost and another replica leads."""
+        await self.background.close()
 
     def _rejected(self, channel: str, reason: str, detail: str) -> None:
         self.metrics.rejections.labels(f"bad_message:{reason}").inc()

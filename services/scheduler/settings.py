@@ -27,5 +27,9 @@ class SchedulerSettings(ServiceSettings):
     key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
     http_host: str = "127.0.0.1"
     http_port: int = Field(8100, ge=0, le=65535)
+    #: This replica's name in the leader lease (one leads; the others wait to take over).
+    replica: str = Field("scheduler-0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    #: The lease expires this long after the leader's last renewal (renewed every third).
+    lease_s: float = Field(3.0, ge=1.0, le=60.0)
     #: Decisions kept in memory and in checkpoints (most recent first).
     decisions_kept: int = Field(1000, ge=0)
