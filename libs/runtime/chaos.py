@@ -215,14 +215,18 @@ class Chaos:
             cluster.child(host).process.kill()
             self.killed = host
             return lambda: host not in self._placement()
-        if fault in ("telemetry_kill", "scheduler_leader_kill"):
-            name = "telemetry" if fault == "telemetry_kill" else self._leader()
-            child = cluster.child(name)
+        if fault == "telemetry_kill":
+            child = cluster.child("telemetry")
             child.process.kill()
             child.process.wait(10)
-            if not cluster.respawn(name):
-                raise RuntimeError(f"{name} did not come back")
-            return self._devices_healthy if name == "telemetry" else lambda: bool(self._placement())
+            if not cluster.respawn("telemetry"):
+                raise RuntimeError("telemetry did not come back")
+            return self._devices_healthy
+        if fault == "scheduler_leader_kill":  # the standby takes over; it restarts afterwards
+            leader = self._leader()
+            cluster.child(leader).process.kill()
+            self.killed = leader
+            return lambda: bool(self._placement()) and self._leader() != leader
         if fault == "nats_restart":
             cluster.nats.restart()
             return lambda: True
@@ -232,7 +236,8 @@ class Chaos:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
 
     def _heal(self) -> None:
-        """Bring back what a fault took away for good (a killed worker's device rejoins)."""
+        """Bring back what a fault took away (a killed worker's device rejoins; a killed
+        scheduler replica comes back as the standby)."""
         if self.killed is not None:
             killed, self.killed = self.killed, None
             self.cluster.respawn(killed)

@@ -226,7 +226,8 @@ class GenerationClient:
                 try:
                     item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
-                    if unacked is not None and time.monotonic() - unacked < self.stall_s:
+                    waited = time.monotonic() - (unacked or 0.0)
+                    if not down and unacked is not None and waited < self.stall_s:
                         sent = -1  # nobody took it yet (a worker reconnecting): ask again
                         continue
                     if not down and resent < RESENDS:  # its chunks were lost: ask again

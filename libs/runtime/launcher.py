@@ -111,6 +111,10 @@ class Cluster:
             TESSERA_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
+        # On this machine the gateway is open unless keys are given; anywhere else it is not.
+        env.setdefault(
+            "TESSERA_GATEWAY_AUTH", "keys" if "TESSERA_GATEWAY_API_KEYS" in env else "off"
+        )
         if self.options.fleet is not None:
             env["TESSERA_TELEMETRY_FLEET"] = str(self.options.fleet)
         env.update(self.options.extra_env)

@@ -17,13 +17,20 @@ from services.gateway.settings import GatewaySettings
 async def serve(settings: GatewaySettings) -> None:
     app = create_app(settings)
     instrument(configure_tracing("gateway", settings.otlp_endpoint), app)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        ssl_certfile=settings.tls_certfile,
+        ssl_keyfile=settings.tls_keyfile,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
-        announce_ready("gateway", url=f"http://{settings.host}:{settings.port}")
+        announce_ready("gateway", url=f"{settings.scheme}://{settings.host}:{settings.port}")
     await task
     if not server.started:
         raise SystemExit(1)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from libs.runtime.settings import ServiceSettings
@@ -20,9 +23,30 @@ class GatewaySettings(ServiceSettings):
     scheduler_url: str = Field(
         "http://127.0.0.1:8100", validation_alias="TESSERA_GATEWAY_SCHEDULER_URL"
     )
-    #: Bearer keys accepted on /v1/…; empty (the default, for local use) turns checking off.
+    #: Bearer keys accepted on /v1/…. Keys are required unless ``auth`` is ``off``, which
+    #: `tessera up` sets for a cluster on this machine; started any other way without keys,
+    #: the gateway refuses to start.
     api_keys: list[str] = Field(default_factory=list)
+    auth: Literal["keys", "off"] = "keys"
+    #: HTTPS: a certificate and its private key (PEM); both or neither.
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_concurrent: int = Field(32, ge=1, le=100_000)
     #: Seconds without a token (and no re-placement) before a generation is given up.
     stall_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _locked(self) -> GatewaySettings:
+        if self.auth == "keys" and not self.api_keys:
+            raise ValueError(
+                "no API keys: set TESSERA_GATEWAY_API_KEYS='[\"…\"]', or "
+                "TESSERA_GATEWAY_AUTH=off for a gateway only you can reach"
+            )
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("HTTPS needs both TESSERA_GATEWAY_TLS_CERTFILE and _KEYFILE")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_certfile else "http"

@@ -1,11 +1,12 @@
 """Leadership among scheduler replicas: a lease in a NATS KV bucket whose entries expire.
 
-Whoever creates the key leads. The leader renews it every ``ttl_s / 3`` by compare-and-set on
-the revision it last wrote; a follower tries to create it as often, which succeeds only once the
-leader's entry has expired (it stopped renewing: killed, cut off). A leader that cannot renew
-before ``ttl_s - margin_s`` since its last renewal steps down — the process exits without
-writing anything — so its successor, which cannot take the key before ``ttl_s``, never overlaps
-with it: never two leaders at once.
+Whoever creates the key leads (or finds its own name on it: a restarted leader takes it back).
+The leader renews it every ``ttl_s / 3`` by compare-and-set on the revision it last wrote; a
+follower tries to create it as often, which succeeds only once the leader's entry has expired
+(it stopped renewing: killed, cut off). A leader that cannot renew before ``ttl_s - margin_s``
+since its last renewal steps down — the process exits without writing anything — so its
+successor, which cannot take the key before ``ttl_s``, never overlaps with it: never two
+leaders at once.
 """
 
 from __future__ import annotations
@@ -57,14 +58,28 @@ class Lease:
     async def try_acquire(self) -> bool:
         started = time.monotonic()
         try:
-            self.revision = await (await self.bucket()).create(self.key, self.replica.encode())
+            kv = await self.bucket()
+            self.revision = await kv.create(self.key, self.replica.encode())
         except KeyWrongLastSequenceError:
-            return False  # someone leads
+            if not await self._reclaim(kv):
+                return False  # another replica leads
         except Exception as exc:  # NATS unreachable: nobody can be sure; try again later
             log.warning("leader lease unavailable", extra={"error": repr(exc)})
             return False
         self.renewed_at = started
         log.info("leading", extra={"replica": self.replica})
+        return True
+
+    async def _reclaim(self, kv: KeyValue) -> bool:
+        """The lease still names this replica: its previous life ended (killed, restarted), as
+        two processes never share a replica name. Take it back at once, by compare-and-set."""
+        try:
+            entry = await kv.get(self.key)
+            if entry.value != self.replica.encode() or entry.revision is None:
+                return False
+            self.revision = await kv.update(self.key, entry.value, last=entry.revision)
+        except Exception:  # expired or taken meanwhile: not ours
+            return False
         return True
 
     async def acquire(self, stop: asyncio.Event) -> bool:

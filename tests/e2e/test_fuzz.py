@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -54,6 +55,9 @@ def test_malformed_messages_are_refused_counted_and_survived(cluster: RunningClu
     assert set(counts) == {"scorer", "scheduler", "worker-0", "gateway"}
 
     assert not [line for line in cluster.lines if "exited" in line]  # nothing crashed
+    # The doors' passwords never show in a log line (the run file, 0600, holds the admin's).
+    assert not [line for line in cluster.lines if re.search(r"://[^\s/@:]+:[^\s/@]+@", line)]
+    assert cluster.run_file.stat().st_mode & 0o077 == 0
     client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="none", max_retries=0)
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6

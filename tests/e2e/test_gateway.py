@@ -97,6 +97,9 @@ def test_errors_are_typed_openai_errors(cluster: RunningCluster, client: openai.
         headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
     )
     assert body.status_code == 400 and body.json()["error"]["type"] == "invalid_request_error"
+    # Keys never show: not in any service's log, not in the metrics.
+    metrics = httpx.get(f"{cluster.base_url}/metrics").text
+    assert KEY not in metrics and KEY not in "\n".join(cluster.lines)
 
 
 def test_more_requests_than_the_limit_get_429_with_retry_after(client: openai.OpenAI) -> None:

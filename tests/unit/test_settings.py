@@ -13,6 +13,7 @@ def test_shared_and_prefixed_values_come_from_the_environment(
 ) -> None:
     monkeypatch.setenv("TESSERA_NATS_URL", "nats://10.0.0.1:4333")
     monkeypatch.setenv("TESSERA_GATEWAY_PORT", "9001")
+    monkeypatch.setenv("TESSERA_GATEWAY_API_KEYS", '["k1"]')
     settings = GatewaySettings()
     assert settings.nats_url == "nats://10.0.0.1:4333"
     assert settings.port == 9001
@@ -25,4 +26,13 @@ def test_bad_values_are_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_values_can_be_passed_by_name() -> None:
-    assert GatewaySettings(nats_url="nats://x:1", port=1234).nats_url == "nats://x:1"
+    assert GatewaySettings(nats_url="nats://x:1", auth="off").nats_url == "nats://x:1"
+
+
+def test_the_gateway_will_not_start_open_unless_told_to() -> None:
+    with pytest.raises(ValidationError, match="no API keys"):
+        GatewaySettings()  # keys are required by default: nobody gets in unasked
+    assert GatewaySettings(api_keys=["k1"]).auth == "keys"
+    assert GatewaySettings(auth="off").api_keys == []  # what `tessera up` runs locally
+    with pytest.raises(ValidationError, match="both"):
+        GatewaySettings(auth="off", tls_certfile="/tmp/cert.pem")
