@@ -238,6 +238,22 @@ def chat(
 
 
 @app.command()
+def doors(
+    out: Annotated[Path, typer.Option(help="Folder for the files.")] = Path("deploy/doors"),
+    device: Annotated[
+        list[str] | None, typer.Option(help="A worker device of the compose file (repeat).")
+    ] = None,
+) -> None:
+    """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
+    from libs.runtime.doors import Doors, service_grants
+
+    locks = Doors(device or ["worker-0"])
+    env = locks.write_compose(out, [*service_grants(), "admin"])
+    typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
+    typer.echo(f"start with: docker compose --env-file {env} up")
+
+
+@app.command()
 def version() -> None:
     """Print Tessera's version."""
     from importlib.metadata import version as dist_version

@@ -38,7 +38,7 @@ from libs.contracts import (
 )
 
 #: The users that talk to Redis (the rest have no Redis user at all).
-REDIS_USERS = ("scorer", "scheduler", "gateway", "admin")
+REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
 INBOX = "_INBOX.>"  #: replies to this user's requests
 JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$KV.>"]
 
@@ -180,6 +180,9 @@ class Doors:
             "scorer": f"{scorer} %R~{p}:mode {writes}",
             "scheduler": f"~{p}:checkpoints ~{p}:mode %R~{p}:* {writes}",
             "gateway": f"%R~{p}:* -@all +@read +@connection",
+            # Celery's broker and results: its own keys and pub/sub channels only.
+            "batch": "~celery* ~_kombu.* ~unacked* ~*pidbox* &* -@all +@read +@write "
+            "+@pubsub +@transaction +@scripting +@connection",
             "admin": "~* &* +@all",
         }
         users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]
@@ -189,6 +192,28 @@ class Doors:
         """``base`` (redis://host:port/db) with ``user``'s credentials."""
         scheme, _, rest = base.partition("://")
         return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
+
+    def write_compose(self, folder: Path, services: list[str]) -> Path:
+        """Files for ``docker compose``: nats.conf, users.acl and doors.env (every service's
+        URLs with its credentials, for ``docker compose --env-file``). Returns the env file."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.write_nats_config(folder / "nats.conf")
+        acl = folder / "users.acl"
+        acl.write_text("".join(f"user {rule}\n" for rule in self.redis_acl()))
+        lines = [f"TESSERA_REDIS_ADMIN_PASSWORD={self.passwords['admin']}"]
+        for name in [*services, *self.devices]:
+            key = name.upper().replace("-", "_")
+            lines.append(f"TESSERA_NATS_URL_{key}={self.nats_url('nats://nats:4222', name)}")
+            if name in REDIS_USERS:
+                db = 1 if name == "batch" else 0
+                url = self.redis_url(f"redis://redis:6379/{db}", name)
+                lines.append(f"TESSERA_REDIS_URL_{key}={url}")
+        env = folder / "doors.env"
+        env.write_text("\n".join(lines) + "\n")
+        env.chmod(0o600)  # read by `docker compose` only
+        for mounted in (folder / "nats.conf", acl):  # read inside the containers' own users
+            mounted.chmod(0o644)
+        return env
 
     def nats_url(self, base: str, user: str) -> str:
         """``base`` (nats://host:port) with ``user``'s credentials."""

@@ -81,3 +81,19 @@ def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
 def test_alertmanager_config_is_valid() -> None:
     out = run_tool("amtool", "check-config", "alertmanager.yml", cwd=DEPLOY / "alertmanager")
     assert re.search(r"SUCCESS", out)
+
+
+def test_tessera_doors_writes_every_credential_compose_asks_for(tmp_path: Path) -> None:
+    from libs.runtime.doors import Doors, service_grants
+
+    env = Doors(["worker-0"]).write_compose(tmp_path, [*service_grants(), "admin"])
+    defined = {line.split("=", 1)[0] for line in env.read_text().splitlines()}
+    asked = set(
+        re.findall(
+            r"\$\{(TESSERA_[A-Z0-9_]+):\?run tessera doors\}",
+            (ROOT / "docker-compose.yml").read_text(),
+        )
+    )
+    assert asked and asked <= defined
+    assert {"nats.conf", "users.acl"} <= {p.name for p in tmp_path.iterdir()}
+    assert env.stat().st_mode & 0o077 == 0
