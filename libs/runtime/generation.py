@@ -276,6 +276,11 @@ class GenerationClient:
                         resent, sent = resent + 1, -1
                         continue
                     finished = True
+                    if missing and item.finish_reason != "error":  # never a stream with a hole
+                        message = f"tokens after {len(generated)} were lost on the way"
+                        item = TokenChunk.failure(
+                            request_id, len(generated), item.epoch, message, time.time()
+                        )
                     yield item
                 elif item.index == len(generated) and item.token_id is not None:
                     generated.append(item.token_id)

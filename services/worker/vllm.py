@@ -116,6 +116,9 @@ class VllmWorker(DeviceWorker):
                 failure(request, f"{self.device_id} is busy: {self.max_active} requests")
             )
             return
+        earlier = self.running.get(request.request_id)
+        if earlier is not None:
+            earlier.cancel()  # sent again by its owner: this run replaces that one
         job = asyncio.create_task(self._serve(request))
         self.running[request.request_id] = job
         job.add_done_callback(lambda _: self._finished(request.request_id, job))
