@@ -1,10 +1,10 @@
 """Every NATS consumer of a running local cluster, flooded with malformed messages.
 
-Starts ``tessera up`` (one worker, SmolLM2 deployed), sends ``--messages`` malformed payloads
-round-robin over every channel (``libs/runtime/fuzz.py``: not JSON, not UTF-8, cut short,
-scalars, wrong types, missing fields, deep nesting, empty; broken binary frames), then reports
-what each service counted as rejected against what it was sent, whether any service exited,
-and whether a chat request still completes.
+Runs ``tessera up``'s cluster in this process (one worker, SmolLM2 deployed), sends
+``--messages`` malformed payloads round-robin over every channel (``libs/runtime/fuzz.py``:
+not JSON, not UTF-8, cut short, scalars, wrong types, missing fields, deep nesting, empty;
+broken binary frames), then reports what each service counted as rejected against what it was
+sent, whether any service exited, and whether a chat request still completes.
 
     python bench/fuzz.py --messages 100000 --json
 
@@ -17,21 +17,21 @@ import argparse
 import asyncio
 import collections
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builders: valid samples
 
 from libs.runtime.bus import close_nats, connect_nats
 from libs.runtime.fuzz import flood, tally
+from libs.runtime.launcher import Cluster, UpOptions
 from libs.runtime.procs import free_port
+from libs.runtime.up import deploy_model
 from tests.builders import sample_messages
 
 MODEL = "smollm2-135m-instruct"
@@ -47,55 +47,26 @@ async def send(nats_url: str, count: int, seed: int) -> Sent:
         await close_nats(nc)
 
 
-def start_cluster(port: int, run_file: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    env = dict(
-        os.environ,
-        TESSERA_GATEWAY_PORT=str(port),
-        TESSERA_SCHEDULER_HTTP_PORT=str(free_port()),
-        TESSERA_RUN_FILE=str(run_file),
-    )
-    tessera = Path(sys.executable).parent / "tessera"
-    cluster = subprocess.Popen(
-        [str(tessera), "up", "--devices", "0", "--workers", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert cluster.stdout is not None
-        for line in cluster.stdout:
-            lines.append(line.rstrip())
-            if "ready:" in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(240):
-        cluster.kill()
-        raise RuntimeError("the cluster did not start:\n" + "\n".join(lines[-30:]))
-    return cluster, lines
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    run_file = Path(tempfile.mkdtemp()) / "cluster.json"
     port = free_port()
-    cluster, lines = start_cluster(port, run_file)
+    log = (Path(tempfile.mkdtemp()) / "cluster.log").open("w")
+    options = UpOptions(gateway_port=port, devices=0, workers=1, scheduler_port=free_port())
+    cluster = Cluster(options, Console(file=log, width=200))
     try:
-        run = json.loads(run_file.read_text())
+        cluster.start()
+        if not cluster.wait_ready() or not deploy_model(options, MODEL).startswith("deployed"):
+            raise RuntimeError(f"the cluster did not start; see {log.name}")
         started = time.perf_counter()
-        sent = asyncio.run(send(run["nats_url"], args.messages, args.seed))
+        sent = asyncio.run(send(cluster.urls("admin")["nats"], args.messages, args.seed))
         send_s = time.perf_counter() - started
         deadline = time.monotonic() + 120
         while True:
-            counts = tally(sent, run["metrics"])
+            counts = tally(sent, cluster.metrics_targets())
             done = all(n == c for rows in counts.values() for n, c in rows.values())
             if done or time.monotonic() > deadline:
                 break
@@ -105,10 +76,9 @@ def main() -> int:
             json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
             timeout=60,
         )
-        crashed = [line for line in lines if "exited" in line]  # before we stop it
+        crashed = [c.name for c in cluster.children if c.process.poll() is not None]
     finally:
-        cluster.terminate()
-        cluster.wait(60)
+        cluster.stop()
     kinds: collections.Counter[str] = collections.Counter()
     for by_kind in sent.values():
         kinds.update(by_kind)

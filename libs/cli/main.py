@@ -44,7 +44,8 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.runtime.launcher import UpOptions, run_cluster
+    from libs.runtime.launcher import UpOptions
+    from libs.runtime.up import run_cluster
 
     settings = LauncherSettings()
     options = UpOptions(

@@ -53,5 +53,5 @@ def malformed_frame(valid: bytes, rng: random.Random) -> tuple[str, bytes]:
     if kind == "truncated":
         return kind, valid[: rng.randint(0, len(valid) - 1)]
     if kind == "bad_magic":
-        return kind, b"XXXX" + valid[4:]
+        return kind, b"NOPE" + valid[4:]  # not the frame magic
     return kind, b""

@@ -32,8 +32,9 @@ import redis
 from rich.console import Console
 
 from libs.contracts.keys import Keys
-from libs.runtime.launcher import Cluster, UpOptions, deploy_model
+from libs.runtime.launcher import Cluster, UpOptions
 from libs.runtime.procs import free_port
+from libs.runtime.up import deploy_model
 
 MODEL = "smollm2-135m-instruct"
 FAULTS = ("worker_kill", "telemetry_kill", "scheduler_leader_kill", "nats_restart", "redis_restart")

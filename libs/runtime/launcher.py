@@ -3,8 +3,7 @@
 Starts an embedded nats-server and redis-server, then every service that exists
 (``services/<name>/__main__.py``) with the shared environment, prints their logs with a
 coloured prefix, waits until each has logged ``ready`` (and the gateway answers /healthz),
-then prints one ``ready`` line. A service that exits is reported and brings the cluster down:
-nothing is restarted silently. Ctrl-C or SIGTERM stops every child, then the servers.
+and stops them all, children first. ``libs/runtime/up.py`` runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 from rich.text import Text
@@ -267,7 +264,7 @@ class Cluster:
                 child.process.send_signal(signal.SIGTERM)
         for child in reversed(self.children):
             code = stop_process(child.process, timeout_s=15)
-            self.say(child.name, _exit_text(code), child.colour)
+            self.say(child.name, exit_text(code), child.colour)
         self.nats.close()
         self.redis.close()
         if self.options.run_file is not None:
@@ -320,29 +317,6 @@ class Cluster:
             self.say(child.name, _render(text, child), child.colour)
 
 
-def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
-    """Ask the scheduler to deploy ``model`` under its own name (retried while workers join)."""
-    url = f"http://127.0.0.1:{options.scheduler_port}/placements"
-    body = json.dumps({"model": model, "deployment_id": model}).encode()
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(
-            url, body, headers={"content-type": "application/json"}, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                placed = json.loads(response.read())
-                devices = [a["device_id"] for a in placed["assignments"]]
-                return f"deployed {model} on {', '.join(devices)}"
-        except urllib.error.HTTPError as exc:
-            last = exc.read().decode(errors="replace")[:300]
-        except OSError as exc:
-            last = str(exc)
-        time.sleep(1.0)
-    return f"could not deploy {model}: {last}"
-
-
 def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
     ``prometheus --config.file <path>``."""
@@ -356,7 +330,7 @@ def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
 
 
-def _exit_text(code: int) -> str:
+def exit_text(code: int) -> str:
     if code < 0:
         return f"stopped by {signal.Signals(-code).name}"
     return f"exited with code {code}"
@@ -375,43 +349,3 @@ def _render(text: str, child: Child) -> str:
     skip = {"ts", "level", "service", "logger", "msg"}
     extras = " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)
     return f"{entry.get('level', 'info'):<7} {entry.get('msg', '')} {extras}".rstrip()
-
-
-def run_cluster(options: UpOptions, console: Console | None = None) -> int:
-    """Run until Ctrl-C/SIGTERM (exit 0) or until a service dies (exit 1)."""
-    cluster = Cluster(options, console)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        cluster.start()
-        if not cluster.wait_ready():
-            dead = cluster.first_exited()
-            why = f"{dead.name} {_exit_text(dead.process.returncode)}" if dead else "timeout"
-            cluster.say("cluster", f"failed to start: {why}", "bold red")
-            return 1
-        url = f"http://{options.gateway_host}:{options.gateway_port}"
-        has_workers = any(cluster.is_worker(c) for c in cluster.children)
-        for model in options.deploy if has_workers else ():
-            cluster.say("cluster", deploy_model(options, model), "white")
-        names = ", ".join(c.name for c in cluster.children) or "no services"
-        cluster.say("cluster", f"ready: {names}; gateway {url} (OpenAI API {url}/v1)", "bold green")
-        lost: set[str] = set()
-        while True:
-            for worker in cluster.exited_workers() - lost:
-                lost.add(worker)  # a worker is a device: losing one is a failure to survive
-                cluster.say("cluster", f"{worker} exited: its device is lost", "bold yellow")
-            dead = cluster.first_exited(essential=True)
-            if dead is not None:
-                why = _exit_text(dead.process.returncode)
-                cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")
-                return 1
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        cluster.say("cluster", "stopping", "white")
-        return 0
-    finally:
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from nats.aio.client import Client as NatsClient
@@ -40,7 +41,7 @@ _refusals = RateLimitedLog()
 RATE_WINDOW_S = 10.0
 
 
-class DeviceWorker:
+class DeviceWorker(ABC):
     def __init__(
         self,
         nc: NatsClient,
@@ -57,20 +58,25 @@ class DeviceWorker:
         self._subs: list[object] = []
 
     # -- what an engine provides ---------------------------------------------------------------
+    @abstractmethod
     async def on_task(self, task: ShardTask) -> None:
-        raise NotImplementedError
+        """Load or unload the shard a task names (on this device)."""
 
+    @abstractmethod
     async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
-        raise NotImplementedError
+        """A new request for a deployment whose first shard runs here."""
 
+    @abstractmethod
     async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
-        raise NotImplementedError
+        """Drop a request."""
 
     async def expire(self, idle_s: float) -> None:
         """Drop work that has waited too long (an engine that keeps such state overrides it)."""
+        return None
 
     async def tick(self) -> None:
         """Readings an engine takes once per telemetry interval (the vLLM one reads NVML)."""
+        return None
 
     async def subscribe_more(self) -> list[object]:
         """Extra subscriptions of an engine (the torch one takes hidden-state frames)."""

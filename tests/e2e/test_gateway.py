@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import hypothesis
@@ -152,18 +153,27 @@ def test_the_openapi_document_holds_under_fuzzing(
     assert fuzzed >= 6
 
 
+def placements(cluster: RunningCluster) -> list[dict[str, Any]]:
+    url = f"{cluster.base_url}/v1/cluster/placements"
+    found: list[dict[str, Any]] = httpx.get(url, headers={"authorization": f"Bearer {KEY}"}).json()
+    return found
+
+
+def serving_worker(cluster: RunningCluster) -> tuple[str, int]:
+    """The device serving the model's first shard, and the pid of its worker process."""
+    (deployment,) = [p for p in placements(cluster) if p["deployment_id"] == MODEL]
+    host = deployment["assignments"][0]["device_id"]
+    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
+    assert pid is not None
+    return host, pid
+
+
 def test_a_killed_worker_is_survived_and_the_stream_continues(
     cluster: RunningCluster, client: openai.OpenAI
 ) -> None:
-    placed = httpx.get(
-        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
-    ).json()
-    (deployment,) = [p for p in placed if p["deployment_id"] == MODEL]
-    host = deployment["assignments"][0]["device_id"]
+    host, pid = serving_worker(cluster)
     expected = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0)
     want = expected.choices[0].message.content
-    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
-    assert pid is not None
     parts: list[str] = []
     stream = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0, stream=True)
     for i, chunk in enumerate(stream):
@@ -174,9 +184,7 @@ def test_a_killed_worker_is_survived_and_the_stream_continues(
     assert "".join(parts) == want  # complete, nothing repeated
     cluster.wait_for(f"{host} exited", 10)
     time.sleep(0.1)
-    moved = httpx.get(
-        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
-    ).json()
+    moved = placements(cluster)
     assert host not in [a["device_id"] for p in moved for a in p["assignments"]]
 
 
@@ -184,13 +192,7 @@ def test_with_every_worker_gone_a_request_gets_503_no_capacity(
     cluster: RunningCluster, client: openai.OpenAI
 ) -> None:
     """Runs last: it kills the worker now serving the model, and no other can take it."""
-    placed = httpx.get(
-        f"{cluster.base_url}/v1/cluster/placements", headers={"authorization": f"Bearer {KEY}"}
-    ).json()
-    (deployment,) = [p for p in placed if p["deployment_id"] == MODEL]
-    host = deployment["assignments"][0]["device_id"]
-    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
-    assert pid is not None
+    host, pid = serving_worker(cluster)
     os.kill(pid, signal.SIGKILL)
     cluster.wait_for(f"{host} exited", 10)
     started = time.monotonic()
