@@ -98,6 +98,9 @@ class TelemetrySample(WireModel):
     running_tasks: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     queue_depth: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     measured_tokens_per_s: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
+    #: FP32 GFLOP/s the device achieved on its recent work (a worker's measurement of itself);
+    #: the scorer trusts it over the announced ``fp32_tflops`` (see ``libs/core/honesty.py``).
+    measured_gflops: Annotated[float, Field(ge=0.0, le=100_000_000.0)] | None = None
     energy_j: NonNegative | None = None
     frequency_scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     gpu: GpuSample | None = None

@@ -78,6 +78,8 @@ class EmulatedDevice:
     engines: tuple[str, ...] = ()
     #: Set by a real worker: its measured rate replaces the emulated one.
     measured_tokens_per_s: float | None = None
+    #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
+    measured_gflops: float | None = None
     queue_depth: int = 0
 
     @classmethod
@@ -226,6 +228,7 @@ class EmulatedDevice:
             running_tasks=len(self.work),
             queue_depth=self.queue_depth,
             measured_tokens_per_s=self._measured(),
+            measured_gflops=self.measured_gflops,
             energy_j=self.energy_j,
             frequency_scale=self.frequency_scale,
         )

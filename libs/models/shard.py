@@ -51,6 +51,13 @@ class ShardModel:
         self.hidden_size = int(config.hidden_size)
         self.model: Any = _build(config, self.spec, folder / WEIGHTS)
         self.parameter_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # Floating-point work per token: a multiply and an add per weight of the layers (the
+        # embedding is a lookup), and of the head for the one row it scores on the last shard.
+        layers = sum(p.numel() for p in self.model.model.layers.parameters())
+        self.flops_per_token = 2 * layers
+        self.head_flops = 2 * self.model.lm_head.weight.numel() if self.spec.last else 0
+        #: Floating-point operations run so far (read by the worker to measure its speed).
+        self.flops = 0
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -63,6 +70,7 @@ class ShardModel:
         ``[1, V]``.
         """
         inner = self.model.model
+        self.flops += self.flops_per_token * rows.shape[1] + self.head_flops
         if self.spec.first:
             out = inner(input_ids=rows, past_key_values=cache, use_cache=True)
         else:

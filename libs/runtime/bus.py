@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
@@ -32,9 +34,11 @@ async def connect_nats(
     *,
     connect_timeout_s: float = 5.0,
     reconnected: Callable[[], Awaitable[None]] | None = None,
+    ca_file: Path | None = None,
 ) -> NatsClient:
     """Connect with unlimited reconnects; connection changes are logged, never raised;
-    ``reconnected`` runs after each reconnect (what was in flight may have been lost)."""
+    ``reconnected`` runs after each reconnect (what was in flight may have been lost);
+    ``ca_file``: connect over TLS, trusting only the server certificates it signed."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": repr(exc)})
@@ -47,9 +51,11 @@ async def connect_nats(
         if reconnected is not None:
             await reconnected()
 
+    tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     return await nats.connect(
         url,
         name=name,
+        tls=tls,
         connect_timeout=connect_timeout_s,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,

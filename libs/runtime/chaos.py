@@ -10,8 +10,10 @@ again (its first token) and the fault's own check passes (the scheduler knows th
 again; every device is back in Redis with scores). Faults: SIGKILL the worker holding the
 model, SIGKILL the telemetry agent (restarted), SIGKILL the leading one of two scheduler
 replicas (the other takes over from the checkpoint and live state; the killed one restarts as
-a follower), restart nats-server, restart redis-server. Used by ``bench/chaos.py`` and, at
-small scale, the tests.
+a follower), SIGKILL every scheduler replica and restart them (from the checkpoint alone),
+restart nats-server, restart redis-server, and a lying device: the worker serving the model
+announces 10× its speed (recovered when the scorer scores it by its measured speed again).
+Used by ``bench/chaos.py`` and, at small scale, the tests.
 """
 
 from __future__ import annotations
@@ -31,13 +33,25 @@ import httpx
 import redis
 from rich.console import Console
 
+from libs.contracts import ANNOUNCE, DeviceAnnounce
 from libs.contracts.keys import Keys
+from libs.runtime.bus import close_nats, connect_nats, publish
 from libs.runtime.launcher import Cluster, UpOptions
 from libs.runtime.procs import free_port
 from libs.runtime.up import deploy_model
 
 MODEL = "smollm2-135m-instruct"
-FAULTS = ("worker_kill", "telemetry_kill", "scheduler_leader_kill", "nats_restart", "redis_restart")
+FAULTS = (
+    "worker_kill",
+    "telemetry_kill",
+    "scheduler_leader_kill",
+    "scheduler_restart",
+    "nats_restart",
+    "redis_restart",
+    "lying_device",
+)
+#: How much the lying device overstates its speed.
+LIE = 10.0
 PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
 
 
@@ -89,6 +103,7 @@ class Chaos:
         self.cluster = Cluster(self.options, Console(file=log, width=200))
         self.expected: dict[str, str] = {}
         self.killed: str | None = None  #: a worker a fault killed, respawned after it
+        self.lied: DeviceAnnounce | None = None  #: a device's true announce, sent again after
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,6 +243,27 @@ class Chaos:
             cluster.child(leader).process.kill()
             self.killed = leader
             return lambda: bool(self._placement()) and self._leader() != leader
+        if fault == "scheduler_restart":  # no standby: both come back from the checkpoint
+            for name in self.cluster.scheduler_ports:
+                cluster.child(name).process.kill()
+            for name in self.cluster.scheduler_ports:
+                cluster.child(name).process.wait(10)
+                if not cluster.respawn(name):
+                    raise RuntimeError(f"{name} did not come back")
+            return lambda: bool(self._placement())
+        if fault == "lying_device":
+            host = self._placement()[0]
+            self.lied = self._announced(host)
+            caps = self.lied.capabilities
+            lie = caps.model_copy(
+                update={
+                    "fp32_tflops": caps.fp32_tflops * LIE,
+                    "int8_tops": caps.int8_tops * LIE,
+                    "memory_bandwidth_gbps": caps.memory_bandwidth_gbps * LIE,
+                }
+            )
+            self._announce(self.lied.model_copy(update={"capabilities": lie}))
+            return lambda: self._seen_through(host)
         if fault == "nats_restart":
             cluster.nats.restart()
             return lambda: True
@@ -242,6 +278,9 @@ class Chaos:
         if self.killed is not None:
             killed, self.killed = self.killed, None
             self.cluster.respawn(killed)
+        if self.lied is not None:
+            truth, self.lied = self.lied, None
+            self._announce(truth)
 
     def _leader(self) -> str:
         """The scheduler replica that leads: the one serving HTTP."""
@@ -267,14 +306,46 @@ class Chaos:
                 return [a["device_id"] for a in ordered]
         return []
 
+    def _redis(self) -> redis.Redis:
+        url = self.cluster.urls("admin")["redis"]
+        return redis.Redis.from_url(url, socket_timeout=2, decode_responses=True)
+
+    def _row(self, device_id: str) -> dict[str, str]:
+        with self._redis() as client:
+            return dict(client.hgetall(Keys().device(device_id)))
+
+    def _announced(self, device_id: str) -> DeviceAnnounce:
+        with self._redis() as client:
+            return DeviceAnnounce.model_validate_json(client.get(Keys().caps(device_id)))
+
+    def _announce(self, announce: DeviceAnnounce) -> None:
+        """Publish ``announce`` as if the device sent it."""
+
+        async def send() -> None:
+            nc = await connect_nats(self.cluster.urls("admin")["nats"], "chaos")
+            try:
+                await publish(nc, ANNOUNCE, announce, device_id=announce.device_id)
+                await nc.flush()
+            finally:
+                await close_nats(nc)
+
+        asyncio.run(send())
+
+    def _seen_through(self, device_id: str) -> bool:
+        """The lie is seen through: what the scorer now believes of the device's speed is
+        within 2× of the truth (the devices' measurements differ that much: one serves, the
+        other measured its warm-up)."""
+        try:
+            scale = float(self._row(device_id)["speed_scale"])
+        except (redis.RedisError, KeyError, ValueError):
+            return False
+        return scale * LIE <= 2.0
+
     def _devices_healthy(self) -> bool:
         """Every device scored again in Redis, none marked failed."""
         keys = Keys()
         try:
-            client = redis.Redis.from_url(
-                self.cluster.urls("admin")["redis"], socket_timeout=2, decode_responses=True
-            )
-            with client:
+            with self._redis() as client:
                 ranked = client.zrange(keys.rank("total"), 0, -1)
                 failed = client.smembers(keys.failed)
         except redis.RedisError:

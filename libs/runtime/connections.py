@@ -18,7 +18,7 @@ async def connected(
     settings: ServiceSettings, name: str
 ) -> AsyncIterator[tuple[NatsClient, Redis]]:
     """Connect to NATS and Redis (failing fast if Redis does not answer), then close both."""
-    nc = await connect_nats(settings.nats_url, name)
+    nc = await connect_nats(settings.nats_url, name, ca_file=settings.nats_ca)
     redis = connect_redis(settings.redis_url)
     try:
         await redis.ping()

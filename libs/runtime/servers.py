@@ -123,16 +123,24 @@ class NatsServer(EmbeddedServer):
     name = "nats"
 
     def __init__(
-        self, port: int | None = None, *, config: Path | None = None, **kw: object
+        self,
+        port: int | None = None,
+        *,
+        config: Path | None = None,
+        tls: tuple[Path, Path] | None = None,
+        **kw: object,
     ) -> None:
         super().__init__(port, **kw)  # type: ignore[arg-type]
         self.config = config
+        self.tls = tls  #: (certificate chain, private key): every client must use TLS
 
     def command(self) -> list[str]:
         cmd = [str(find_nats_server()), "-js", "-a", self.host, "-p", str(self.port)]
         cmd += ["-sd", str(self.data_dir / "jetstream")]
         if self.config is not None:
             cmd += ["-c", str(self.config)]
+        if self.tls is not None:
+            cmd += ["--tls", "--tlscert", str(self.tls[0]), "--tlskey", str(self.tls[1])]
         return cmd
 
     @property

@@ -26,6 +26,9 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore", populate_by_name=True)
 
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=_shared("TESSERA_NATS_URL"))
+    #: The CA that signed nats-server's certificate: set, every connection is TLS and the
+    #: server must prove itself (a ``tls://`` URL without it trusts the system's CAs).
+    nats_ca: Path | None = Field(None, validation_alias=_shared("TESSERA_NATS_CA"))
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", validation_alias=_shared("TESSERA_REDIS_URL")
     )

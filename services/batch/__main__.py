@@ -34,7 +34,7 @@ log = logging.getLogger("services.batch")
 async def main(stop: asyncio.Event, settings: BatchSettings) -> None:
     instrument_celery(configure_tracing("batch", settings.otlp_endpoint))
     dispatcher = Dispatcher(make_app(settings))
-    nc = await connect_nats(settings.nats_url, "batch")
+    nc = await connect_nats(settings.nats_url, "batch", ca_file=settings.nats_ca)
 
     async def on_request(request: PlacementRequest, msg: Msg) -> None:
         if isinstance(request.task, BatchJob):

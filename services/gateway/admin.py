@@ -23,7 +23,7 @@ from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
 
-ERRORS = documented(400, 401, 413, 503)
+ERRORS = documented(400, 401, 413, 429, 503)
 
 
 def admin_router(settings: GatewaySettings) -> APIRouter:

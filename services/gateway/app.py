@@ -45,7 +45,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         async def reconnected() -> None:
             routes.resend_all()  # tokens in flight during the outage are gone: ask again
 
-        nc = await connect_nats(settings.nats_url, "gateway", reconnected=reconnected)
+        nc = await connect_nats(
+            settings.nats_url, "gateway", reconnected=reconnected, ca_file=settings.nats_ca
+        )
         app.state.nats = nc
         app.state.redis = connect_redis(settings.redis_url)
         await app.state.redis.ping()

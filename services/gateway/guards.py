@@ -1,8 +1,10 @@
-"""What every request passes: API keys, the body-size limit, and errors in OpenAI's shape."""
+"""What every request passes: API keys, per-client rates, the body-size limit, and errors in
+OpenAI's shape."""
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 
@@ -11,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from services.gateway.openai_api import ApiError, error_response
+from services.gateway.rates import RateLimiter
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -49,20 +52,33 @@ def install_errors(app: FastAPI) -> None:
 
 def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
     keys = [k.encode() for k in settings.api_keys]
+    rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
     @app.middleware("http")
     async def limits(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         path = request.url.path
-        if keys and path.startswith("/v1/"):
+        if path.startswith("/v1/"):
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not any(
-                secrets.compare_digest(token.encode(), k) for k in keys
+            if keys and (
+                scheme.lower() != "bearer"
+                or not any(secrets.compare_digest(token.encode(), k) for k in keys)
             ):
                 return error_response(
                     401, "missing or invalid API key", "authentication_error", "invalid_api_key"
+                )
+            client = token if keys else (request.client.host if request.client else "")
+            wait = rates.take(client)
+            if wait > 0:
+                return error_response(
+                    429,
+                    f"more than {settings.rate_burst} requests at once or "
+                    f"{settings.rate_per_s:g} per second; retry in {wait:.2f} s",
+                    "rate_limit_error",
+                    "rate_limit_exceeded",
+                    headers={"Retry-After": str(math.ceil(wait))},
                 )
         length = request.headers.get("content-length")
         if length is not None:

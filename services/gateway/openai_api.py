@@ -63,7 +63,8 @@ _MEANINGS = {
     404: "Not found: the model is not deployed, or no such deployment",
     409: "Conflict: the model cannot be placed on the devices there are",
     413: "Request body too large",
-    429: "Too many requests in flight; retry after Retry-After seconds",
+    429: "Too many requests (in flight, or from this client per second); retry after "
+    "Retry-After seconds",
     503: "No capacity: the generation could not run, or a service is unreachable",
 }
 

@@ -33,6 +33,10 @@ class GatewaySettings(ServiceSettings):
     tls_keyfile: Path | None = None
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_concurrent: int = Field(32, ge=1, le=100_000)
+    #: Requests per second each client (API key; address with auth off) may send on average,
+    #: and at once; more are refused with 429 and Retry-After.
+    rate_per_s: float = Field(50.0, gt=0)
+    rate_burst: int = Field(100, ge=1)
     #: Seconds without a token (and no re-placement) before a generation is given up.
     stall_s: float = Field(60.0, gt=0)
 

@@ -63,7 +63,8 @@ def to_device(
         temperature_c=float(raw["temperature_c"]),
         thermal_limit_c=caps.thermal_limit_c,
         delta_t_c=caps.delta_t_c,
-        speed=max(caps.fp32_tflops * 1000.0, 1e-3),
+        # The announced speed, scaled down by the scorer when the device measures far slower.
+        speed=max(caps.fp32_tflops * 1000.0 * float(row.get("speed_scale", 1.0)), 1e-3),
         slots=SLOTS[announce.device_class],
         # The busier of what this scheduler placed there and what the device reports.
         load=max(load / SLOTS[announce.device_class], float(raw.get("cpu_utilisation", 0.0))),

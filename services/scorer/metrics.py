@@ -82,6 +82,11 @@ class DeviceCollector(Collector):
         utilisation = GaugeMetricFamily(
             "tessera_device_utilisation_ratio", "Busy share", labels=labels
         )
+        speed_scale = GaugeMetricFamily(
+            "tessera_device_speed_scale",
+            "What the announced speed is scaled by to match the measured (1: honest)",
+            labels=labels,
+        )
         score = GaugeMetricFamily(
             "tessera_device_score", "Capability score by dimension", labels=[*labels, "dimension"]
         )
@@ -90,6 +95,7 @@ class DeviceCollector(Collector):
             up.add_metric(key, 0.0 if r.failed else 1.0)
             limit.add_metric(key, r.thermal_limit_c)
             budget.add_metric(key, r.max_power_w)
+            speed_scale.add_metric(key, r.speed_scale)
             s = r.latest
             if s is not None:
                 temperature.add_metric(key, s.temperature_c)
@@ -111,5 +117,6 @@ class DeviceCollector(Collector):
             budget,
             rtt,
             utilisation,
+            speed_scale,
             score,
         )

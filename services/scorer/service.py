@@ -39,6 +39,7 @@ from libs.contracts import (
     TelemetrySample,
 )
 from libs.contracts.keys import Keys
+from libs.core.honesty import device_ratio, speed_scales
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
 from libs.runtime.bus import publish, subscribe
@@ -148,6 +149,12 @@ class Scorer:
             raw[sample.device_id] = data
             per_device[sample.device_id] += 1
         await self._resolve_unknown(latest, per_device, now)
+        for sample, _ in samples:
+            record = self.table.get(sample.device_id)
+            if record is not None and sample.measured_gflops:
+                record.measured.append(sample.measured_gflops)
+        measured = announces or any(s.measured_gflops for s, _ in samples)
+        rescaled = self._check_speeds() if measured else []
         pipe = self.redis.pipeline(transaction=False)
         misses = self.settings.heartbeat_misses
         for device_id, at in heard.items():
@@ -166,6 +173,7 @@ class Scorer:
             )
             if self.rescore_all or stale or significant(record.last_scored, sample, self.settings):
                 due.append(record)
+        due += [r for r in rescaled if r not in due and r.latest is not None and not r.failed]
         if self.rescore_all:
             due = [r for r in self.table.values() if r.latest is not None and not r.failed]
             self.rescore_all = False
@@ -199,6 +207,8 @@ class Scorer:
             record = DeviceRecord.from_announce(announce, history, now, self.settings.model_type)
             if existing:
                 record.failed, record.last_seen = existing.failed, existing.last_seen
+                record.measured = existing.measured  # checked against the new claims now
+                record.latest = existing.latest
             record.touch(now, self.settings.heartbeat_misses)
             self.table[announce.device_id] = record
             self.unknown_until.pop(announce.device_id, None)
@@ -240,6 +250,28 @@ class Scorer:
                 announce, histories[device_id], now, self.settings.model_type
             )
 
+    def _check_speeds(self) -> list[DeviceRecord]:
+        """Scale the claims of devices that measure far below what they announced; the
+        devices whose scale changed, to re-score now."""
+        ratios = {}
+        for device_id, record in self.table.items():
+            ratio = device_ratio(record.measured, record.claimed.fp32_tflops)
+            if ratio is not None:
+                ratios[device_id] = ratio
+        changed = []
+        for device_id, scale in speed_scales(ratios).items():
+            record = self.table[device_id]
+            if abs(scale - record.speed_scale) <= 0.05 * record.speed_scale:
+                continue
+            if scale < 1.0 and record.speed_scale == 1.0:
+                log.warning(
+                    "device overstates its speed; its measured speed is used",
+                    extra={"device_id": device_id, "scale": round(scale, 3)},
+                )
+            record.rescale(scale)
+            changed.append(record)
+        return changed
+
     async def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any) -> None:
         samples = [r.latest for r in due]
         assert all(s is not None for s in samples)
@@ -276,6 +308,7 @@ class Scorer:
                     "state": "alive",
                     "scored_at": now,
                     "mode": self.mode.value,
+                    "speed_scale": record.speed_scale,
                 },
             )
             pipe.expire(key, ttl)

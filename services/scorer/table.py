@@ -3,10 +3,12 @@ what was last scored, and its stability history. Pure: no I/O."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
-from libs.contracts import DeviceAnnounce, DeviceClass, TelemetrySample
+from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetrySample
 from libs.core.capability import MEMORY_TYPE_SCORE, compute_index
+from libs.core.honesty import SAMPLES
 from services.scorer.settings import ScorerSettings
 
 
@@ -23,7 +25,9 @@ class DeviceRecord:
     device_id: str
     device_class: DeviceClass
     interval_s: float
-    compute: float  # CCI, static per device
+    claimed: Capabilities
+    model_type: str
+    compute: float  # CCI of the claims times ``speed_scale``
     memory_type_score: float
     typical_power_w: float
     max_power_w: float
@@ -37,6 +41,10 @@ class DeviceRecord:
     last_scored: TelemetrySample | None = None
     scores: dict[str, float] | None = None
     latest: TelemetrySample | None = field(default=None, repr=False)
+    #: The device's last measurements of its own speed (GFLOP/s), and what its claims are
+    #: scaled by when they overstate it (``libs/core/honesty.py``).
+    measured: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    speed_scale: float = 1.0
 
     @classmethod
     def from_announce(
@@ -47,11 +55,9 @@ class DeviceRecord:
             device_id=announce.device_id,
             device_class=announce.device_class,
             interval_s=announce.interval_s,
-            compute=float(
-                compute_index(
-                    caps.fp32_tflops, caps.int8_tops, caps.memory_bandwidth_gbps, model_type
-                )
-            ),
+            claimed=caps,
+            model_type=model_type,
+            compute=claimed_compute(caps, 1.0, model_type),
             memory_type_score=MEMORY_TYPE_SCORE[caps.memory_type],
             typical_power_w=caps.typical_power_w,
             max_power_w=caps.max_power_w,
@@ -60,11 +66,28 @@ class DeviceRecord:
             last_seen=now,
         )
 
+    def rescale(self, scale: float) -> None:
+        """Scale the claimed speed (compute, INT8 and bandwidth alike) by ``scale``."""
+        self.speed_scale = scale
+        self.compute = claimed_compute(self.claimed, scale, self.model_type)
+
     def touch(self, now: float, misses: int) -> None:
         """Heard from at ``now``: it fails if silent for ``misses`` intervals (+ a grace)."""
         self.last_seen = max(self.last_seen, now)
         grace = min(1.0, 0.25 * self.interval_s)
         self.deadline = self.last_seen + misses * self.interval_s + grace
+
+
+def claimed_compute(caps: Capabilities, scale: float, model_type: str) -> float:
+    """CCI of the announced figures, each times ``scale``."""
+    return float(
+        compute_index(
+            caps.fp32_tflops * scale,
+            caps.int8_tops * scale,
+            caps.memory_bandwidth_gbps * scale,
+            model_type,
+        )
+    )
 
 
 def significant(old: TelemetrySample | None, new: TelemetrySample, s: ScorerSettings) -> bool:

@@ -35,7 +35,7 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
         "tessera_telemetry_published", "Telemetry samples published", registry=registry
     )
     serve_metrics(registry, settings.metrics_port)
-    nc = await connect_nats(settings.nats_url, "telemetry")
+    nc = await connect_nats(settings.nats_url, "telemetry", ca_file=settings.nats_ca)
     run: Callable[[asyncio.Event], Awaitable[None]]
     if settings.mode == "host":
         from services.telemetry.calibration import cached

@@ -7,6 +7,7 @@ the result is cached per host name, so later starts read the file instead.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -68,5 +69,7 @@ def cached(cache_dir: Path, progress: Progress | None = None) -> Calibration:
             path.unlink()  # unreadable: measure again
     result = measure(progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(result)))
+    partial = path.with_suffix(f".{os.getpid()}.tmp")  # processes calibrating at once
+    partial.write_text(json.dumps(asdict(result)))
+    partial.replace(path)
     return result

@@ -19,6 +19,7 @@ from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
 from libs.runtime.tracing import configure_tracing
+from services.telemetry.calibration import Calibration, cached
 from services.worker.base import DeviceWorker
 from services.worker.metrics import WorkerMetrics
 from services.worker.service import Worker
@@ -27,15 +28,27 @@ from services.worker.settings import WorkerSettings
 log = logging.getLogger("services.worker")
 
 
-def make_device(settings: WorkerSettings, now: float) -> EmulatedDevice:
-    """The device this worker stands in for, drawn from its class with the overrides applied."""
+def make_device(
+    settings: WorkerSettings, now: float, host: Calibration | None = None
+) -> EmulatedDevice:
+    """The device this worker stands in for: memory, power and heat drawn from its class
+    (with the overrides applied). A CPU worker's speed is what this ``host`` measures times the
+    speed factor it runs at, so that what it announces is what its work measures; without a
+    calibration (the vLLM worker, whose speed is its GPU's) the class's figures stand."""
     rng = np.random.default_rng(settings.seed)
     device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
-    if settings.memory_gb is not None:
-        caps = device.capabilities.model_copy(update={"memory_total_gb": settings.memory_gb})
-        device = dataclasses.replace(device, capabilities=caps)
     speed = settings.speed_factor or min(1.0, device.speed_factor)
-    return dataclasses.replace(device, speed_factor=speed, engines=(settings.engine,))
+    update: dict[str, float] = {}
+    if host is not None:
+        update["fp32_tflops"] = host.fp32_gflops / 1000.0 * speed
+        update["int8_tops"] = host.int8_gops / 1000.0 * speed
+        update["memory_bandwidth_gbps"] = host.memory_bandwidth_gbps * speed
+    if settings.memory_gb is not None:
+        update["memory_total_gb"] = settings.memory_gb
+    caps = device.capabilities.model_copy(update=update)
+    return dataclasses.replace(
+        device, capabilities=caps, speed_factor=speed, engines=(settings.engine,)
+    )
 
 
 def make_worker(
@@ -77,8 +90,13 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     metrics = WorkerMetrics()
     serve_metrics(metrics.registry, settings.metrics_port)
     folder = await asyncio.to_thread(prepare, cache_dir=settings.model_dir)
-    device = make_device(settings, time.time())
-    nc = await connect_nats(settings.nats_url, f"worker-{settings.device_id}")
+    host = None
+    if settings.engine == "torch":
+        host = await asyncio.to_thread(cached, settings.cache_dir)
+    device = make_device(settings, time.time(), host)
+    nc = await connect_nats(
+        settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca
+    )
     worker = make_worker(nc, device, folder, settings, metrics)
     await worker.start()
     if settings.preload and isinstance(worker, Worker):

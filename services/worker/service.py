@@ -17,6 +17,7 @@ comes from the same process, so killing the worker is a device failure the sched
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 MEMORY_SHARE = 0.8
 #: Layer ranges kept loaded (the current shard and standbys).
 MODELS_KEPT = 2
+#: Steps the measured speed is averaged over.
+STEPS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ class Worker(DeviceWorker):
         self._task: asyncio.Task[None] | None = None
         #: Every step runs on this one thread: its caches and torch's thread state stay warm.
         self.compute = ThreadPoolExecutor(1, thread_name_prefix="compute")
+        #: (floating-point operations, seconds) of the last steps: the speed this device
+        #: measures, which the scorer trusts over what it announced.
+        self.steps: collections.deque[tuple[int, float]] = collections.deque(maxlen=STEPS_KEPT)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def subscribe_more(self) -> list[object]:
@@ -185,8 +191,34 @@ class Worker(DeviceWorker):
         layers = int(AutoConfig.from_pretrained(self.folder).num_hidden_layers)
         need = await asyncio.to_thread(shard_bytes, self.folder, 0, layers)
         if need <= self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9:
-            await self.model(0, layers)
-            log.info("preloaded the whole model", extra={"layers": layers})
+            model = await self.model(0, layers)
+            await asyncio.get_running_loop().run_in_executor(self.compute, self._warm_up, model)
+            log.info(
+                "preloaded the whole model",
+                extra={"layers": layers, "gflops": round(self.device.measured_gflops or 0, 2)},
+            )
+
+    def _warm_up(self, model: ShardModel) -> None:
+        """Two short generations (a 24-token prompt, 8 tokens: a chat request's shape) on
+        ``model``: the first warms it (real work then runs at full speed at once), the second
+        measures the device's speed before any real work does."""
+        import torch
+
+        for measure in (False, True):
+            cache = model.new_cache()
+            before, started = model.flops, time.perf_counter()
+            logits = model.forward(torch.arange(1, 25).unsqueeze(0), cache)
+            for _ in range(8):
+                logits = model.forward(logits.argmax(-1, keepdim=True), cache)
+            if measure:
+                self._measured(model.flops - before, time.perf_counter() - started)
+
+    def _measured(self, flops: int, busy_s: float) -> None:
+        """Record a step's work; the emulated class's slowdown counts as its time."""
+        if flops > 0 and busy_s > 0:
+            self.steps.append((flops, busy_s / self.device.speed_factor))
+            total_s = sum(s for _, s in self.steps)
+            self.device.measured_gflops = sum(f for f, _ in self.steps) / total_s / 1e9
 
     # -- incoming work ----------------------------------------------------------------------
     async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
@@ -279,7 +311,7 @@ class Worker(DeviceWorker):
     async def _step(
         self, loop: asyncio.AbstractEventLoop, item: Item, engine: ShardEngine, rid: str
     ) -> None:
-        started = time.monotonic()
+        started, flops = time.monotonic(), engine.model.flops
         try:
             if item.request is not None:
                 actions = await loop.run_in_executor(self.compute, engine.begin, item.request)
@@ -293,6 +325,7 @@ class Worker(DeviceWorker):
             actions = [Emit(TokenChunk.failure(rid, 0, engine.epoch, message, time.time()))]
         busy = time.monotonic() - started
         self.metrics.step_seconds.observe(busy)
+        self._measured(engine.model.flops - flops, busy)
         if self.device.speed_factor < 1.0:  # emulate a slower device class
             await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
         await self._dispatch(item.deployment_id, actions)

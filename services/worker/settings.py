@@ -41,6 +41,8 @@ class WorkerSettings(ServiceSettings):
     preload: bool = False
     #: Where the prepared model folders live (default ~/.cache/tessera/models).
     model_dir: Path | None = None
+    #: Where this host's calibration is cached (shared with the telemetry agent).
+    cache_dir: Path = Path.home() / ".cache" / "tessera"
     #: The vLLM engine: the Python of its own virtualenv (``make vllm``) and its options.
     vllm_python: Path = REPO / ".venv-vllm" / "bin" / "python"
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -30,6 +30,9 @@ def cluster() -> Iterator[RunningCluster]:
             "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
             "TESSERA_GATEWAY_MAX_CONCURRENT": "2",
             "TESSERA_GATEWAY_MAX_BODY_BYTES": "65536",
+            # The fuzzing sends hundreds of requests a second; per-client rates have their own
+            # test (tests/integration/test_rate_limits.py).
+            "TESSERA_GATEWAY_RATE_PER_S": "100000",
             "TESSERA_WORKER_INTERVAL_S": "0.5",
         }
     )

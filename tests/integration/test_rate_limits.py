@@ -1,0 +1,50 @@
+"""The gateway holds each client to its rate: past its burst a client gets 429 with Retry-After
+in OpenAI's error shape, while another client is still served."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+
+from libs.runtime.procs import free_port
+from libs.runtime.servers import NatsServer, RedisServer
+from tests.processes import ServiceProcess
+
+
+def test_a_client_over_its_rate_gets_429_and_others_are_served(
+    nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    port = free_port()
+    gateway = ServiceProcess(
+        "gateway",
+        {
+            "TESSERA_NATS_URL": nats_server.url,
+            "TESSERA_REDIS_URL": redis_server.url,
+            "TESSERA_GATEWAY_PORT": str(port),
+            "TESSERA_GATEWAY_SCHEDULER_URL": f"http://127.0.0.1:{free_port()}",  # none there
+            "TESSERA_GATEWAY_API_KEYS": '["sk-greedy", "sk-polite"]',
+            "TESSERA_GATEWAY_RATE_PER_S": "0.2",
+            "TESSERA_GATEWAY_RATE_BURST": "3",
+        },
+    ).start()
+    url = f"http://127.0.0.1:{port}/v1/models"
+    try:
+        greedy = {"Authorization": "Bearer sk-greedy"}
+        statuses = [httpx.get(url, headers=greedy, timeout=10).status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        refused = httpx.get(url, headers=greedy, timeout=10)
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["Retry-After"]) <= 5
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        polite = httpx.get(url, headers={"Authorization": "Bearer sk-polite"}, timeout=10)
+        assert polite.status_code == 200
+        # A wrong key is refused as such and spends nobody's rate.
+        assert httpx.get(url, headers={"Authorization": "Bearer x"}, timeout=10).status_code == 401
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'status="429"' in metrics
+        assert "sk-greedy" not in metrics and "sk-greedy" not in str(gateway.lines)
+    finally:
+        # uvicorn shuts down gracefully on SIGTERM, then raises it again: the exit is -SIGTERM.
+        assert gateway.stop() in (0, -signal.SIGTERM)
