@@ -38,18 +38,24 @@ def main() -> int:
             print(f"{fault}: {outcomes[-1].row()}", file=sys.stderr)
     finally:
         chaos.stop()
+    goal_s = 3 * chaos.interval_s + 1.0
     report = {
         "requests_per_fault": args.requests,
         "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
         "heartbeat_interval_s": chaos.interval_s,
+        "recovery_goal_s": goal_s,
         "faults": {o.fault: o.row() for o in outcomes},
+        "all_within_goal": all(
+            o.recovery_s is not None and o.recovery_s <= goal_s for o in outcomes
+        ),
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
         f"# Chaos results\n\n`python bench/chaos.py --requests {args.requests}` "
         f"({args.concurrency} concurrent streams, {args.max_tokens} tokens each, heartbeat "
-        f"every {chaos.interval_s} s):\n\n{table(outcomes)}\n"
+        f"every {chaos.interval_s} s; recovery goal 3 intervals + 1 s = {goal_s:g} s):\n\n"
+        f"{table(outcomes)}\n"
     )
     print(json.dumps(report, indent=None if args.json else 2))
     lost = sum(o.counts["lost"] + o.counts["corrupt"] for o in outcomes)

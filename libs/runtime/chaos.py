@@ -60,6 +60,7 @@ class Outcome:
     fault: str
     counts: Counter[str] = field(default_factory=Counter)
     recovery_s: float | None = None
+    elapsed_s: float = 0.0  #: the whole run of this fault's requests
 
     def row(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class Outcome:
             "lost": self.counts["lost"],
             "corrupt": self.counts["corrupt"],
             "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
+            "elapsed_s": round(self.elapsed_s, 1),
         }
 
 
@@ -140,6 +142,7 @@ class Chaos:
         child started from a passing thread would get SIGTERM when that thread ends: the
         launcher's children die with their parent, and Linux means the parent thread)."""
         outcome = Outcome(fault)
+        began = time.monotonic()
         third = threading.Event()
         load = threading.Thread(
             target=lambda: asyncio.run(self._load(requests, outcome, third)), daemon=True
@@ -150,6 +153,7 @@ class Chaos:
         check = self._inject(fault)
         outcome.recovery_s = self._recover(started, check)
         load.join()
+        outcome.elapsed_s = time.monotonic() - began
         self._heal()
         return outcome
 

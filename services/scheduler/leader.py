@@ -2,8 +2,9 @@
 
 Whoever creates the key leads (or finds its own name on it: a restarted leader takes it back).
 The leader renews it every ``ttl_s / 3`` by compare-and-set on the revision it last wrote; a
-follower tries to create it as often, which succeeds only once the leader's entry has expired
-(it stopped renewing: killed, cut off). A leader that cannot renew before ``ttl_s - margin_s``
+follower tries to create it every ``ttl_s / 12`` (a take-over at most a quarter of a renewal
+late), which succeeds only once the leader's entry has expired (it stopped renewing: killed,
+cut off). A leader that cannot renew before ``ttl_s - margin_s``
 since its last renewal steps down — the process exits without writing anything — so its
 successor, which cannot take the key before ``ttl_s``, never overlaps with it: never two
 leaders at once.
@@ -87,7 +88,7 @@ class Lease:
         while not stop.is_set():
             if await self.try_acquire():
                 return True
-            await pause(stop, self.ttl_s / 3)
+            await pause(stop, self.ttl_s / 12)
         return False
 
     async def renew(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,7 +17,9 @@ import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
+from libs.runtime.procs import free_port
 from tests.e2e.cluster import RunningCluster, process_with_env
+from tests.processes import ServiceProcess
 
 MODEL = "smollm2-135m-instruct"
 KEY = "test-key-1"
@@ -39,6 +42,29 @@ def cluster() -> Iterator[RunningCluster]:
     running.wait_for("ready:", 240)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def open_gateway(cluster: RunningCluster) -> Iterator[str]:
+    """A second gateway on the same cluster with auth off (as `tessera up` runs it without
+    keys); its base URL."""
+    run = json.loads(cluster.run_file.read_text())
+    port = free_port()
+    gateway = ServiceProcess(
+        "gateway",
+        {
+            "TESSERA_NATS_URL": run["nats_url"],
+            "TESSERA_REDIS_URL": run["redis_url"],
+            "TESSERA_GATEWAY_SCHEDULER_URL": run["scheduler_url"],
+            "TESSERA_GATEWAY_PORT": str(port),
+            "TESSERA_GATEWAY_AUTH": "off",
+            "TESSERA_GATEWAY_MAX_CONCURRENT": "2",
+            "TESSERA_GATEWAY_MAX_BODY_BYTES": "65536",
+            "TESSERA_GATEWAY_RATE_PER_S": "100000",
+        },
+    ).start()
+    yield f"http://127.0.0.1:{port}"
+    gateway.stop()
 
 
 @pytest.fixture
@@ -118,13 +144,16 @@ def test_more_requests_than_the_limit_get_429_with_retry_after(client: openai.Op
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.parametrize("auth_on", [True, False], ids=["auth-on", "auth-off"])
 def test_the_openapi_document_holds_under_fuzzing(
-    cluster: RunningCluster, mode: GenerationMode
+    request: pytest.FixtureRequest, cluster: RunningCluster, auth_on: bool, mode: GenerationMode
 ) -> None:
     """Property-based requests drawn from the gateway's own OpenAPI document (valid ones, then
-    invalid ones): never a 5xx, and every answer (status, headers, body) is what it documents."""
-    schema = schemathesis.openapi.from_url(f"{cluster.base_url}/openapi.json")
-    auth = {"authorization": f"Bearer {KEY}"}
+    invalid ones), with API keys on and off: never a 5xx, and every answer (status, headers,
+    body) is what it documents."""
+    base_url = cluster.base_url if auth_on else request.getfixturevalue("open_gateway")
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    auth = {"authorization": f"Bearer {KEY}"} if auth_on else {}
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10
     fuzzed = 0
