@@ -13,6 +13,24 @@ import time
 from typing import Any
 
 from libs.runtime.procs import child_kwargs
+from libs.runtime.servers import NatsServer, RedisServer
+
+#: How a gateway exits on SIGTERM: uvicorn shuts down gracefully, then raises the signal again.
+GATEWAY_STOPPED = (0, -signal.SIGTERM)
+
+#: How often the telemetry agents of these tests report (s).
+TELEMETRY_INTERVAL_S = 1.0
+
+
+def service_env(nats: NatsServer, redis: RedisServer, prefix: str, **extra: str) -> dict[str, str]:
+    """A service's environment on these servers, its Redis keys under ``prefix``."""
+    return {
+        "TESSERA_NATS_URL": nats.url,
+        "TESSERA_REDIS_URL": redis.url,
+        "TESSERA_SCORER_KEY_PREFIX": prefix,
+        "TESSERA_TELEMETRY_INTERVAL_S": str(TELEMETRY_INTERVAL_S),
+        **extra,
+    }
 
 
 class ServiceProcess:

@@ -39,14 +39,13 @@ from libs.contracts import (
     TelemetrySample,
 )
 from libs.contracts.keys import Keys
-from libs.core.honesty import device_ratio, speed_scales
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
 from libs.runtime.bus import publish, subscribe
 from libs.runtime.lifecycle import Background
 from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
-from services.scorer.table import DeviceRecord, History, significant
+from services.scorer.table import DeviceRecord, History, check_speeds, significant
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +148,19 @@ class Scorer:
             raw[sample.device_id] = data
             per_device[sample.device_id] += 1
         await self._resolve_unknown(latest, per_device, now)
+        measured = bool(announces)  # new claims are checked against the measurements kept
         for sample, _ in samples:
             record = self.table.get(sample.device_id)
             if record is not None and sample.measured_gflops:
                 record.measured.append(sample.measured_gflops)
-        measured = announces or any(s.measured_gflops for s, _ in samples)
-        rescaled = self._check_speeds() if measured else []
+                measured = True
+        rescaled = check_speeds(self.table) if measured else []
+        for record in rescaled:
+            if record.speed_scale < 1.0:
+                log.warning(
+                    "device overstates its speed; its measured speed is used",
+                    extra={"device_id": record.device_id, "scale": round(record.speed_scale, 3)},
+                )
         pipe = self.redis.pipeline(transaction=False)
         misses = self.settings.heartbeat_misses
         for device_id, at in heard.items():
@@ -249,28 +255,6 @@ class Scorer:
             self.table[device_id] = DeviceRecord.from_announce(
                 announce, histories[device_id], now, self.settings.model_type
             )
-
-    def _check_speeds(self) -> list[DeviceRecord]:
-        """Scale the claims of devices that measure far below what they announced; the
-        devices whose scale changed, to re-score now."""
-        ratios = {}
-        for device_id, record in self.table.items():
-            ratio = device_ratio(record.measured, record.claimed.fp32_tflops)
-            if ratio is not None:
-                ratios[device_id] = ratio
-        changed = []
-        for device_id, scale in speed_scales(ratios).items():
-            record = self.table[device_id]
-            if abs(scale - record.speed_scale) <= 0.05 * record.speed_scale:
-                continue
-            if scale < 1.0 and record.speed_scale == 1.0:
-                log.warning(
-                    "device overstates its speed; its measured speed is used",
-                    extra={"device_id": device_id, "scale": round(scale, 3)},
-                )
-            record.rescale(scale)
-            changed.append(record)
-        return changed
 
     async def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any) -> None:
         samples = [r.latest for r in due]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetrySample
 from libs.core.capability import MEMORY_TYPE_SCORE, compute_index
-from libs.core.honesty import SAMPLES
+from libs.core.honesty import SAMPLES, device_ratio, speed_scales
 from services.scorer.settings import ScorerSettings
 
 
@@ -76,6 +76,24 @@ class DeviceRecord:
         self.last_seen = max(self.last_seen, now)
         grace = min(1.0, 0.25 * self.interval_s)
         self.deadline = self.last_seen + misses * self.interval_s + grace
+
+
+def check_speeds(table: dict[str, DeviceRecord]) -> list[DeviceRecord]:
+    """Scale the claims of devices that measure far below what they announced; the records
+    whose scale changed (by more than 5 %), to re-score now."""
+    ratios = {}
+    for device_id, record in table.items():
+        ratio = device_ratio(record.measured, record.claimed.fp32_tflops)
+        if ratio is not None:
+            ratios[device_id] = ratio
+    changed = []
+    for device_id, scale in speed_scales(ratios).items():
+        record = table[device_id]
+        if abs(scale - record.speed_scale) <= 0.05 * record.speed_scale:
+            continue
+        record.rescale(scale)
+        changed.append(record)
+    return changed
 
 
 def claimed_compute(caps: Capabilities, scale: float, model_type: str) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -15,23 +14,12 @@ from redis.asyncio import Redis
 from libs.contracts import ANNOUNCE, TELEMETRY, DeviceAnnounce, DeviceClass
 from libs.contracts.keys import Keys
 from libs.runtime.bus import publish
-from libs.runtime.servers import NatsServer, RedisServer
 from tests.builders import NOW, make_capabilities, make_telemetry
-from tests.integration.test_telemetry_scorer import env
 from tests.processes import ServiceProcess
 
 #: The real speed of every device here (TFLOPS) and what each achieves of it on its work.
 REAL_TFLOPS = 0.2
 EFFICIENCY = 0.25
-
-
-@pytest.fixture
-def scorer(
-    nats_server: NatsServer, redis_server: RedisServer, uid: str
-) -> Iterator[ServiceProcess]:
-    process = ServiceProcess("scorer", env(nats_server, redis_server, uid)).start()
-    yield process
-    assert process.stop() == 0
 
 
 async def announce(nc: NatsClient, device_id: str, claimed_factor: float) -> None:

@@ -18,10 +18,10 @@ from libs.contracts import DEVICE_FAILED, DEVICE_RECOVERED, TELEMETRY, DeviceCla
 from libs.contracts.keys import Keys
 from libs.runtime.bus import subscribe
 from libs.runtime.servers import NatsServer, RedisServer
-from tests.processes import ServiceProcess
+from tests.processes import TELEMETRY_INTERVAL_S, ServiceProcess, service_env
 from tests.waiting import wait_until
 
-INTERVAL_S = 1.0
+INTERVAL_S = TELEMETRY_INTERVAL_S
 ALL_CLASSES = list(DeviceClass)
 
 
@@ -29,25 +29,6 @@ def write_fleet(path: Path, prefix: str, devices: dict[DeviceClass, int], seed: 
     spec = {"seed": seed, "prefix": prefix, "devices": {c.value: n for c, n in devices.items()}}
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def env(nats: NatsServer, redis: RedisServer, prefix: str, **extra: str) -> dict[str, str]:
-    return {
-        "TESSERA_NATS_URL": nats.url,
-        "TESSERA_REDIS_URL": redis.url,
-        "TESSERA_SCORER_KEY_PREFIX": prefix,
-        "TESSERA_TELEMETRY_INTERVAL_S": str(INTERVAL_S),
-        **extra,
-    }
-
-
-@pytest.fixture
-def scorer(
-    nats_server: NatsServer, redis_server: RedisServer, uid: str
-) -> Iterator[ServiceProcess]:
-    process = ServiceProcess("scorer", env(nats_server, redis_server, uid)).start()
-    yield process
-    assert process.stop() == 0
 
 
 async def scored(redis: Redis, keys: Keys, ids: list[str]) -> dict[str, dict[str, str]]:
@@ -76,12 +57,12 @@ async def test_a_mixed_fleet_is_scored_ranked_and_failures_are_detected(
         1,
     )
     fleet = ServiceProcess(
-        "telemetry", env(nats_server, redis_server, uid, TESSERA_TELEMETRY_FLEET=str(big))
+        "telemetry", service_env(nats_server, redis_server, uid, TESSERA_TELEMETRY_FLEET=str(big))
     )
     singles = [
         ServiceProcess(
             "telemetry",
-            env(
+            service_env(
                 nats_server,
                 redis_server,
                 uid,
@@ -187,7 +168,7 @@ async def test_garbage_and_hostile_samples_are_counted_by_reason_and_never_crash
     from libs.runtime.bus import close_nats, connect_nats
     from tests.builders import make_telemetry
 
-    scorer = ServiceProcess("scorer", env(big_payload_nats, redis_server, uid)).start()
+    scorer = ServiceProcess("scorer", service_env(big_payload_nats, redis_server, uid)).start()
     nc = await connect_nats(big_payload_nats.url, "hostile")
     try:
         good = json.loads(make_telemetry("x").model_dump_json())
