@@ -13,8 +13,7 @@ import nats
 from redis.asyncio import Redis
 
 from libs.contracts import TELEMETRY
-from libs.contracts.keys import Keys
-from services.scorer.service import RAW_FIELD
+from libs.contracts.keys import DeviceField, Keys, StatsField
 
 
 async def main(nats_url: str, redis_url: str, prefix: str) -> None:
@@ -37,8 +36,10 @@ async def main(nats_url: str, redis_url: str, prefix: str) -> None:
             continue
         pipe = redis.pipeline(transaction=False)
         for subject, data in batch:
-            pipe.hset(keys.device(TELEMETRY.token_of(subject, "device_id")), RAW_FIELD, data)
-        pipe.hincrby(keys.stats, "processed", len(batch))
+            pipe.hset(
+                keys.device(TELEMETRY.token_of(subject, "device_id")), DeviceField.SAMPLE, data
+            )
+        pipe.hincrby(keys.stats, StatsField.PROCESSED, len(batch))
         await pipe.execute()
     await nc.close()
     await redis.aclose()

@@ -1,7 +1,7 @@
 """Faults under load: completed, failed, lost and recovery time per fault (issue 10).
 
 Runs the local cluster in this process (two workers, SmolLM2), a steady load of short greedy
-chat streams through the gateway, and injects each fault in turn (``libs/runtime/chaos.py``).
+chat streams through the gateway, and injects each fault in turn (``libs/harness/chaos.py``).
 Writes the table to ``bench/results/chaos.md`` too.
 
     python bench/chaos.py --requests 1000 --json [--faults worker_kill,nats_restart]
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from libs.runtime.chaos import FAULTS, Chaos, table
+from libs.harness.chaos import FAULTS, Chaos, table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos.md"
 

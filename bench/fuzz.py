@@ -1,7 +1,7 @@
 """Every NATS consumer of a running local cluster, flooded with malformed messages.
 
 Runs ``tessera up``'s cluster in this process (one worker, SmolLM2 deployed), sends
-``--messages`` malformed payloads round-robin over every channel (``libs/runtime/fuzz.py``:
+``--messages`` malformed payloads round-robin over every channel (``libs/harness/fuzz.py``:
 not JSON, not UTF-8, cut short, scalars, wrong types, missing fields, deep nesting, empty;
 broken binary frames), then reports what each service counted as rejected against what it was
 sent, whether any service exited, and whether a chat request still completes.
@@ -27,11 +27,11 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builders: valid samples
 
+from libs.cluster.launcher import Cluster, UpOptions
+from libs.cluster.up import deploy_model
+from libs.harness.fuzz import flood, tally
 from libs.runtime.bus import close_nats, connect_nats
-from libs.runtime.fuzz import flood, tally
-from libs.runtime.launcher import Cluster, UpOptions
 from libs.runtime.procs import free_port
-from libs.runtime.up import deploy_model
 from tests.builders import sample_messages
 
 MODEL = "smollm2-135m-instruct"

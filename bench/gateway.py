@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ from libs.models.chat import encode_chat
 from libs.models.decoding import sample
 from libs.models.shard import ShardModel
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.procs import free_port
+from libs.runtime.procs import ServiceProcess, free_port
 
 PROMPTS = (
     "Name three colours.",
@@ -96,26 +94,15 @@ def rates(runs: list[Run]) -> tuple[float, float]:
     return tokens / seconds, 1000 * sum(r[2] for r in runs) / len(runs)
 
 
-def start_cluster(port: int) -> subprocess.Popen[str]:
-    env = dict(
-        os.environ,
-        TESSERA_GATEWAY_PORT=str(port),
-        TESSERA_SCHEDULER_HTTP_PORT=str(free_port()),
-        TESSERA_RUN_FILE=str(Path(tempfile.mkdtemp()) / "cluster.json"),
-    )
-    tessera = Path(sys.executable).parent / "tessera"
-    proc = subprocess.Popen(
-        [str(tessera), "up", "--devices", "0", "--workers", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "ready:" in line:
-            return proc
-    raise RuntimeError("the cluster did not start")
+def start_cluster(port: int) -> ServiceProcess:
+    env = {
+        "TESSERA_GATEWAY_PORT": str(port),
+        "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
+        "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
+    }
+    argv = ["-m", "libs.cli.main", "up", "--devices", "0", "--workers", "1"]
+    ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731
+    return ServiceProcess("tessera up", env, argv, ready_line=ready).start(ready_timeout_s=300)
 
 
 def main() -> int:
@@ -146,8 +133,7 @@ def main() -> int:
                     gateway_runs.append(through_gateway(http, url, text, args.max_tokens))
                     direct_runs.append(direct(model, ids, args.max_tokens, stop_ids))
     finally:
-        cluster.terminate()
-        cluster.wait(30)
+        cluster.stop(timeout_s=30)
     gateway_rate, gateway_ttft = rates(gateway_runs)
     direct_rate, direct_ttft = rates(direct_runs)
     report = {

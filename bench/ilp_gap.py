@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from libs.core.reference import optimum, random_instance, run_policy
+from libs.harness.reference import optimum, random_instance, run_policy
 
 POLICIES = [
     "dwps",

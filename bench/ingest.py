@@ -13,38 +13,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from libs.cluster.servers import NatsServer, RedisServer
 from libs.contracts import ANNOUNCE, TELEMETRY
 from libs.contracts.keys import Keys
 from libs.devices.fleetfile import build, mixed
 from libs.runtime.bus import close_nats, connect_nats
-from libs.runtime.procs import child_kwargs, stop_process
-from libs.runtime.servers import NatsServer, RedisServer
+from libs.runtime.procs import ServiceProcess
 from libs.runtime.store import connect_redis
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def start(command: list[str], env: dict[str, str], ready: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        **child_kwargs(),
-    )  # type: ignore[call-overload]
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if ready.encode() in line:
-            return proc
-    raise RuntimeError(f"{command} exited before it was ready")
 
 
 async def drive(
@@ -99,38 +82,23 @@ async def drive(
 def measure(kind: str, nats: NatsServer, redis: RedisServer, args: argparse.Namespace) -> float:
     prefix = f"bench{kind}{int(time.time())}"
     env = {
-        "PATH": "/usr/bin:/bin",
         "TESSERA_NATS_URL": nats.url,
         "TESSERA_REDIS_URL": redis.url,
-        "TESSERA_SCORER_KEY_PREFIX": prefix,
-        "TESSERA_LOG_FORMAT": "json",
-        "TESSERA_LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
+        "TESSERA_KEY_PREFIX": prefix,
+        "TESSERA_LOG_LEVEL": "INFO" if kind == "scorer" else "WARNING",
     }
     if kind == "scorer":
-        env["TESSERA_LOG_LEVEL"] = "INFO"
-        proc = start([sys.executable, "-m", "services.scorer"], env, '"msg": "ready"')
+        proc = ServiceProcess("scorer", env)
     else:
-        proc = start(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "bare_ingest.py"),
-                "--nats",
-                nats.url,
-                "--redis",
-                redis.url,
-                "--prefix",
-                prefix,
-            ],
-            env,
-            "ready",
-        )
+        bare = [str(ROOT / "bench" / "bare_ingest.py"), "--nats", nats.url, "--redis", redis.url]
+        proc = ServiceProcess("bare", env, [*bare, "--prefix", prefix])
+    proc.start(ready_timeout_s=60)
     try:
         return asyncio.run(
             drive(nats.url, redis.url, prefix, args.devices, args.seconds, args.rate, args.warmup)
         )
     finally:
-        stop_process(proc)
+        proc.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,13 @@ import uuid
 
 from transformers import AutoTokenizer
 
+from libs.cluster.servers import NatsServer
 from libs.contracts import Sampling
+from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
 from libs.runtime.bus import close_nats, connect_nats
-from libs.runtime.generation import GenerationClient, RouteBook
-from libs.runtime.servers import NatsServer
-from services.worker.local import LocalWorkers, even_split, place, route_of, shard_tasks
+from services.gateway.generation import GenerationClient, Route, RouteBook
 
 PROMPTS = (
     "Name three colours.",
@@ -52,7 +52,7 @@ async def measure(
         if states != ["loaded"] * shards:
             raise RuntimeError(f"placement failed: {states}")
         book = RouteBook()
-        book.set(route_of(tasks))
+        book.set(Route.of_tasks(tasks))
         client = GenerationClient(nc, book)
         outputs: list[list[int]] = []
         tokens, seconds = 0, 0.0

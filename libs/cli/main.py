@@ -44,8 +44,8 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.runtime.launcher import UpOptions
-    from libs.runtime.up import run_cluster
+    from libs.cluster.launcher import UpOptions
+    from libs.cluster.up import run_cluster
 
     settings = LauncherSettings()
     options = UpOptions(
@@ -139,7 +139,7 @@ def calibrate() -> None:
     """Measure this host's FP32, INT8 and memory bandwidth (and cache the result)."""
     from rich.progress import Progress
 
-    from services.telemetry.calibration import measure
+    from libs.devices.calibration import measure
 
     with Progress() as bar:
         task = bar.add_task("calibrating", total=3)
@@ -239,16 +239,16 @@ def chat(
 
 
 @app.command()
-def doors(
-    out: Annotated[Path, typer.Option(help="Folder for the files.")] = Path("deploy/doors"),
+def access(
+    out: Annotated[Path, typer.Option(help="Folder for the files.")] = Path("deploy/access"),
     device: Annotated[
         list[str] | None, typer.Option(help="A worker device of the compose file (repeat).")
     ] = None,
 ) -> None:
     """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
-    from libs.runtime.doors import Doors, service_grants
+    from libs.cluster.access import AccessControl, service_grants
 
-    locks = Doors(device or ["worker-0"])
+    locks = AccessControl(device or ["worker-0"])
     env = locks.write_compose(out, [*service_grants(), "admin"])
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
     typer.echo(f"start with: docker compose --env-file {env} up")

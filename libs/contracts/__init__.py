@@ -72,6 +72,7 @@ from libs.contracts.work import (
     ShardStatus,
     ShardTask,
     TokenChunk,
+    shard_ring,
 )
 
 __all__ = [
@@ -137,4 +138,5 @@ __all__ = [
     "TokenChunk",
     "WireModel",
     "decode_frame",
+    "shard_ring",
 ]

@@ -7,17 +7,22 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from libs.contracts.base import Mode, Timestamp, WireModel
+from libs.contracts.profiles import DimensionWeights
 from libs.contracts.work import Assignment, PlacementDecision, PlacementRequest
 
 CHECKPOINT_SCHEMA_VERSION = 1  # the Literal on SchedulerCheckpoint.schema_version
 
 
 class ModeChange(WireModel):
+    """The scheduling mode or the active profile changed. ``weights``: the dimension weights
+    the scorer must score with (the active profile's); absent, the mode's built-in ones."""
+
     mode: Mode
     previous: Mode
     manual: bool
     reason: Annotated[str, Field(min_length=1, max_length=500)]
     ts: Timestamp
+    weights: DimensionWeights | None = None
 
 
 class DeploymentState(WireModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -161,6 +162,37 @@ class ShardTask(WireModel):
         ):
             raise ValueError("route must list shard_count devices with this one at shard_index")
         return self
+
+
+def shard_ring(
+    action: Literal["load", "unload"],
+    deployment_id: str,
+    model: str,
+    shards: Sequence[tuple[str, int, int]],
+    epoch: int,
+    ts: float,
+) -> list[ShardTask]:
+    """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
+    order; each shard learns the next device and the whole route (the last one sends tokens
+    back to the first)."""
+    route = tuple(device for device, _, _ in shards)
+    return [
+        ShardTask(
+            action=action,
+            deployment_id=deployment_id,
+            model=model,
+            device_id=device,
+            shard_index=i,
+            shard_count=len(route),
+            layer_start=start,
+            layer_end=end,
+            next_device_id=route[i + 1] if i + 1 < len(route) else None,
+            route=route,
+            epoch=epoch,
+            ts=ts,
+        )
+        for i, (device, start, end) in enumerate(shards)
+    ]
 
 
 class Sampling(WireModel):

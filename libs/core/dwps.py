@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from libs.contracts import Mode
+from libs.contracts.profiles import Profile
 from libs.core.fleet import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
 from libs.core.policy import Observer, in_input_order, place_in_order
-from libs.core.profiles import BUILTIN_PROFILES, Profile
+from libs.core.profiles import BUILTIN_PROFILES
 
 
 class Dwps:

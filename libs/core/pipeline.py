@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from libs.contracts.profiles import Profile
 from libs.core.fleet import F64, Bool, FleetState
 from libs.core.model import Task
 from libs.core.plugins import resolve
-from libs.core.profiles import Profile
 
 
 @dataclass(frozen=True, slots=True)

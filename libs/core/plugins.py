@@ -17,11 +17,11 @@ from typing import Protocol
 
 import numpy as np
 
+from libs.contracts.profiles import Profile
 from libs.core import energy
 from libs.core.capability import total_score
 from libs.core.fleet import F64, Bool, FleetState
 from libs.core.model import Task
-from libs.core.profiles import Profile
 
 
 class Filter(Protocol):

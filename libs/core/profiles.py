@@ -1,64 +1,15 @@
-"""Scheduling profiles: the weights of each mode, as configuration rather than code.
+"""The built-in scheduling profiles, one per mode (the types are in ``libs/contracts/profiles.py``).
 
-A profile names its mode, the task-priority weights (α urgency, β complexity), the score
-plugin weights (γ device_match, δ load, and the capability total), the dimension weights
-w1–w5 used for the capability total, and the plugin lists. Profiles load from plain dicts
-(e.g. parsed YAML) and are validated once.
+They are the one source of the modes' weights: the scheduler and the scorer use them (or the
+profile given with ``PUT /policy``), and so does the simulator.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from libs.contracts import Mode
-
-Weight = Annotated[float, Field(ge=0.0, le=10.0)]
-
-
-class DimensionWeights(BaseModel):
-    """w1..w5 of the total score; they must sum to 1."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    compute: Weight
-    memory: Weight
-    efficiency: Weight
-    network: Weight
-    stability: Weight
-
-    @model_validator(mode="after")
-    def _sum_to_one(self) -> DimensionWeights:
-        if abs(sum(self.as_tuple()) - 1.0) > 1e-6:
-            raise ValueError("dimension weights must sum to 1")
-        return self
-
-    def as_tuple(self) -> tuple[float, float, float, float, float]:
-        return (self.compute, self.memory, self.efficiency, self.network, self.stability)
-
-
-class Profile(BaseModel):
-    """One scheduling profile. ``scores`` maps score plugin name → weight."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    mode: Mode
-    urgency: Weight  # α
-    complexity: Weight  # β
-    dimensions: DimensionWeights
-    filters: tuple[str, ...] = ("alive", "memory", "power", "thermal", "battery_floor")
-    scores: dict[str, Weight] = Field(
-        default_factory=lambda: {"device_match": 0.5, "capability": 0.3, "load": 0.2}
-    )
-    multipliers: tuple[str, ...] = ("battery", "thermal_backoff")
-
-    @property
-    def match_weight(self) -> float:  # γ
-        return self.scores.get("device_match", 0.0)
-
-    @property
-    def load_weight(self) -> float:  # δ
-        return self.scores.get("load", 0.0)
+from libs.contracts.profiles import DimensionWeights, Profile
 
 
 def _profile(mode: Mode, **kw: Any) -> Profile:
@@ -96,8 +47,3 @@ BUILTIN_PROFILES: dict[Mode, Profile] = {
         scores={"device_match": 0.5, "capability": 0.35, "load": 0.15},
     ),
 }
-
-
-def load_profile(data: dict[str, Any]) -> Profile:
-    """Validate a profile from a parsed YAML/JSON mapping. Raises ``pydantic.ValidationError``."""
-    return Profile.model_validate(data)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from libs.contracts import Mode
+from libs.contracts.profiles import Profile
 from libs.core import allocation, balancers
 from libs.core.dwps import Dwps
 from libs.core.exact import Job, Machine, solve
@@ -15,7 +16,7 @@ from libs.core.fleet import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
 from libs.core.policy import Policy
-from libs.core.profiles import BUILTIN_PROFILES, Profile
+from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.queued import queued_policy
 
 

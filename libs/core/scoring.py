@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from libs.contracts.keys import SCORE_FIELDS
 from libs.core import capability as cap
 
 F64 = npt.NDArray[np.float64]
@@ -31,7 +32,7 @@ class Dimensions:
         return {name: float(getattr(self, name)[i]) for name in DIMENSION_FIELDS}
 
 
-DIMENSION_FIELDS = ("compute", "memory", "efficiency", "network", "stability", "total")
+DIMENSION_FIELDS = SCORE_FIELDS  # the fields of a device's Redis row, in this order
 
 
 def uptime_and_failure_rate(observed_s: F64, down_s: F64, failures: F64) -> tuple[F64, F64]:

@@ -1,4 +1,11 @@
-"""NATS connections and typed publish/subscribe over the contract channels."""
+"""The message bus: typed publish/subscribe/request over the contract channels.
+
+``Bus`` is what a service's shell is handed: ``NatsBus`` over a real NATS connection in
+production and integration tests, ``MemoryBus`` (``libs/runtime/memory_bus.py``) in the unit
+tests of handlers. Both decode every message against its contract before a handler sees it,
+count what fails through ``rejected``, and keep a subscription alive when a handler raises.
+The module-level functions do the same on a bare NATS client.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,9 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -26,6 +33,103 @@ N = TypeVar("N", bound=BaseModel)
 
 Rejected = Callable[[str, str, str], None]
 """Called as ``rejected(channel_name, reason, detail)`` for a message that fails its contract."""
+
+
+class Delivery(Protocol):
+    """What a handler gets beside the decoded message (a NATS ``Msg`` is one)."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def reply(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
+
+
+Handler = Callable[[M, Any], Awaitable[None]]
+"""``handler(message, delivery)``: ``delivery`` is a ``Delivery``."""
+
+
+class Unsubscribe(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class Bus(Protocol):
+    """Typed messaging over the contract channels (``NatsBus``, ``MemoryBus``)."""
+
+    async def publish(self, channel: Channel[M], message: M, **tokens: str) -> None: ...
+
+    async def publish_durable(self, channel: Channel[M], message: M, **tokens: str) -> None:
+        """Publish into the channel's JetStream stream: kept until its consumer takes it."""
+
+    async def reply(self, subject: str, channel: Channel[M], message: M) -> None:
+        """Answer a request at its reply subject."""
+
+    async def subscribe(
+        self,
+        channel: Channel[M],
+        handler: Handler[M],
+        *,
+        rejected: Rejected | None = None,
+        queue: str = "",
+        subject: str | None = None,
+    ) -> Unsubscribe: ...
+
+    async def request(
+        self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
+    ) -> N: ...
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        """Return once what was published has reached the server (a round trip)."""
+
+
+class NatsBus:
+    """``Bus`` over a NATS connection (``connect_nats``); ``nc`` stays reachable for what
+    only NATS has (key-value buckets, stream set-up)."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self.nc = nc
+
+    async def publish(self, channel: Channel[M], message: M, **tokens: str) -> None:
+        await publish(self.nc, channel, message, **tokens)
+
+    async def publish_durable(self, channel: Channel[M], message: M, **tokens: str) -> None:
+        await self.nc.jetstream().publish(channel.subject(**tokens), channel.encode(message))
+
+    async def reply(self, subject: str, channel: Channel[M], message: M) -> None:
+        await self.nc.publish(subject, channel.encode(message))
+
+    async def subscribe(
+        self,
+        channel: Channel[M],
+        handler: Handler[M],
+        *,
+        rejected: Rejected | None = None,
+        queue: str = "",
+        subject: str | None = None,
+    ) -> Unsubscribe:
+        return await subscribe(
+            self.nc,
+            channel,
+            handler,
+            rejected=rejected,
+            queue=queue,
+            subject=subject,
+            pending_msgs_limit=1_000_000,
+        )
+
+    async def request(
+        self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
+    ) -> N:
+        return await request(self.nc, channel, message, answer, timeout_s, **tokens)
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        await self.nc.flush(timeout=max(1, round(timeout_s)))
 
 
 async def connect_nats(
@@ -154,7 +258,18 @@ async def subscribe(
     logged with its traceback and does not stop the subscription either.
     """
 
-    async def on_message(msg: Msg) -> None:
+    on_message = decoding(channel, handler, rejected)
+    return await nc.subscribe(subject or channel.wildcard, queue=queue, cb=on_message, **sub_kwargs)
+
+
+def decoding(
+    channel: Channel[M], handler: Handler[M], rejected: Rejected | None
+) -> Callable[[Any], Awaitable[None]]:
+    """A raw-message callback that decodes against ``channel`` before calling ``handler``:
+    a message that fails its contract is counted and logged (rate-limited), a handler that
+    raises is logged with its traceback; neither stops the subscription."""
+
+    async def on_message(msg: Delivery) -> None:
         try:
             message = channel.decode(msg.data)
         except ContractError as exc:
@@ -176,4 +291,4 @@ async def subscribe(
             except Exception:
                 log.exception("handler failed", extra={"channel": channel.name})
 
-    return await nc.subscribe(subject or channel.wildcard, queue=queue, cb=on_message, **sub_kwargs)
+    return on_message

@@ -12,7 +12,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 
-from nats.aio.subscription import Subscription
+from libs.runtime.bus import Unsubscribe
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Background:
     def __init__(self, service: str) -> None:
         self.service = service
         self.tasks: list[asyncio.Task[None]] = []
-        self.subscriptions: list[Subscription] = []
+        self.subscriptions: list[Unsubscribe] = []
 
     def every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
         self.tasks.append(asyncio.create_task(self._loop(period_s, step)))

@@ -1,15 +1,26 @@
-"""Small helpers for child processes and ports."""
+"""Child processes and ports: start a service (or any command) and wait for its ready line.
+
+``ServiceProcess`` is the one way Tessera starts a child it waits on: ``tessera up``, the
+harness's hand-placed workers and the tests all use it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from libs.runtime.lifecycle import READY_MESSAGE
+from libs.runtime.settings import child_env
 
 _PR_SET_PDEATHSIG = 1
 
@@ -64,3 +75,128 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
             proc.kill()
             proc.wait()
     return int(proc.returncode)
+
+
+Line = dict[str, Any]
+"""One line of a child's output: its JSON object, or ``{"msg": text}`` for a plain line."""
+
+
+def is_ready(line: Line) -> bool:
+    """The line a service logs once it serves (``libs.runtime.lifecycle.announce_ready``)."""
+    return line.get("msg") == READY_MESSAGE
+
+
+def parse_line(raw: bytes) -> Line:
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return {"msg": raw.decode(errors="replace").rstrip()}
+    return entry if isinstance(entry, dict) else {"msg": str(entry)}
+
+
+class ServiceProcess:
+    """``python -m services.<name>`` (or ``python *argv``) as a child that dies with us.
+
+    Its output is read on a thread: each line is parsed (``parse_line``), kept in ``lines``,
+    handed to ``on_line`` and offered to whoever waits in ``wait_for``; ``ready`` is set by the
+    first line ``ready_line`` accepts. The environment is ours, with JSON logs, unbuffered
+    output and ``env`` on top.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        argv: Sequence[str] | None = None,
+        *,
+        ready_line: Callable[[Line], bool] = is_ready,
+        on_line: Callable[[Line], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv or ["-m", f"services.{name}"])
+        self.env = child_env(TESSERA_LOG_FORMAT="json", PYTHONUNBUFFERED="1", **(env or {}))
+        self.ready_line, self.on_line = ready_line, on_line
+        self.lines: list[Line] = []
+        self.ready = threading.Event()
+        self._events: queue.Queue[Line] = queue.Queue()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float | None = 60.0) -> ServiceProcess:
+        """Start; with ``ready_timeout_s``, wait for the ready line or raise ``RuntimeError``
+        with the last lines of output."""
+        self.lines.clear()
+        self.ready.clear()
+        self._events = queue.Queue()
+        self.process = subprocess.Popen(
+            [sys.executable, *self.argv],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **child_kwargs(),
+        )
+        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        if ready_timeout_s is not None and not self.wait_ready(ready_timeout_s):
+            raise RuntimeError(f"{self.name} was not ready within {ready_timeout_s} s{self.tail()}")
+        return self
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            if not raw.strip():
+                continue
+            line = parse_line(raw)
+            self.lines.append(line)
+            if self.on_line is not None:
+                self.on_line(line)
+            if not self.ready.is_set() and self.ready_line(line):
+                self.ready.set()
+            self._events.put(line)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once ready; False if the process exits first or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.1):
+            if not self.alive or time.monotonic() > deadline:
+                return self.ready.is_set()
+        return True
+
+    def wait_for(self, match: Callable[[Line], bool], timeout_s: float) -> Line:
+        """The next line ``match`` accepts; ``TimeoutError`` (with the output's tail) if none
+        comes within ``timeout_s`` or the process exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._events.get(timeout=0.1)
+            except queue.Empty:
+                if not self.alive:
+                    break
+                continue
+            if match(line):
+                return line
+        raise TimeoutError(f"{self.name}: no matching line within {timeout_s} s{self.tail()}")
+
+    def tail(self, count: int = 30) -> str:
+        return "".join("\n" + json.dumps(line) for line in self.lines[-count:])
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would, and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (``stop`` waits)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait, SIGKILL if needed; the exit code (``None`` if never started)."""
+        return None if self.process is None else stop_process(self.process, timeout_s)

@@ -39,6 +39,12 @@ class ServiceSettings(BaseSettings):
         "json", validation_alias=_shared("TESSERA_LOG_FORMAT")
     )
     otlp_endpoint: str | None = Field(None, validation_alias=_shared("TESSERA_OTLP_ENDPOINT"))
+    #: Every Redis key of this cluster starts with it (``libs/contracts/keys.py``).
+    key_prefix: str = Field(
+        "tessera",
+        pattern=r"^[A-Za-z0-9_:-]{1,64}$",
+        validation_alias=_shared("TESSERA_KEY_PREFIX"),
+    )
     #: Port of the service's /metrics and /healthz endpoint; 0 picks a free one, -1 turns it off.
     metrics_port: int = Field(-1, ge=-1, le=65535)
 
@@ -59,7 +65,7 @@ class LauncherSettings(BaseSettings):
     run_file: Path = Path.home() / ".cache" / "tessera" / "cluster.json"
     #: Set only when the user points a command at a Redis of their own.
     redis_url: str | None = None
-    key_prefix: str = "tessera"
+    key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
 
 
 def model_cache_dir() -> Path:

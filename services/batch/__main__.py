@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 
+import redis
 from nats.aio.msg import Msg
 
 from libs.contracts import (
@@ -25,7 +26,7 @@ from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.tracing import configure_tracing, instrument_celery
 from services.batch.app import make_app
-from services.batch.dispatch import Dispatcher
+from services.batch.dispatch import Dispatcher, JobBook
 from services.batch.settings import BatchSettings
 
 log = logging.getLogger("services.batch")
@@ -33,7 +34,10 @@ log = logging.getLogger("services.batch")
 
 async def main(stop: asyncio.Event, settings: BatchSettings) -> None:
     instrument_celery(configure_tracing("batch", settings.otlp_endpoint))
-    dispatcher = Dispatcher(make_app(settings))
+    book = JobBook(
+        redis.Redis.from_url(settings.broker_url), settings.key_prefix, settings.job_ttl_s
+    )
+    dispatcher = Dispatcher(make_app(settings), book)
     nc = await connect_nats(settings.nats_url, "batch", ca_file=settings.nats_ca)
 
     async def on_request(request: PlacementRequest, msg: Msg) -> None:

@@ -22,3 +22,5 @@ class BatchSettings(ServiceSettings):
     #: An unacknowledged job (its worker died) is handed out again after this long. A job still
     #: running then is handed out twice; the second copy resumes from the checkpoint, or stops.
     visibility_timeout_s: float = Field(3600.0, gt=0)
+    #: How long the dispatcher remembers a job after its last placement (s).
+    job_ttl_s: float = Field(86_400.0, gt=0)

@@ -14,11 +14,11 @@ import httpx
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from libs.cli.devices import fetch
 from libs.contracts import PlacementDecision
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.keys import Keys
+from libs.runtime.store import ranked_devices
 from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
@@ -28,13 +28,14 @@ ERRORS = documented(400, 401, 413, 429, 503)
 
 def admin_router(settings: GatewaySettings) -> APIRouter:
     router = APIRouter(prefix="/v1/cluster", tags=["admin"], responses=ERRORS)
+    keys = Keys(settings.key_prefix)
 
     @router.get("/devices", summary="Devices with their five scores, best first")
     async def devices(
         request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
     ) -> list[dict[str, Any]]:
-        rows = await fetch(request.app.state.redis, Keys(), limit)
-        return [{"device_id": d, **row} for d, row in rows]
+        rows = await ranked_devices(request.app.state.redis, keys, limit)
+        return [row.model_dump(mode="json") for row in rows]
 
     async def forward(request: Request, path: str, body: BaseModel | None = None) -> Response:
         content = body.model_dump_json(exclude_unset=True).encode() if body else None

@@ -23,15 +23,16 @@ from prometheus_client import (
 )
 
 from libs.runtime.bus import close_nats, connect_nats
-from libs.runtime.generation import GenerationClient, RouteBook
 from libs.runtime.lifecycle import Background
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
 from services.gateway.completions import Completions, Deployments, GatewayMetrics
+from services.gateway.generation import GenerationClient, RouteBook
 from services.gateway.guards import install_errors, install_limits
 from services.gateway.routes import openai_router
 from services.gateway.schedulers import split_urls
 from services.gateway.settings import GatewaySettings
+from services.gateway.tokenizers import Tokenizers
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -56,7 +57,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         client = GenerationClient(
             nc, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
         )
-        app.state.completions = Completions(client, deployments, metrics, settings.max_concurrent)
+        tokenizers = Tokenizers()
+        deployments.on_model = tokenizers.warm  # loaded in a thread as soon as deployed
+        app.state.completions = Completions(
+            client, deployments, tokenizers, metrics, settings.max_concurrent
+        )
         background = Background("gateway")
 
         async def refresh() -> None:
@@ -69,6 +74,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             yield
         finally:
             await background.close()
+            await tokenizers.close()
             for sub in watch:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()  # type: ignore[attr-defined]

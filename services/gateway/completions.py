@@ -18,12 +18,13 @@ from typing import Any
 import httpx
 from fastapi.responses import StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.background import BackgroundTask
 
 from libs.contracts import Sampling, TokenChunk
-from libs.models.store import ModelMissing, prepare
-from libs.runtime.generation import GenerationClient, Route, RouteBook
+from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
 from services.gateway.schedulers import ask_scheduler
+from services.gateway.tokenizers import Tokenizers
 
 log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -69,6 +70,8 @@ class Deployments:
     scheduler_urls: list[str]
     models: dict[str, str] = field(default_factory=dict)  #: deployment id → model
     context: dict[str, int] = field(default_factory=dict)
+    #: Called with each deployed model's name at every refresh (the gateway warms its tokenizer).
+    on_model: Callable[[str], None] = lambda model: None
 
     async def lookup(self, model: str) -> str:
         """``resolve``, asking the scheduler again first when the model is not known yet."""
@@ -92,6 +95,7 @@ class Deployments:
                 a["device_id"] for a in sorted(row["assignments"], key=lambda a: a["shard_index"])
             )
             self.routes.set(Route(deployment, int(row["epoch"]), devices))
+            self.on_model(row["model"])
         for gone in set(self.models) - seen:
             self.models.pop(gone, None)
             self.routes.forget(gone)
@@ -109,31 +113,37 @@ class Deployments:
         )
 
 
+class Slot:
+    """One admitted request's place under the concurrency limit, given back exactly once."""
+
+    def __init__(self, owner: Completions) -> None:
+        self.owner, self.held = owner, True
+        owner.in_flight += 1
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.owner.in_flight -= 1
+
+
 class Completions:
     def __init__(
         self,
         client: GenerationClient,
         deployments: Deployments,
+        tokenizers: Tokenizers,
         metrics: GatewayMetrics,
         max_concurrent: int,
     ) -> None:
         self.client = client
         self.deployments = deployments
+        self.tokenizers = tokenizers
         self.metrics = metrics
         self.max_concurrent = max_concurrent
         self.in_flight = 0
-        self._tokenizers: dict[str, Any] = {}
 
-    def tokenizer(self, deployment: str) -> Any:
-        model = self.deployments.models[deployment]
-        if model not in self._tokenizers:
-            from transformers import AutoTokenizer
-
-            try:
-                self._tokenizers[model] = AutoTokenizer.from_pretrained(prepare(model))
-            except ModelMissing as exc:
-                raise ApiError(503, str(exc), "server_error", "model_files_missing") from None
-        return self._tokenizers[model]
+    async def tokenizer(self, deployment: str) -> Any:
+        return await self.tokenizers.get(self.deployments.models[deployment])
 
     def check(self, deployment: str, prompt_tokens: int, max_tokens: int) -> None:
         context = self.deployments.context.get(deployment, 2048)
@@ -146,7 +156,9 @@ class Completions:
                 param="messages",
             )
 
-    def admit(self) -> None:
+    def admit(self) -> Slot:
+        """Count the request as in flight now, before anything is awaited or answered, so a
+        burst cannot pass the limit; 429 past it."""
         if self.in_flight >= self.max_concurrent:
             raise ApiError(
                 429,
@@ -155,12 +167,12 @@ class Completions:
                 "overloaded",
                 headers={"Retry-After": "1"},
             )
+        return Slot(self)
 
     async def chunks(
-        self, deployment: str, prompt_ids: list[int], sampling: Sampling
+        self, deployment: str, prompt_ids: list[int], sampling: Sampling, slot: Slot
     ) -> AsyncIterator[TokenChunk]:
-        """The request's token chunks, measured; counts against the concurrency limit."""
-        self.in_flight += 1
+        """The request's token chunks, measured; ``slot`` is given back when they end."""
         started = time.perf_counter()
         last: float | None = None
         try:
@@ -179,7 +191,7 @@ class Completions:
                     self.metrics.errors.inc()
                 yield chunk
         finally:
-            self.in_flight -= 1
+            slot.release()
 
 
 def sampling_of(max_tokens: int | None, body: Any) -> Sampling:
@@ -210,6 +222,7 @@ def sse(
     chunks: AsyncIterator[TokenChunk],
     render: Callable[[TokenChunk], list[dict[str, Any]]],
     usage: Callable[[TokenChunk], dict[str, Any]] | None,
+    slot: Slot,
 ) -> StreamingResponse:
     """Server-sent events: one ``data:`` line per OpenAI chunk, then ``data: [DONE]``."""
 
@@ -226,4 +239,7 @@ def sse(
                 yield f"data: {json.dumps(usage(chunk))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    # A client gone before the stream began never runs the generator: give the slot back.
+    return StreamingResponse(
+        events(), media_type="text/event-stream", background=BackgroundTask(slot.release)
+    )

@@ -58,13 +58,13 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response | ChatCompletion:
         service = completions(request)
         deployment = await service.deployments.lookup(body.model)
-        tokenizer = service.tokenizer(deployment)
+        tokenizer = await service.tokenizer(deployment)
         ids = encode_chat(tokenizer, [m.model_dump() for m in body.messages])
         sampling = sampling_of(body.max_completion_tokens or body.max_tokens, body)
         service.check(deployment, len(ids), sampling.max_tokens)
-        service.admit()
+        slot = service.admit()
         rid, created = new_id("chatcmpl"), now_s()
-        chunks = service.chunks(deployment, ids, sampling)
+        chunks = service.chunks(deployment, ids, sampling, slot)
         if body.stream:
             first = [True]
 
@@ -80,7 +80,8 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
                 return out
 
             include = body.stream_options is not None and body.stream_options.include_usage
-            return sse(chunks, render, _chat_usage(rid, body.model, created) if include else None)
+            usage = _chat_usage(rid, body.model, created) if include else None
+            return sse(chunks, render, usage, slot)
         text, last = await collect(chunks)
         return ChatCompletion(
             id=rid,
@@ -96,15 +97,15 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
     async def complete(body: CompletionRequest, request: Request) -> Response | TextCompletion:
         service = completions(request)
         deployment = await service.deployments.lookup(body.model)
-        tokenizer = service.tokenizer(deployment)
+        tokenizer = await service.tokenizer(deployment)
         ids = [int(i) for i in tokenizer(body.text())["input_ids"]]
         if not ids:
             ids = [int(tokenizer.bos_token_id or 0)]
         sampling = sampling_of(body.max_tokens or 16, body)
         service.check(deployment, len(ids), sampling.max_tokens)
-        service.admit()
+        slot = service.admit()
         rid, created = new_id("cmpl"), now_s()
-        chunks = service.chunks(deployment, ids, sampling)
+        chunks = service.chunks(deployment, ids, sampling, slot)
         if body.stream:
 
             def render(chunk: TokenChunk) -> list[dict[str, Any]]:
@@ -112,7 +113,7 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
                     return [text_chunk(rid, body.model, created, chunk.text, chunk.finish_reason)]
                 return []
 
-            return sse(chunks, render, None)
+            return sse(chunks, render, None, slot)
         text, last = await collect(chunks)
         return TextCompletion(
             id=rid,

@@ -12,12 +12,15 @@ import asyncio
 import logging
 import sys
 
+from libs.contracts.keys import Keys
+from libs.runtime.bus import NatsBus, ensure_streams
 from libs.runtime.connections import connected
 from libs.runtime.http import start_http, stop_http
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.tracing import configure_tracing, instrument
 from services.scheduler.api import create_api
+from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.leader import Lease
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
@@ -41,7 +44,11 @@ async def main(stop: asyncio.Event, settings: SchedulerSettings) -> None:
             announce_ready("scheduler", role="follower", replica=settings.replica)
             if not await lease.acquire(stop):
                 return  # stopped while following
-        scheduler = Scheduler(settings, nc, redis, metrics)
+        await ensure_streams(nc)
+        checkpoints = CheckpointStore(
+            redis, nc, Keys(settings.key_prefix), settings.checkpoints_kept
+        )
+        scheduler = Scheduler(settings, NatsBus(nc), redis, checkpoints, metrics)
         await scheduler.start()
         metrics.leader.set(1)
         lost = asyncio.Event()

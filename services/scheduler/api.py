@@ -59,7 +59,9 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                     for s in p.shards
                 ],
             }
-            for p in scheduler.preview(model, context_length, max_shards, scheduler.clock())
+            for p in scheduler.deployments.preview(
+                model, context_length, max_shards, scheduler.clock()
+            )
         ]
 
     @app.post("/placements", status_code=201)
@@ -82,7 +84,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
 
     @app.delete("/placements/{deployment_id}", status_code=204)
     async def undeploy(deployment_id: str) -> Response:
-        if not await scheduler.undeploy(deployment_id):
+        if not await scheduler.deployments.undeploy(deployment_id):
             raise HTTPException(404, f"no deployment {deployment_id!r}")
         return Response(status_code=204)
 
@@ -109,7 +111,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
         if body.policy not in POLICIES:
             raise HTTPException(422, f"unknown policy {body.policy!r}; known: {sorted(POLICIES)}")
         try:
-            scheduler.set_policy(body.policy, body.profile)
+            await scheduler.set_policy(body.policy, body.profile)
         except KeyError as exc:
             raise HTTPException(422, str(exc.args[0])) from None
         return await get_policy()

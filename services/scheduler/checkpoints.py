@@ -19,7 +19,9 @@ BUCKET = "tessera_scheduler"
 
 
 class CheckpointStore:
-    def __init__(self, redis: Redis, nc: NatsClient, keys: Keys, kept: int) -> None:
+    """``nc`` None: Redis only (the unit tests of the scheduler's handlers)."""
+
+    def __init__(self, redis: Redis, nc: NatsClient | None, keys: Keys, kept: int) -> None:
         self.redis, self.nc, self.keys, self.kept = redis, nc, keys, kept
         self.corrupt_seen = 0
 
@@ -33,6 +35,8 @@ class CheckpointStore:
         return self.keys.prefix.replace(":", ".") + ".checkpoint"
 
     async def _bucket(self) -> KeyValue:
+        if self.nc is None:
+            raise RuntimeError("no NATS key-value store")
         js = self.nc.jetstream()
         try:
             return await js.key_value(BUCKET)
@@ -70,6 +74,8 @@ class CheckpointStore:
         return None
 
     async def _kv_history(self) -> list[bytes]:
+        if self.nc is None:
+            return []
         try:
             entries = await (await self._bucket()).history(self.kv_key)
         except (NoKeysError, NotFoundError, BucketNotFoundError):

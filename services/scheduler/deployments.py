@@ -1,15 +1,15 @@
-"""Deployments and migration: the part of the ``Scheduler`` that keeps models placed.
+"""Deployments and migration: the part of the scheduler that keeps models placed.
 
-A mixin only to keep files short; ``Scheduler`` (service.py) provides the attributes and
-methods declared under ``TYPE_CHECKING``.
+``Deployments`` is handed what it needs by the ``Scheduler`` (service.py) that owns it: the
+cluster view, the bus for the shard tasks, metrics, the clock, and three of the scheduler's own
+steps (the devices of a cycle, saving a checkpoint, announcing a decision).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from libs.contracts import (
     SHARD_TASK,
@@ -17,44 +17,38 @@ from libs.contracts import (
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
-    ShardTask,
+    shard_ring,
 )
 from libs.core.catalogue import CATALOGUE
 from libs.core.migration import replan_deployment
+from libs.core.model import Device
 from libs.core.partition import Preview, choose, previews, whole_models_only
-from services.scheduler.state import replace_assignments
+from libs.runtime.bus import Bus
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.state import SchedulerState, replace_assignments
 from services.scheduler.tasks import assignments_of
-
-if TYPE_CHECKING:
-    from nats.aio.client import Client as NatsClient
-
-    from libs.core.model import Device
-    from services.scheduler.metrics import SchedulerMetrics
-    from services.scheduler.state import Pending, SchedulerState
-    from services.scheduler.view import ClusterView
+from services.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
 
 
-class DeploymentsMixin:
-    if TYPE_CHECKING:
-        state: SchedulerState
-        view: ClusterView
-        nc: NatsClient
-        metrics: SchedulerMetrics
-        pending: list[Pending]
-        clock: Callable[[], float]
-
-        def devices(self, now: float) -> list[Device]: ...
-
-        async def save(self) -> None: ...
-
-        async def _announce(
-            self,
-            decision: PlacementDecision,
-            reply: str | None,
-            future: asyncio.Future[PlacementDecision] | None,
-        ) -> None: ...
+class Deployments:
+    def __init__(
+        self,
+        state: SchedulerState,
+        view: ClusterView,
+        bus: Bus,
+        metrics: SchedulerMetrics,
+        clock: Callable[[], float],
+        *,
+        devices: Callable[[float, str | None], list[Device]],
+        save: Callable[[], Awaitable[None]],
+        announce: Callable[[PlacementDecision], Awaitable[None]],
+    ) -> None:
+        #: The scheduler's state; the scheduler sets it again when it restores a checkpoint.
+        self.state = state
+        self.view, self.bus, self.metrics, self.clock = view, bus, metrics, clock
+        self.devices, self.save, self.announce = devices, save, announce
 
     # -- deployments --------------------------------------------------------------------------
     def preview(
@@ -66,13 +60,14 @@ class DeploymentsMixin:
         }
         return [whole_models_only(o, whole_only) for o in options]
 
-    def model_devices(self, now: float) -> list[Device]:
+    def model_devices(self, now: float, moving: str | None = None) -> list[Device]:
         """Devices that can hold shards: those with a worker engine, when any device has one.
+        The memory of deployment ``moving`` counts as free (its shards are being replaced).
 
         A fleet of emulated devices without workers (the simulator, scheduling demos) is
         planned on as a whole.
         """
-        devices = self.devices(now)
+        devices = self.devices(now, moving)
         serving = {d for d, a in self.view.announces.items() if a.engines}
         if not serving:
             return devices
@@ -83,7 +78,7 @@ class DeploymentsMixin:
         assert isinstance(task, ModelDeployment)
         existing = self.state.deployments.get(task.deployment_id)
         if existing is not None:  # idempotent: a repeated request gets the live placement
-            return self._deployment_decision(existing, now)
+            return self.decision(existing, now)
         if task.model not in CATALOGUE:
             return PlacementDecision(
                 task_id=task.deployment_id,
@@ -123,9 +118,9 @@ class DeploymentsMixin:
             },
         )
         await self.save()
-        return self._deployment_decision(deployment, now)
+        return self.decision(deployment, now)
 
-    def _deployment_decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
+    def decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
         return PlacementDecision(
             task_id=deployment.deployment_id,
             kind="deployment",
@@ -160,7 +155,7 @@ class DeploymentsMixin:
                 epoch=deployment.epoch,
                 ts=now,
             )
-        decision = self._deployment_decision(deployment, now)
+        decision = self.decision(deployment, now)
         return decision.model_copy(update={"task_id": request_id, "kind": "inference"})
 
     async def undeploy(self, deployment_id: str) -> bool:
@@ -179,34 +174,26 @@ class DeploymentsMixin:
         only: set[str] | None = None,
     ) -> None:
         """Durable shard tasks (JetStream) to each device of ``deployment``."""
-        js = self.nc.jetstream()
-        shards = deployment.assignments
-        for i, a in enumerate(shards):
-            if only is not None and a.device_id not in only:
-                continue
-            task = ShardTask(
-                action=action,
-                deployment_id=deployment.deployment_id,
-                model=deployment.model,
-                device_id=a.device_id,
-                shard_index=a.shard_index,
-                shard_count=len(shards),
-                layer_start=a.layer_start,
-                layer_end=a.layer_end,
-                next_device_id=shards[i + 1].device_id if i + 1 < len(shards) else None,
-                route=tuple(s.device_id for s in shards),
-                epoch=deployment.epoch,
-                ts=now,
-            )
-            await js.publish(SHARD_TASK.subject(device_id=a.device_id), SHARD_TASK.encode(task))
+        shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
+        ring = shard_ring(
+            action,
+            deployment.deployment_id,
+            deployment.model,
+            [(a.device_id, a.layer_start, a.layer_end) for a in shards],
+            deployment.epoch,
+            now,
+        )
+        for task in ring:
+            if only is None or task.device_id in only:
+                await self.bus.publish_durable(SHARD_TASK, task, device_id=task.device_id)
 
     # -- failures -----------------------------------------------------------------------------
     async def migrate(self, device_id: str, now: float) -> None:
-        """Move every shard and task of a failed device to the best alternatives."""
+        """Move every shard of a failed device to the best alternatives."""
         for deployment in list(self.state.deployments.values()):
             if device_id not in self.state.devices_of(deployment.deployment_id):
                 continue
-            devices = self.model_devices(now)
+            devices = self.model_devices(now, moving=deployment.deployment_id)
             live = sum(not d.failed for d in devices)
             chosen = replan_deployment(
                 CATALOGUE[deployment.model],
@@ -243,11 +230,5 @@ class DeploymentsMixin:
                     "epoch": new.epoch,
                 },
             )
-            await self._announce(self._deployment_decision(new, now), None, None)
+            await self.announce(self.decision(new, now))
         await self.save()  # a restart must not bring back the placement before the move
-        moved = [a for a in self.state.active.values() if a.device_id == device_id]
-        for active in moved:
-            del self.state.active[active.task_id]
-            self.pending.append((active.request, None, None))
-            self.state.counters["migrations"] += 1
-            self.metrics.migrations.inc()

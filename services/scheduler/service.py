@@ -12,11 +12,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from libs.contracts import (
@@ -39,16 +36,17 @@ from libs.contracts import (
     ScoreUpdate,
 )
 from libs.contracts.keys import Keys
+from libs.contracts.profiles import DimensionWeights, Profile
 from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
 from libs.core.model import Device
 from libs.core.modes import ModeSwitcher
-from libs.core.profiles import BUILTIN_PROFILES, Profile
+from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
-from libs.runtime.bus import ensure_streams, publish, subscribe
+from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
 from services.scheduler.checkpoints import CheckpointStore
-from services.scheduler.deployments import DeploymentsMixin
+from services.scheduler.deployments import Deployments
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.state import ActiveTask, Pending, SchedulerState
@@ -58,25 +56,26 @@ from services.scheduler.view import ClusterView
 log = logging.getLogger(__name__)
 
 
-class Scheduler(DeploymentsMixin):
+class Scheduler:
     def __init__(
         self,
         settings: SchedulerSettings,
-        nc: NatsClient,
+        bus: Bus,
         redis: Redis,
+        checkpoints: CheckpointStore,
         metrics: SchedulerMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings, self.nc, self.redis, self.metrics, self.clock = (
+        self.settings, self.bus, self.redis, self.metrics, self.clock = (
             settings,
-            nc,
+            bus,
             redis,
             metrics,
             clock,
         )
         self.keys = Keys(settings.key_prefix)
         self.view = ClusterView(redis, self.keys)
-        self.checkpoints = CheckpointStore(redis, nc, self.keys, settings.checkpoints_kept)
+        self.checkpoints = checkpoints
         self.state = SchedulerState(
             mode=settings.mode, policy=settings.policy, profile=BUILTIN_PROFILES[settings.mode]
         )
@@ -88,16 +87,26 @@ class Scheduler(DeploymentsMixin):
         self.hints: dict[str, float] = {}
         self.rng = np.random.default_rng(0)
         self.background = Background("scheduler")
+        self.deployments = Deployments(
+            self.state,
+            self.view,
+            bus,
+            metrics,
+            clock,
+            devices=self.devices,
+            save=self.save,
+            announce=lambda decision: self._announce(decision, None, None),
+        )
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        await ensure_streams(self.nc)
         await self.view.load()
         checkpoint = await self.checkpoints.load()
         if checkpoint is not None:
             self.state = SchedulerState.restore(checkpoint, self.settings.decisions_kept)
+            self.deployments.state = self.state
             self.switcher.mode = self.state.mode
             self.policy = make_policy(self.state.policy, self.state.profile)
             log.info(
@@ -109,7 +118,7 @@ class Scheduler(DeploymentsMixin):
                     "corrupt_skipped": self.checkpoints.corrupt_seen,
                 },
             )
-        await self.redis.set(self.keys.mode, self.state.mode.value)
+        await self._store_mode()
         self._show_mode()
         # Reconcile with live telemetry: devices gone since the checkpoint count as failed.
         known = set(self.view.rows)
@@ -119,14 +128,14 @@ class Scheduler(DeploymentsMixin):
                     self.view.mark_failed(device_id)
                     self.newly_failed.append(device_id)
         self.pending = [(r, None, None) for r in self.state.queue]
-        options: dict[str, Any] = {"rejected": self._rejected}
+        rejected = self._rejected
         self.background.subscriptions += [
-            await subscribe(
-                self.nc, PLACEMENT_REQUEST, self.on_request, queue="scheduler", **options
+            await self.bus.subscribe(
+                PLACEMENT_REQUEST, self.on_request, queue="scheduler", rejected=rejected
             ),
-            await subscribe(self.nc, SCORE, self.on_score, **options),
-            await subscribe(self.nc, DEVICE_FAILED, self.on_failed, **options),
-            await subscribe(self.nc, DEVICE_RECOVERED, self.on_recovered, **options),
+            await self.bus.subscribe(SCORE, self.on_score, rejected=rejected),
+            await self.bus.subscribe(DEVICE_FAILED, self.on_failed, rejected=rejected),
+            await self.bus.subscribe(DEVICE_RECOVERED, self.on_recovered, rejected=rejected),
         ]
         self.background.every(self.settings.cycle_ms / 1000, self.cycle)
         self.background.every(self.settings.checkpoint_interval_s, self.save)
@@ -144,26 +153,27 @@ class Scheduler(DeploymentsMixin):
         self.metrics.rejections.labels(f"bad_message:{reason}").inc()
 
     # -- events -------------------------------------------------------------------------------
-    async def on_request(self, request: PlacementRequest, msg: Msg) -> None:
+    async def on_request(self, request: PlacementRequest, msg: Delivery) -> None:
         task = request.task
         if isinstance(task, InferenceRequest):
-            deployment = self.serving(task.model)
+            deployment = self.deployments.serving(task.model)
             if deployment is not None:  # routed at once: no need to wait for the next cycle
                 started = time.perf_counter()
-                decision = self.route_decision(task.request_id, deployment, self.clock())
+                now = self.clock()
+                decision = self.deployments.route_decision(task.request_id, deployment, now)
                 self.metrics.decision_seconds.observe(time.perf_counter() - started)
                 await self._announce(decision, msg.reply or None, None)
                 return
         self.pending.append((request, msg.reply or None, None))
 
-    async def on_score(self, update: ScoreUpdate, msg: Msg) -> None:
+    async def on_score(self, update: ScoreUpdate, msg: Delivery) -> None:
         self.to_refresh.add(update.device_id)
 
-    async def on_failed(self, event: DeviceFailed, msg: Msg) -> None:
+    async def on_failed(self, event: DeviceFailed, msg: Delivery) -> None:
         self.view.mark_failed(event.device_id)
         self.newly_failed.append(event.device_id)
 
-    async def on_recovered(self, event: DeviceRecovered, msg: Msg) -> None:
+    async def on_recovered(self, event: DeviceRecovered, msg: Delivery) -> None:
         self.view.mark_recovered(event.device_id)
         self.to_refresh.add(event.device_id)
 
@@ -174,8 +184,11 @@ class Scheduler(DeploymentsMixin):
         return await future
 
     # -- the decision cycle -------------------------------------------------------------------
-    def devices(self, now: float) -> list[Device]:
-        return self.view.devices(self.state.load_by_device(now), self.state.reserved_memory_gb())
+    def devices(self, now: float, moving: str | None = None) -> list[Device]:
+        """The fleet as the core sees it; memory held by deployments is not free, except that
+        of deployment ``moving`` (being re-placed: its old shards are dropped)."""
+        reserved = self.state.reserved_memory_gb(without=moving)
+        return self.view.devices(self.state.load_by_device(now), reserved)
 
     async def cycle(self) -> None:
         now = self.clock()
@@ -192,7 +205,7 @@ class Scheduler(DeploymentsMixin):
         tasks = [(r, reply, f) for r, reply, f in batch if not isinstance(r.task, ModelDeployment)]
         for request, reply, future in batch:
             if isinstance(request.task, ModelDeployment):
-                decision = await self.deploy(request, now)
+                decision = await self.deployments.deploy(request, now)
                 await self._announce(decision, reply, future)
         fleet = await self._place_tasks(tasks, now) if tasks else FleetState(self.devices(now))
         await self._send_hints(fleet, now)
@@ -219,6 +232,17 @@ class Scheduler(DeploymentsMixin):
             await self._announce(decision, reply, future)
         return fleet
 
+    async def migrate(self, device_id: str, now: float) -> None:
+        """Move every shard and task of a failed device to the best alternatives: shards
+        through the deployments, tasks back to the queue for the next cycle."""
+        await self.deployments.migrate(device_id, now)
+        moved = [a for a in self.state.active.values() if a.device_id == device_id]
+        for active in moved:
+            del self.state.active[active.task_id]
+            self.pending.append((active.request, None, None))
+            self.state.counters["migrations"] += 1
+            self.metrics.migrations.inc()
+
     async def _announce(
         self,
         decision: PlacementDecision,
@@ -237,10 +261,9 @@ class Scheduler(DeploymentsMixin):
         else:
             self.state.counters["rejected"] += 1
             self.metrics.rejections.labels((decision.reason or "unknown").split(":")[0]).inc()
-        data = PLACEMENT_DECISION.encode(decision)
-        await self.nc.publish(PLACEMENT_DECISION.subject(task_id=decision.task_id), data)
+        await self.bus.publish(PLACEMENT_DECISION, decision, task_id=decision.task_id)
         if reply:
-            await self.nc.publish(reply, data)
+            await self.bus.reply(reply, PLACEMENT_DECISION, decision)
         if future is not None and not future.done():
             future.set_result(decision)
 
@@ -267,9 +290,9 @@ class Scheduler(DeploymentsMixin):
         self.state.mode, self.state.profile = mode, BUILTIN_PROFILES[mode]
         self.policy = make_policy(self.state.policy, self.state.profile)
         self.state.counters["mode_changes"] += 1
-        await self.redis.set(self.keys.mode, mode.value)
+        await self._store_mode()
         change = ModeChange(mode=mode, previous=previous, manual=manual, reason=reason, ts=now)
-        await publish(self.nc, MODE_CHANGE, change)
+        await self.bus.publish(MODE_CHANGE, change)
         self._show_mode()
         log.warning(
             "mode changed",
@@ -281,13 +304,40 @@ class Scheduler(DeploymentsMixin):
             },
         )
 
-    def set_policy(self, name: str, profile: Profile | None) -> None:
-        """Raises ``KeyError`` for an unknown policy or plugin."""
+    async def set_policy(self, name: str, profile: Profile | None) -> None:
+        """Raises ``KeyError`` for an unknown policy or plugin. A profile's dimension weights
+        reach the scorer too, so the scores the policy reads are weighted as it says."""
         new = make_policy(name, profile or self.state.profile)
         self.policy, self.state.policy = new, name
         if profile is not None:
             self.state.profile = profile
+            await self._store_mode()
+            change = ModeChange(
+                mode=self.state.mode,
+                previous=self.state.mode,
+                manual=True,
+                reason=f"profile {profile.name} set",
+                ts=self.clock(),
+                weights=self._custom_weights(),
+            )
+            await self.bus.publish(MODE_CHANGE, change)
         self._show_mode()
+
+    def _custom_weights(self) -> DimensionWeights | None:
+        """The active profile's dimension weights where they differ from the mode's own."""
+        weights = self.state.profile.dimensions
+        return None if weights == BUILTIN_PROFILES[self.state.mode].dimensions else weights
+
+    async def _store_mode(self) -> None:
+        """The mode and the scorer's weights in Redis, for a scorer that starts later."""
+        weights = self._custom_weights()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.keys.mode, self.state.mode.value)
+        if weights is None:
+            pipe.delete(self.keys.weights)
+        else:
+            pipe.set(self.keys.weights, weights.model_dump_json())
+        await pipe.execute()
 
     def _show_mode(self) -> None:
         for mode in Mode:
@@ -321,7 +371,7 @@ class Scheduler(DeploymentsMixin):
                 frequency_scale=hint.frequency_scale,
                 reason=hint.reason,
             )
-            await publish(self.nc, DVFS_HINT, message, device_id=device_id)
+            await self.bus.publish(DVFS_HINT, message, device_id=device_id)
 
     async def save(self) -> None:
         now = self.clock()

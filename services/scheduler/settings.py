@@ -24,7 +24,6 @@ class SchedulerSettings(ServiceSettings):
     mode_dwell_s: float = Field(30.0, ge=0)
     policy: str = "dwps"
     mode: Mode = Mode.BALANCED
-    key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
     http_host: str = "127.0.0.1"
     http_port: int = Field(8100, ge=0, le=65535)
     #: This replica's name in the leader lease (one leads; the others wait to take over).

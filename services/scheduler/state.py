@@ -14,7 +14,8 @@ from libs.contracts import (
     PlacementRequest,
     SchedulerCheckpoint,
 )
-from libs.core.profiles import BUILTIN_PROFILES, Profile
+from libs.contracts.profiles import Profile
+from libs.core.profiles import BUILTIN_PROFILES
 
 #: A request waiting for the next cycle, with its reply subject and its caller's future.
 Pending = tuple[PlacementRequest, str | None, "asyncio.Future[PlacementDecision] | None"]
@@ -48,9 +49,12 @@ class SchedulerState:
             del self.active[task_id]
         return Counter(a.device_id for a in self.active.values())
 
-    def reserved_memory_gb(self) -> Counter[str]:
+    def reserved_memory_gb(self, without: str | None = None) -> Counter[str]:
+        """GB that deployments (all, or all but ``without``) hold on each device."""
         reserved: Counter[str] = Counter()
         for deployment in self.deployments.values():
+            if deployment.deployment_id == without:
+                continue
             for assignment in deployment.assignments:
                 reserved[assignment.device_id] += assignment.memory_gb  # type: ignore[assignment]
         return reserved

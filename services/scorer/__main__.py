@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from libs.runtime.bus import NatsBus
 from libs.runtime.connections import connected
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
@@ -20,7 +21,7 @@ async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
     metrics = ScorerMetrics.create()
     port = serve_metrics(metrics.registry, settings.metrics_port)
     async with connected(settings, "scorer") as (nc, redis):
-        scorer = Scorer(settings, nc, redis, metrics)
+        scorer = Scorer(settings, NatsBus(nc), redis, metrics)
         await scorer.start()
         announce_ready("scorer", metrics_port=port)
         await stop.wait()

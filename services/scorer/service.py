@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from libs.contracts import (
@@ -32,16 +30,18 @@ from libs.contracts import (
     DeviceAnnounce,
     DeviceFailed,
     DeviceRecovered,
+    DeviceState,
     Heartbeat,
     Mode,
     ModeChange,
     ScoreUpdate,
     TelemetrySample,
 )
-from libs.contracts.keys import Keys
+from libs.contracts.keys import SCORE_FIELDS, DeviceField, Keys, StatsField, scored_fields
+from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.scoring import DIMENSION_FIELDS, score_batch, uptime_and_failure_rate
-from libs.runtime.bus import publish, subscribe
+from libs.core.scoring import score_batch, uptime_and_failure_rate
+from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
 from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
@@ -49,22 +49,19 @@ from services.scorer.table import DeviceRecord, History, check_speeds, significa
 
 log = logging.getLogger(__name__)
 
-#: The hash field holding the device's latest validated sample, as JSON.
-RAW_FIELD = "raw"
-
 
 class Scorer:
     def __init__(
         self,
         settings: ScorerSettings,
-        nc: NatsClient,
+        bus: Bus,
         redis: Redis,
         metrics: ScorerMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings, self.nc, self.redis, self.metrics, self.clock = (
+        self.settings, self.bus, self.redis, self.metrics, self.clock = (
             settings,
-            nc,
+            bus,
             redis,
             metrics,
             clock,
@@ -77,6 +74,8 @@ class Scorer:
         self.unknown_until: dict[str, float] = {}
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
+        #: The active profile's dimension weights, when the scheduler set a custom profile.
+        self.custom_weights: DimensionWeights | None = None
         self.rescore_all = False
         #: Every announce seen, to write back if Redis comes back empty (restarted, no disk).
         self.known: dict[str, DeviceAnnounce] = {}
@@ -85,23 +84,27 @@ class Scorer:
 
     @property
     def weights(self) -> tuple[float, float, float, float, float]:
-        return BUILTIN_PROFILES[self.mode].dimensions.as_tuple()
+        """w1–w5: the active profile's (``PUT /policy``), else the mode's built-in ones."""
+        chosen = self.custom_weights or BUILTIN_PROFILES[self.mode].dimensions
+        return chosen.as_tuple()
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        stored = await self.redis.get(self.keys.mode)
+        stored, weights = await self.redis.mget([self.keys.mode, self.keys.weights])
         if stored in {m.value for m in Mode}:
             self.mode = Mode(str(stored))
-        options: dict[str, Any] = {"rejected": self.on_rejected, "pending_msgs_limit": 1_000_000}
+        if weights:
+            self.custom_weights = DimensionWeights.model_validate_json(weights)
+        rejected = self.on_rejected
         self.background.subscriptions += [
-            await subscribe(self.nc, ANNOUNCE, self.on_announce, **options),
-            await subscribe(self.nc, TELEMETRY, self.on_telemetry, **options),
-            await subscribe(self.nc, HEARTBEAT, self.on_heartbeat, **options),
-            await subscribe(self.nc, MODE_CHANGE, self.on_mode, **options),
+            await self.bus.subscribe(ANNOUNCE, self.on_announce, rejected=rejected),
+            await self.bus.subscribe(TELEMETRY, self.on_telemetry, rejected=rejected),
+            await self.bus.subscribe(HEARTBEAT, self.on_heartbeat, rejected=rejected),
+            await self.bus.subscribe(MODE_CHANGE, self.on_mode, rejected=rejected),
         ]
         # Agents that announced before we subscribed (or while we were down) announce again.
         request = AnnounceRequest(reason="scorer started", ts=self.clock())
-        await publish(self.nc, ANNOUNCE_REQUEST, request)
+        await self.bus.publish(ANNOUNCE_REQUEST, request)
         self.background.every(self.settings.flush_interval_ms / 1000, self.flush)
         self.background.every(self.settings.detector_interval_s, self.detect)
 
@@ -114,20 +117,23 @@ class Scorer:
         self.rejects[reason] += 1
         self.metrics.rejected.labels(channel, reason).inc()
 
-    async def on_announce(self, announce: DeviceAnnounce, msg: Msg) -> None:
+    async def on_announce(self, announce: DeviceAnnounce, msg: Delivery) -> None:
         self.announces[announce.device_id] = announce
 
-    async def on_telemetry(self, sample: TelemetrySample, msg: Msg) -> None:
+    async def on_telemetry(self, sample: TelemetrySample, msg: Delivery) -> None:
         self.buffer.append((sample, msg.data))  # the bytes were just validated: store as-is
 
-    async def on_heartbeat(self, heartbeat: Heartbeat, msg: Msg) -> None:
+    async def on_heartbeat(self, heartbeat: Heartbeat, msg: Delivery) -> None:
         self.heard[heartbeat.device_id] = self.clock()
 
-    async def on_mode(self, change: ModeChange, msg: Msg) -> None:
-        if change.mode != self.mode:
-            self.mode = change.mode
+    async def on_mode(self, change: ModeChange, msg: Delivery) -> None:
+        if change.mode != self.mode or change.weights != self.custom_weights:
+            self.mode, self.custom_weights = change.mode, change.weights
             self.rescore_all = True
-            log.info("mode changed", extra={"mode": change.mode.value, "reason": change.reason})
+            log.info(
+                "mode changed",
+                extra={"mode": change.mode.value, "reason": change.reason, "weights": self.weights},
+            )
 
     # -- flush --------------------------------------------------------------------------------
     async def flush(self) -> None:
@@ -173,7 +179,7 @@ class Scorer:
             record.latest = sample
             if record.failed:
                 await self._recover(record, now, pipe)
-            pipe.hset(self.keys.device(device_id), RAW_FIELD, raw[device_id])
+            pipe.hset(self.keys.device(device_id), DeviceField.SAMPLE, raw[device_id])
             stale = record.last_scored_at is None or (
                 now - record.last_scored_at >= self.settings.rescore_interval_s
             )
@@ -189,9 +195,9 @@ class Scorer:
         # Set only if missing: a 1 back means Redis lost what we wrote (or this is the first
         # flush), so every device is written again at once rather than when next rescored.
         marker = len(pipe)
-        pipe.hsetnx(self.keys.stats, "since", now)
+        pipe.hsetnx(self.keys.stats, StatsField.SINCE, now)
         if counted:
-            pipe.hincrby(self.keys.stats, "processed", counted)
+            pipe.hincrby(self.keys.stats, StatsField.PROCESSED, counted)
         for reason, count in self.rejects.items():
             pipe.hincrby(self.keys.stats, f"rejected:{reason}", count)
         self.rejects.clear()
@@ -284,17 +290,8 @@ class Scorer:
         for i, record in enumerate(due):
             row = dims.row(i)
             key = self.keys.device(record.device_id)
-            pipe.hset(
-                key,
-                mapping={
-                    **row,
-                    "class": record.device_class.value,
-                    "state": "alive",
-                    "scored_at": now,
-                    "mode": self.mode.value,
-                    "speed_scale": record.speed_scale,
-                },
-            )
+            fields = scored_fields(row, record.device_class, now, self.mode, record.speed_scale)
+            pipe.hset(key, mapping=fields)
             pipe.expire(key, ttl)
             record.last_scored_at, record.last_scored = now, record.latest
             record.scores = row
@@ -305,8 +302,8 @@ class Scorer:
                 mode=self.mode,
                 **row,
             )
-            await publish(self.nc, SCORE, update, device_id=record.device_id)
-        for name in DIMENSION_FIELDS:
+            await self.bus.publish(SCORE, update, device_id=record.device_id)
+        for name in SCORE_FIELDS:
             values = getattr(dims, name)
             pipe.zadd(
                 self.keys.rank(name),
@@ -324,9 +321,9 @@ class Scorer:
             record.failed = True
             record.history.failures += 1
             record.history.down_since = record.last_seen
-            pipe.hset(self.keys.device(record.device_id), "state", "failed")
+            pipe.hset(self.keys.device(record.device_id), DeviceField.STATE, DeviceState.FAILED)
             pipe.sadd(self.keys.failed, record.device_id)
-            for name in DIMENSION_FIELDS:
+            for name in SCORE_FIELDS:
                 pipe.zrem(self.keys.rank(name), record.device_id)
             self._save_history(record, pipe)
             event = DeviceFailed(
@@ -335,7 +332,7 @@ class Scorer:
                 last_seen_ts=record.last_seen,
                 missed_heartbeats=self.settings.heartbeat_misses,
             )
-            await publish(self.nc, DEVICE_FAILED, event, device_id=record.device_id)
+            await self.bus.publish(DEVICE_FAILED, event, device_id=record.device_id)
             self.metrics.failures.inc()
             log.warning(
                 "device failed",
@@ -352,7 +349,7 @@ class Scorer:
         pipe.srem(self.keys.failed, record.device_id)
         self._save_history(record, pipe)
         event = DeviceRecovered(device_id=record.device_id, ts=now, down_for_s=now - down_since)
-        await publish(self.nc, DEVICE_RECOVERED, event, device_id=record.device_id)
+        await self.bus.publish(DEVICE_RECOVERED, event, device_id=record.device_id)
         self.metrics.recoveries.inc()
         log.info("device recovered", extra={"device_id": record.device_id})
 

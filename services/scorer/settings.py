@@ -15,7 +15,6 @@ class ScorerSettings(ServiceSettings):
         env_prefix="TESSERA_SCORER_", extra="ignore", populate_by_name=True
     )
 
-    key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
     #: Re-score a stable device at least this often (s).
     rescore_interval_s: float = Field(30.0, gt=0, le=3600)
     #: A device is failed after this many missed heartbeats.

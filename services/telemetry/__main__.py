@@ -12,7 +12,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from libs.devices.fleetfile import FleetSpec, build, load_fleet, mixed
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.bus import NatsBus, close_nats, connect_nats
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
@@ -38,8 +38,8 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
     nc = await connect_nats(settings.nats_url, "telemetry", ca_file=settings.nats_ca)
     run: Callable[[asyncio.Event], Awaitable[None]]
     if settings.mode == "host":
-        from services.telemetry.calibration import cached
-        from services.telemetry.host import HostAgent
+        from libs.agents.host import HostAgent
+        from libs.devices.calibration import cached
 
         def progress(step: str, done: int, total: int) -> None:
             log.info("calibrating", extra={"step": step, "done": done, "total": total})
@@ -52,15 +52,15 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
                 "seconds": round(calibration.seconds, 2),
             },
         )
-        run = HostAgent(nc, calibration, settings.interval_s).run
+        run = HostAgent(NatsBus(nc), calibration, settings.interval_s).run
         devices = 1
     else:
-        from services.telemetry.fleet import FleetAgent
+        from libs.agents.fleet import FleetAgent
 
         spec = fleet_spec(settings)
         fleet = build(spec, now=time.time())  # scripted faults count from now
         run = FleetAgent(
-            nc,
+            NatsBus(nc),
             fleet,
             settings.interval_s,
             seed=spec.seed,

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 from nats.aio.client import Client as NatsClient
 
+from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.models.store import prepare
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.bus import NatsBus, close_nats, connect_nats
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
 from libs.runtime.tracing import configure_tracing
-from services.telemetry.calibration import Calibration, cached
 from services.worker.base import DeviceWorker
 from services.worker.metrics import WorkerMetrics
 from services.worker.service import Worker
@@ -84,7 +84,7 @@ def make_worker(
 
 
 async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
-    from services.telemetry.fleet import FleetAgent
+    from libs.agents.fleet import FleetAgent
 
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()
@@ -101,7 +101,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     await worker.start()
     if settings.preload and isinstance(worker, Worker):
         await worker.preload()
-    agent = FleetAgent(nc, [device], settings.interval_s, seed=settings.seed)
+    agent = FleetAgent(NatsBus(nc), [device], settings.interval_s, seed=settings.seed)
     telemetry = asyncio.create_task(agent.run(stop))
     background = Background("worker")
 

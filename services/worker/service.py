@@ -31,6 +31,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import (
     CANCEL,
     HIDDEN,
@@ -46,7 +47,6 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
 from libs.runtime.tracing import carried, step
-from services.telemetry.fleet import shard_intensity, work_key
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine import Action, Emit, Send, ShardEngine
 from services.worker.metrics import WorkerMetrics

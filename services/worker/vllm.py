@@ -19,9 +19,9 @@ from pathlib import Path
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import GenerationCancel, GenerationRequest, ShardTask, TokenChunk
 from libs.devices.emulated import EmulatedDevice
-from services.telemetry.fleet import shard_intensity, work_key
 from services.worker.base import DeviceWorker, failure
 from services.worker.gpu import read_gpu
 from services.worker.metrics import WorkerMetrics

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import queue
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from libs.runtime.procs import free_port
-
-BIN = Path(sys.executable).parent
+from libs.runtime.procs import ServiceProcess, free_port
 
 
 def descendants(pid: int) -> set[int]:
@@ -47,60 +40,41 @@ def alive(pid: int) -> bool:
 
 
 class RunningCluster:
-    """``tessera up`` in a subprocess, its output collected line by line."""
+    """``tessera up`` in a subprocess (``python -m libs.cli.main up``), its output kept."""
 
     def __init__(self, *args: str, devices: int = 0, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str] = queue.Queue()
         self.run_file = Path(tempfile.mkdtemp()) / "cluster.json"
-        env = dict(
-            os.environ,
-            TESSERA_GATEWAY_PORT=str(self.port),
-            TESSERA_RUN_FILE=str(self.run_file),
-            TESSERA_SCHEDULER_HTTP_PORT=str(free_port()),
-            COLUMNS="200",
+        env = {
+            "TESSERA_GATEWAY_PORT": str(self.port),
+            "TESSERA_RUN_FILE": str(self.run_file),
+            "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
+            "COLUMNS": "200",
             **(env or {}),
-        )
-        self.process = subprocess.Popen(
-            [str(BIN / "tessera"), "up", "--devices", str(devices), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
+        }
+        argv = ["-m", "libs.cli.main", "up", "--devices", str(devices), *args]
+        self.child = ServiceProcess("tessera up", env, argv).start(ready_timeout_s=None)
+        assert self.child.process is not None
+        self.process = self.child.process
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip())
-            self._queue.put(line)
+    @property
+    def lines(self) -> list[str]:
+        return [str(line.get("msg", line)) for line in self.child.lines]
 
     def wait_for(self, text: str, timeout_s: float = 120.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                if self.process.poll() is not None:
-                    break
-                continue
-            if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r}; output:\n" + "\n".join(self.lines[-60:]))
+        try:
+            line = self.child.wait_for(lambda line: text in str(line.get("msg", "")), timeout_s)
+        except TimeoutError:
+            tail = "\n".join(self.lines[-60:])
+            raise AssertionError(f"no line with {text!r}; output:\n{tail}") from None
+        return str(line["msg"])
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        self.child.stop(timeout_s=30)
 
 
 def process_with_env(root: int, key: str, value: str) -> int | None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from libs.runtime.chaos import FAULTS, Chaos
+from libs.harness.chaos import FAULTS, Chaos
 
 pytestmark = pytest.mark.timeout(900)
 

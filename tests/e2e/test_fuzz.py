@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from libs.harness.fuzz import flood, tally
 from libs.runtime.bus import close_nats, connect_nats
-from libs.runtime.fuzz import flood, tally
 from tests.builders import sample_messages
 from tests.e2e.cluster import RunningCluster
 
@@ -55,7 +55,7 @@ def test_malformed_messages_are_refused_counted_and_survived(cluster: RunningClu
     assert set(counts) == {"scorer", "scheduler", "worker-0", "gateway"}
 
     assert not [line for line in cluster.lines if "exited" in line]  # nothing crashed
-    # The doors' passwords never show in a log line (the run file, 0600, holds the admin's).
+    # No password shows in a log line (the run file, mode 0600, holds the admin's).
     assert not [line for line in cluster.lines if re.search(r"://[^\s/@:]+:[^\s/@]+@", line)]
     assert cluster.run_file.stat().st_mode & 0o077 == 0
     client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="none", max_retries=0)

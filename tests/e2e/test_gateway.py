@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -141,6 +143,35 @@ def test_more_requests_than_the_limit_get_429_with_retry_after(client: openai.Op
     assert refused.value.response.headers["retry-after"] == "1"
     for stream in streams:
         stream.close()
+
+
+async def test_a_burst_of_streams_past_the_limit_gets_429_for_the_excess(
+    cluster: RunningCluster,
+) -> None:
+    """Six streams opened at once against a limit of two: a request counts as in flight from
+    the moment it is admitted, not from its first token, so at most two get through."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 64,
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
+
+        async def open_stream() -> int:
+            request = http.build_request(
+                "POST", f"{cluster.base_url}/v1/chat/completions", json=body, headers=headers
+            )
+            response = await http.send(request, stream=True)
+            stack.push_async_callback(response.aclose)
+            return response.status_code
+
+        statuses = await asyncio.gather(*(open_stream() for _ in range(6)))
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) <= 2
+    assert statuses.count(429) >= 4
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])

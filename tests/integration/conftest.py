@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from libs.runtime.servers import NatsServer, RedisServer
+from libs.cluster.servers import NatsServer, RedisServer
 from tests.processes import ServiceProcess, service_env
 
 

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from libs.cluster.servers import RedisServer
 from libs.contracts import Assignment, BatchJob, Mode, PlacementDecision
-from libs.runtime.servers import RedisServer
 from services.batch.app import make_app
-from services.batch.dispatch import Dispatcher
+from services.batch.dispatch import Dispatcher, JobBook
 from services.batch.settings import BatchSettings
 from services.batch.training import checkpoint_step, train
 from tests.processes import ServiceProcess
@@ -42,7 +43,7 @@ def celery_worker(device_id: str, settings: BatchSettings) -> ServiceProcess:
         "TESSERA_OTLP_ENDPOINT": f"file://{settings.checkpoint_dir.parent / 'spans'}",
     }
     ready = lambda e: " ready." in e.get("msg", "")  # noqa: E731
-    return ServiceProcess(f"celery-{device_id}", env, argv, ready).start(60)
+    return ServiceProcess(f"celery-{device_id}", env, argv, ready_line=ready).start(60)
 
 
 @pytest.fixture
@@ -67,6 +68,36 @@ def decision(job_id: str, device_id: str, epoch: int) -> PlacementDecision:
     )
 
 
+def book(settings: BatchSettings) -> JobBook:
+    return JobBook(redis.Redis.from_url(settings.broker_url), "t", settings.job_ttl_s)
+
+
+def test_a_restarted_dispatcher_still_knows_its_jobs_and_where_they_ran(
+    settings: BatchSettings,
+) -> None:
+    """What the dispatcher knows lives in Redis: after a restart, a job re-placed elsewhere
+    goes out as its next attempt, and a repeated placement is not sent twice."""
+    # A broker database of its own: no worker of the other test takes these jobs.
+    settings = settings.model_copy(update={"broker_url": settings.broker_url[:-1] + "4"})
+    app = make_app(settings)
+    job = BatchJob(
+        job_id="restart-1",
+        task_name="tessera.train",
+        work_gflop=1.0,
+        memory_gb=0.1,
+        args={"steps": 5},
+    )
+    first = Dispatcher(app, book(settings))
+    first.remember(job)
+    assert first.on_decision(decision(job.job_id, "cw-a", 1)) is not None
+    again = Dispatcher(app, book(settings))  # a new process: nothing in memory
+    assert again.on_decision(decision(job.job_id, "cw-a", 1)) is None
+    moved = again.on_decision(decision(job.job_id, "cw-b", 2))
+    assert moved is not None and moved.id == "restart-1-2"
+    client = redis.Redis.from_url(settings.broker_url)
+    assert 0 < client.ttl(f"t:batch:job:{job.job_id}") <= settings.job_ttl_s  # it expires
+
+
 def wait_for_checkpoint(settings: BatchSettings, job_id: str, step: int) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -82,7 +113,7 @@ def test_a_training_job_killed_mid_run_resumes_from_its_checkpoint_elsewhere(
 ) -> None:
     reference = train("reference", STEPS, tmp_path / "reference")  # never interrupted
     app = make_app(settings)
-    dispatcher = Dispatcher(app)
+    dispatcher = Dispatcher(app, book(settings))
     job = BatchJob(
         job_id="train-1",
         task_name="tessera.train",

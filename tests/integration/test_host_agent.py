@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 from redis.asyncio import Redis
 
-from libs.contracts.keys import Keys
-from libs.runtime.servers import NatsServer, RedisServer
+from libs.cluster.servers import NatsServer, RedisServer
+from libs.contracts.keys import DeviceRow, Keys
 from tests.processes import ServiceProcess
+from tests.waiting import wait_until_async
 
 
 async def test_host_agent_is_calibrated_once_and_scored(
@@ -23,7 +23,7 @@ async def test_host_agent_is_calibrated_once_and_scored(
     env = {
         "TESSERA_NATS_URL": nats_server.url,
         "TESSERA_REDIS_URL": redis_server.url,
-        "TESSERA_SCORER_KEY_PREFIX": uid,
+        "TESSERA_KEY_PREFIX": uid,
         "TESSERA_TELEMETRY_MODE": "host",
         "TESSERA_TELEMETRY_INTERVAL_S": "1",
         "TESSERA_TELEMETRY_CACHE_DIR": str(tmp_path),
@@ -46,14 +46,12 @@ async def test_host_agent_is_calibrated_once_and_scored(
             rows[:] = [str(k) for k in await redis.zrange(keys.rank("total"), 0, -1)]
             return bool(rows)
 
-        for _ in range(100):
-            if await scored():
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async(scored, timeout_s=60)
         [device_id] = rows
         assert device_id.startswith("host-")
-        raw = json.loads(await redis.hget(keys.device(device_id), "raw"))
-        assert raw["memory_total_gb"] > 1 and raw["network_rtt_ms"] >= 0
+        row = DeviceRow.decode(device_id, await redis.hgetall(keys.device(device_id)))
+        assert row.sample is not None and row.device_class is not None
+        assert row.sample.memory_total_gb > 1 and row.sample.network_rtt_ms >= 0
 
         host.stop()
         second = ServiceProcess("telemetry", env).start()  # reads the cache: no calibration

@@ -11,12 +11,12 @@ import torch
 from nats.aio.client import Client as NatsClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from libs.cluster.servers import NatsServer
 from libs.contracts import Sampling, TokenChunk
+from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.generation import GenerationClient, RouteBook
-from libs.runtime.servers import NatsServer
-from services.worker.local import LocalWorkers, even_split, place, route_of, shard_tasks
+from services.gateway.generation import GenerationClient, Route, RouteBook
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,7 +53,7 @@ async def deploy(nc: NatsClient, devices: tuple[str, ...], book: RouteBook, epoc
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(deployment, MODEL_NAME, devices, even_split(30, len(devices)), epoch)
     assert [s.state for s in await place(nc, tasks)] == ["loaded"] * len(devices)
-    book.set(route_of(tasks))
+    book.set(Route.of_tasks(tasks))
     return deployment
 
 
@@ -110,7 +110,7 @@ async def test_killing_a_shard_worker_mid_stream_completes_the_request_once(
             # What the scheduler does on the failure: the whole model on a live device, epoch 2.
             tasks = shard_tasks(deployment, MODEL_NAME, ("pw-b",), [(0, 30)], epoch=2)
             await place(nc, tasks)
-            book.set(route_of(tasks))
+            book.set(Route.of_tasks(tasks))
     assert tokens(chunks) == expected
     assert [c.index for c in chunks[:-1]] == list(range(40))  # each token once, in order
     assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 40
@@ -155,7 +155,7 @@ async def test_a_request_for_a_shard_still_loading_waits_and_a_cancel_stops_it(
     client = GenerationClient(nc, book)
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(deployment, MODEL_NAME, ("pw-a",), [(0, 30)], 1)
-    book.set(route_of(tasks))
+    book.set(Route.of_tasks(tasks))
     ids = prompt_ids(tokenizer, "Count to one hundred.")
     received: list[TokenChunk] = []
 

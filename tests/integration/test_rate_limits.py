@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 
+from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.procs import free_port
-from libs.runtime.servers import NatsServer, RedisServer
 from tests.processes import GATEWAY_STOPPED, ServiceProcess
 
 

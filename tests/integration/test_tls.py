@@ -1,4 +1,4 @@
-"""TLS on both doors: a nats-server that requires it (clients must trust its CA) and the gateway
+"""TLS on both entrances: a nats-server that requires it (clients must trust its CA) and the gateway
 serving HTTPS while it reaches NATS over TLS. The certificates come from a throwaway CA."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import nats
 import pytest
 import trustme
 
+from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.bus import close_nats, connect_nats
 from libs.runtime.procs import free_port
-from libs.runtime.servers import NatsServer, RedisServer
 from tests.processes import GATEWAY_STOPPED, ServiceProcess
 
 

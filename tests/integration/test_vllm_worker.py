@@ -14,13 +14,13 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from libs.cluster.servers import NatsServer
 from libs.contracts import GENERATION, TOKENS, GenerationRequest, Sampling, TokenChunk
+from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
 from libs.runtime.bus import subscribe
-from libs.runtime.generation import GenerationClient, RouteBook
-from libs.runtime.servers import NatsServer
-from services.worker.local import LocalWorkers, even_split, place, route_of, shard_tasks
+from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.worker.settings import WorkerSettings
 
 VLLM_PYTHON = WorkerSettings().vllm_python
@@ -81,7 +81,7 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
     (status,) = await place(nc, tasks, timeout_s=400)
     assert status.state == "loaded", status.reason
     book = RouteBook()
-    book.set(route_of(tasks))
+    book.set(Route.of_tasks(tasks))
     client = GenerationClient(nc, book)
     tokenizer = AutoTokenizer.from_pretrained(prepare())
     for text in PROMPTS:

@@ -1,10 +1,19 @@
-"""The shape of the code: a pure core, subjects written in one place."""
+"""The shape of the code: a pure core, dependencies pointing one way, subjects in one place.
+
+The rooms, and who may use whom:
+- ``libs/contracts`` (wire types, Redis layout) uses no other package of ours;
+- ``libs/core``, ``libs/devices``, ``libs/sim`` are pure: no I/O library, even transitively;
+- ``libs/runtime`` (service plumbing) knows neither the local cluster nor the test harness;
+- ``libs/*`` never imports ``services``; a service never imports another service, the CLI,
+  the local cluster or the harness.
+"""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,17 +24,70 @@ FORBIDDEN = ("nats", "redis", "fastapi", "starlette", "uvicorn", "celery", "open
 PURE_PACKAGES = [p for p in ("contracts", "core", "devices", "sim") if (ROOT / "libs" / p).is_dir()]
 
 
+def imports_of(path: Path) -> list[str]:
+    """Every absolute module a file imports (at its top or inside functions)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def wrong_way(folder: str, allowed: Callable[[Path, str], bool]) -> list[str]:
+    """``file: module`` for each import of ours under ``folder`` that ``allowed`` refuses."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for name in imports_of(path):
+            if name.split(".")[0] in ("libs", "services") and not allowed(path, name):
+                found.append(f"{path.relative_to(ROOT)}: {name}")
+    return found
+
+
+def package_of(module: str) -> str:
+    """``libs.core.x`` → ``libs.core``; ``services.gateway.x`` → ``services.gateway``."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_libs_never_import_services() -> None:
+    assert wrong_way("libs", lambda path, name: not name.startswith("services")) == []
+
+
+def test_no_service_imports_another_or_the_tools_above_it() -> None:
+    def allowed(path: Path, name: str) -> bool:
+        own = "services." + path.relative_to(ROOT / "services").parts[0]
+        if name.startswith("services"):
+            return package_of(name) == own
+        return package_of(name) not in ("libs.cli", "libs.cluster", "libs.harness")
+
+    assert wrong_way("services", allowed) == []
+
+
+def test_contracts_import_no_other_package_of_ours() -> None:
+    assert wrong_way("libs/contracts", lambda p, name: name.startswith("libs.contracts")) == []
+
+
+def test_runtime_knows_neither_the_cluster_nor_the_harness() -> None:
+    def allowed(path: Path, name: str) -> bool:
+        return package_of(name) not in ("libs.cluster", "libs.harness", "libs.cli")
+
+    assert wrong_way("libs/runtime", allowed) == []
+
+
+def test_only_benchmarks_tests_and_the_cli_use_the_harness() -> None:
+    def allowed(path: Path, name: str) -> bool:
+        return package_of(name) != "libs.harness" or path.is_relative_to(ROOT / "libs/harness")
+
+    assert wrong_way("libs", allowed) == []
+    assert wrong_way("services", allowed) == []
+
+
 @pytest.mark.parametrize("package", PURE_PACKAGES)
 def test_pure_packages_import_no_io_library_directly(package: str) -> None:
     offenders = []
     for path in (ROOT / "libs" / package).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+        offenders += [f"{path.name}: {n}" for n in imports_of(path) if n.split(".")[0] in FORBIDDEN]
     assert offenders == []
 
 
@@ -52,8 +114,6 @@ def test_subject_strings_appear_only_in_the_contracts() -> None:
 def test_environment_is_read_only_by_settings() -> None:
     allowed = {
         ROOT / "libs" / "runtime" / "settings.py",
-        ROOT / "libs" / "runtime" / "launcher.py",
-        ROOT / "services" / "worker" / "local.py",  # starts worker processes, as the launcher does
     }
     hits = []
     for folder in ("libs", "services"):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
-from libs.runtime.launcher import available_services
+from libs.cluster.launcher import available_services
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -83,14 +83,14 @@ def test_alertmanager_config_is_valid() -> None:
     assert re.search(r"SUCCESS", out)
 
 
-def test_tessera_doors_writes_every_credential_compose_asks_for(tmp_path: Path) -> None:
-    from libs.runtime.doors import Doors, service_grants
+def test_tessera_access_writes_every_credential_compose_asks_for(tmp_path: Path) -> None:
+    from libs.cluster.access import AccessControl, service_grants
 
-    env = Doors(["worker-0"]).write_compose(tmp_path, [*service_grants(), "admin"])
+    env = AccessControl(["worker-0"]).write_compose(tmp_path, [*service_grants(), "admin"])
     defined = {line.split("=", 1)[0] for line in env.read_text().splitlines()}
     asked = set(
         re.findall(
-            r"\$\{(TESSERA_[A-Z0-9_]+):\?run tessera doors\}",
+            r"\$\{(TESSERA_[A-Z0-9_]+):\?run tessera access\}",
             (ROOT / "docker-compose.yml").read_text(),
         )
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from libs.core.exact import Infeasible, Job, Machine, list_schedule, solve
-from libs.core.reference import optimum, random_instance, run_policy
+from libs.harness.reference import optimum, random_instance, run_policy
 
 HEURISTICS = [
     "dwps",

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from libs.contracts import DeviceClass, Mode
+from libs.contracts.profiles import load_profile
 from libs.core.dwps import Dwps
 from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
 from libs.core.pipeline import Pipeline
-from libs.core.profiles import BUILTIN_PROFILES, load_profile
+from libs.core.profiles import BUILTIN_PROFILES
 from tests.builders import make_device, make_task, mixed_fleet
 
 RNG = np.random.default_rng(0)
@@ -129,14 +130,3 @@ def test_profiles_are_configuration_and_validated() -> None:
     data = BUILTIN_PROFILES[Mode.ENERGY].model_dump() | {"filters": ("memory", "teleport")}
     with pytest.raises(KeyError, match="teleport"):
         Pipeline(load_profile(data))
-
-
-def test_profile_files_load_and_match_the_builtins() -> None:
-    from pathlib import Path
-
-    import yaml
-
-    folder = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
-    for mode, profile in BUILTIN_PROFILES.items():
-        loaded = load_profile(yaml.safe_load((folder / f"{mode.value}.yaml").read_text()))
-        assert loaded == profile

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from libs.contracts.admin import POLICY_NAMES
 from libs.core.fleet import FleetState
 from libs.core.model import TaskKind
 from libs.core.queueing import MlfqQueue, RoundRobinQueue, fcfs_queue, priority_queue, sjf_queue
@@ -47,6 +48,7 @@ def tasks(n: int, **over: object) -> list:  # type: ignore[type-arg]
 
 def test_registry_has_every_name_the_issue_lists() -> None:
     assert set(POLICIES) >= ISSUE_NAMES
+    assert set(POLICIES) == set(POLICY_NAMES)  # what the admin API documents and accepts
     with pytest.raises(KeyError, match="unknown policy 'nope'"):
         make_policy("nope")
 

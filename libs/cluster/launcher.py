@@ -3,7 +3,7 @@
 Starts an embedded nats-server and redis-server, then every service that exists
 (``services/<name>/__main__.py``) with the shared environment, prints their logs with a
 coloured prefix, waits until each has logged ``ready`` (and the gateway answers /healthz),
-and stops them all, children first. ``libs/runtime/up.py`` runs it in the foreground.
+and stops them all, children first. ``libs/cluster/up.py`` runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -24,10 +21,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from libs.runtime.doors import REDIS_USERS, Doors
-from libs.runtime.lifecycle import READY_MESSAGE
-from libs.runtime.procs import child_kwargs, free_port, stop_process
-from libs.runtime.servers import NatsServer, RedisServer
+from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.cluster.servers import NatsServer, RedisServer
+from libs.runtime.procs import Line, ServiceProcess, free_port
+from libs.runtime.settings import child_env
 
 #: Start order: consumers before producers, the front door last.
 SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
@@ -37,14 +34,6 @@ COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_c
 def available_services(names: Iterable[str] = SERVICE_ORDER) -> list[str]:
     """The services that have an entry point (``services.<name>.__main__``)."""
     return [n for n in names if importlib.util.find_spec(f"services.{n}.__main__") is not None]
-
-
-@dataclass
-class Child:
-    name: str
-    colour: str
-    process: subprocess.Popen[bytes]
-    ready: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -65,8 +54,8 @@ class UpOptions:
     ready_timeout_s: float = 180.0
     extra_env: dict[str, str] = field(default_factory=dict)
     #: NATS users with subject permissions and Redis ACL users, one per service and worker
-    #: (``libs/runtime/doors.py``); passwords drawn per run, the admin's in the run file only.
-    doors: bool = True
+    #: (``libs/cluster/access.py``); passwords drawn per run, the admin's in the run file only.
+    access: bool = True
     run_file: Path | None = None
 
 
@@ -75,12 +64,13 @@ class Cluster:
         self.options = options
         self.console = console or Console(highlight=False)
         workers = [name for name, _ in self.worker_names()]
-        self.doors = Doors(workers) if options.doors else None
+        self.access = AccessControl(workers) if options.access else None
         self.nats = NatsServer()
-        self.redis = RedisServer(acl=self.doors.redis_acl() if self.doors else None)
-        if self.doors is not None:
-            self.nats.config = self.doors.write_nats_config(self.nats.data_dir / "nats.conf")
-        self.children: list[Child] = []
+        self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
+        if self.access is not None:
+            self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
+        self.children: list[ServiceProcess] = []
+        self.colours: dict[str, str] = {}
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
         self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
@@ -92,7 +82,7 @@ class Cluster:
 
     # -- environment shared by every child ------------------------------------------------
     def child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = child_env()
         env.update(
             TESSERA_NATS_URL=self.nats.url,
             TESSERA_REDIS_URL=self.redis.url,
@@ -118,13 +108,13 @@ class Cluster:
         return env
 
     def urls(self, user: str) -> dict[str, str]:
-        """NATS and Redis URLs with ``user``'s credentials (plain ones without doors)."""
-        if self.doors is None:
+        """NATS and Redis URLs with ``user``'s credentials (plain ones without access control)."""
+        if self.access is None:
             return {"nats": self.nats.url, "redis": self.redis.url}
         redis_user = user if user in REDIS_USERS else None
         return {
-            "nats": self.doors.nats_url(self.nats.url, user),
-            "redis": self.doors.redis_url(self.redis.url, redis_user) if redis_user else "",
+            "nats": self.access.nats_url(self.nats.url, user),
+            "redis": self.access.redis_url(self.redis.url, redis_user) if redis_user else "",
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -141,32 +131,30 @@ class Cluster:
             if not self._wait_child(child):
                 return
 
-    def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> Child:
+    def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
         access = {"TESSERA_NATS_URL": urls["nats"]}
         if urls["redis"]:
             access["TESSERA_REDIS_URL"] = urls["redis"]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{service}"],
-            env={**self.child_env(), **access, **extra},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            **child_kwargs(),
+        self.colours[name] = colour
+        child = ServiceProcess(
+            name,
+            {**self.child_env(), **access, **extra},
+            ["-m", f"services.{service}"],
+            on_line=lambda line: self.say(name, render(line), colour),
         )
-        child = Child(name, colour, proc)
-        threading.Thread(target=self._pump, args=(child,), daemon=True).start()
-        return child
+        return child.start(ready_timeout_s=None)
 
-    def child(self, name: str) -> Child:
+    def child(self, name: str) -> ServiceProcess:
         return next(c for c in self.children if c.name == name)
 
     def respawn(self, name: str, timeout_s: float = 120.0) -> bool:
         """Start ``name`` again after it exited (the chaos harness's restart); True once ready."""
         old = self.child(name)
-        if old.process.poll() is None:
+        if old.alive:
             raise RuntimeError(f"{name} is still running")
         _, service, extra = next(p for p in self.planned() if p[0] == name)
-        new = self._spawn(name, service, extra, old.colour)
+        new = self._spawn(name, service, extra, self.colours[name])
         self.children[self.children.index(old)] = new
         self._deadline = time.monotonic() + timeout_s
         return self._wait_child(new)
@@ -194,7 +182,7 @@ class Cluster:
                     "TESSERA_WORKER_SEED": str(i),
                     "TESSERA_WORKER_METRICS_PORT": str(port),
                     # workers share this machine's cores
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                    "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", "1"),
                 }
                 out.append((name, service, env))
         return out
@@ -204,22 +192,19 @@ class Cluster:
         torch = [(f"worker-{i}", "torch") for i in range(self.options.workers)]
         return torch + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
 
-    def _standby_exists(self, child: Child) -> bool:
+    def _standby_exists(self, child: ServiceProcess) -> bool:
         """A scheduler replica may exit while another one runs: it takes over."""
         replicas = [c for c in self.children if c.name in self.scheduler_ports]
-        return child in replicas and any(c.process.poll() is None for c in replicas)
+        return child in replicas and any(c.alive for c in replicas)
 
-    def is_worker(self, child: Child) -> bool:
+    def is_worker(self, child: ServiceProcess) -> bool:
         return self.is_worker_name(child.name)
 
     def is_worker_name(self, name: str) -> bool:
         return name in dict(self.worker_names())
 
-    def _wait_child(self, child: Child) -> bool:
-        while not child.ready.wait(0.1):
-            if child.process.poll() is not None or time.monotonic() > self._deadline:
-                return False
-        return True
+    def _wait_child(self, child: ServiceProcess) -> bool:
+        return child.wait_ready(max(0.0, self._deadline - time.monotonic()))
 
     def wait_ready(self) -> bool:
         if not all(self._wait_child(c) for c in self.children):
@@ -243,28 +228,28 @@ class Cluster:
             time.sleep(0.1)
         return False
 
-    def first_exited(self, essential: bool = False) -> Child | None:
+    def first_exited(self, essential: bool = False) -> ServiceProcess | None:
         """The first child that exited (with ``essential``, workers do not count)."""
         for child in self.children:
             if essential and (self.is_worker(child) or self._standby_exists(child)):
                 continue
-            if child.process.poll() is not None:
+            if not child.alive:
                 return child
         return None
 
     def exited_workers(self) -> set[str]:
-        return {c.name for c in self.children if self.is_worker(c) and c.process.poll() is not None}
+        return {c.name for c in self.children if self.is_worker(c) and not c.alive}
 
     def stop(self) -> None:
         if self._stopping:
             return
         self._stopping = True
         for child in reversed(self.children):
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
+            child.terminate()
         for child in reversed(self.children):
-            code = stop_process(child.process, timeout_s=15)
-            self.say(child.name, exit_text(code), child.colour)
+            code = child.stop(timeout_s=15)
+            if code is not None:
+                self.say(child.name, exit_text(code), self.colours[child.name])
         self.nats.close()
         self.redis.close()
         if self.options.run_file is not None:
@@ -308,14 +293,6 @@ class Cluster:
         line.append(message)
         self.console.print(line, soft_wrap=True)
 
-    def _pump(self, child: Child) -> None:
-        assert child.process.stdout is not None
-        for raw in child.process.stdout:
-            text = raw.decode(errors="replace").rstrip()
-            if not text:
-                continue
-            self.say(child.name, _render(text, child), child.colour)
-
 
 def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
@@ -330,22 +307,18 @@ def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
 
 
-def exit_text(code: int) -> str:
+def exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
     if code < 0:
         return f"stopped by {signal.Signals(-code).name}"
     return f"exited with code {code}"
 
 
-def _render(text: str, child: Child) -> str:
-    """Turn a JSON log line into ``level msg key=value``; note readiness."""
-    try:
-        entry = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(entry, dict):
-        return text
-    if entry.get("msg") == READY_MESSAGE:
-        child.ready.set()
+def render(line: Line) -> str:
+    """A child's log line as ``level msg key=value`` (a plain line as it came)."""
+    if set(line) == {"msg"}:
+        return str(line["msg"])
     skip = {"ts", "level", "service", "logger", "msg"}
-    extras = " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)
-    return f"{entry.get('level', 'info'):<7} {entry.get('msg', '')} {extras}".rstrip()
+    extras = " ".join(f"{k}={v}" for k, v in line.items() if k not in skip)
+    return f"{line.get('level', 'info'):<7} {line.get('msg', '')} {extras}".rstrip()

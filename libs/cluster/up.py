@@ -17,7 +17,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from libs.runtime.launcher import Cluster, UpOptions, exit_text
+from libs.cluster.launcher import Cluster, UpOptions, exit_text
 
 
 def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
@@ -55,7 +55,7 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         cluster.start()
         if not cluster.wait_ready():
             dead = cluster.first_exited()
-            why = f"{dead.name} {exit_text(dead.process.returncode)}" if dead else "timeout"
+            why = f"{dead.name} {exit_text(dead.returncode)}" if dead else "timeout"
             cluster.say("cluster", f"failed to start: {why}", "bold red")
             return 1
         url = f"http://{options.gateway_host}:{options.gateway_port}"
@@ -71,7 +71,7 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
                 cluster.say("cluster", f"{worker} exited: its device is lost", "bold yellow")
             dead = cluster.first_exited(essential=True)
             if dead is not None:
-                why = exit_text(dead.process.returncode)
+                why = exit_text(dead.returncode)
                 cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")
                 return 1
             time.sleep(0.2)

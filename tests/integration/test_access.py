@@ -1,5 +1,5 @@
-"""The doors: a real nats-server and redis-server with the generated users refuse every publish,
-subscription and write a service was not granted, and anyone without a password."""
+"""Access control: a real nats-server and redis-server with the generated users refuse every
+publish, subscription and write a service was not granted, and anyone without a password."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ import pytest
 import redis
 from nats.aio.client import Client as NatsClient
 
+from libs.cluster.access import AccessControl
+from libs.cluster.servers import NatsServer, RedisServer
 from libs.contracts import DVFS_HINT, PLACEMENT_DECISION, SHARD_TASK, TELEMETRY
 from libs.contracts.keys import Keys
-from libs.runtime.doors import Doors
-from libs.runtime.servers import NatsServer, RedisServer
 
-DOORS = Doors(["dev-a", "dev-b"])
+ACCESS = AccessControl(["dev-a", "dev-b"])
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    config = DOORS.write_nats_config(Path(tmp_path_factory.mktemp("nats")) / "nats.conf")
+    config = ACCESS.write_nats_config(Path(tmp_path_factory.mktemp("nats")) / "nats.conf")
     with NatsServer(config=config) as running:
         yield running  # type: ignore[misc]
 
@@ -39,7 +39,7 @@ class Client:
             self.errors.append(str(exc))
 
         self.nc = await nats.connect(
-            DOORS.nats_url(server.url, user), allow_reconnect=False, error_cb=on_error
+            ACCESS.nats_url(server.url, user), allow_reconnect=False, error_cb=on_error
         )
         return self.nc
 
@@ -131,12 +131,12 @@ async def test_nobody_gets_in_without_the_password(server: NatsServer) -> None:
 
 @pytest.fixture(scope="module")
 def acl_redis() -> Iterator[RedisServer]:
-    with RedisServer(acl=DOORS.redis_acl()) as running:
+    with RedisServer(acl=ACCESS.redis_acl()) as running:
         yield running  # type: ignore[misc]
 
 
 def as_user(server: RedisServer, user: str) -> redis.Redis:
-    return redis.Redis.from_url(DOORS.redis_url(server.url, user), decode_responses=True)
+    return redis.Redis.from_url(ACCESS.redis_url(server.url, user), decode_responses=True)
 
 
 def test_redis_users_write_only_what_their_service_owns(acl_redis: RedisServer) -> None:

@@ -10,8 +10,6 @@ import time
 from typing import Any
 
 import psutil
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 
 from libs.contracts import (
     ANNOUNCE,
@@ -25,8 +23,8 @@ from libs.contracts import (
     MemoryType,
     TelemetrySample,
 )
-from libs.runtime.bus import subscribe
-from services.telemetry.calibration import Calibration
+from libs.devices.calibration import Calibration
+from libs.runtime.bus import Bus, Delivery
 
 log = logging.getLogger(__name__)
 GB = 1e9
@@ -69,8 +67,8 @@ def temperature_c() -> float:
 
 
 class HostAgent:
-    def __init__(self, nc: NatsClient, calibration: Calibration, interval_s: float) -> None:
-        self.nc, self.interval_s = nc, interval_s
+    def __init__(self, bus: Bus, calibration: Calibration, interval_s: float) -> None:
+        self.bus, self.interval_s = bus, interval_s
         self.nvml = _nvml()
         self.device_id = (
             "host-" + "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
@@ -97,7 +95,7 @@ class HostAgent:
 
     async def rtt_ms(self) -> float:
         started = time.perf_counter()
-        await self.nc.flush(timeout=5)
+        await self.bus.flush(timeout_s=5)
         return (time.perf_counter() - started) * 1000.0
 
     async def sample(self) -> TelemetrySample:
@@ -130,18 +128,15 @@ class HostAgent:
             interval_s=self.interval_s,
             ts=time.time(),
         )
-        encoded = ANNOUNCE.encode(announce)
 
-        async def again(request: AnnounceRequest, msg: Msg) -> None:
-            await self.nc.publish(ANNOUNCE.subject(device_id=self.device_id), encoded)
+        async def again(request: AnnounceRequest, msg: Delivery) -> None:
+            await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
 
-        await subscribe(self.nc, ANNOUNCE_REQUEST, again)
-        await self.nc.publish(ANNOUNCE.subject(device_id=self.device_id), encoded)
+        await self.bus.subscribe(ANNOUNCE_REQUEST, again)
+        await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
         psutil.cpu_percent(interval=None)  # prime the utilisation counter
         while not stop.is_set():
             sample = await self.sample()
-            await self.nc.publish(
-                TELEMETRY.subject(device_id=self.device_id), TELEMETRY.encode(sample)
-            )
+            await self.bus.publish(TELEMETRY, sample, device_id=self.device_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)

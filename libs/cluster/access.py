@@ -131,7 +131,7 @@ def device_grant(device_id: str) -> Grant:
 
 
 @dataclass
-class Doors:
+class AccessControl:
     """The users of one cluster, with passwords drawn for it."""
 
     devices: list[str]
@@ -177,12 +177,13 @@ class Doors:
         )
         writes = "-@all +@read +@write +@transaction +@connection"
         rules = {
-            "scorer": f"{scorer} %R~{p}:mode {writes}",
-            "scheduler": f"~{p}:checkpoints ~{p}:mode %R~{p}:* {writes}",
+            "scorer": f"{scorer} %R~{p}:mode %R~{p}:weights {writes}",
+            "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights %R~{p}:* {writes}",
             "gateway": f"%R~{p}:* -@all +@read +@connection",
-            # Celery's broker and results: its own keys and pub/sub channels only.
-            "batch": "~celery* ~_kombu.* ~unacked* ~*pidbox* &* -@all +@read +@write "
-            "+@pubsub +@transaction +@scripting +@connection",
+            # Celery's broker and results, and the dispatcher's jobs: its own keys and pub/sub
+            # channels only.
+            "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~{p}:batch:* &* -@all +@read "
+            "+@write +@pubsub +@transaction +@scripting +@connection",
             "admin": "~* &* +@all",
         }
         users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]
@@ -194,7 +195,7 @@ class Doors:
         return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
 
     def write_compose(self, folder: Path, services: list[str]) -> Path:
-        """Files for ``docker compose``: nats.conf, users.acl and doors.env (every service's
+        """Files for ``docker compose``: nats.conf, users.acl and access.env (every service's
         URLs with its credentials, for ``docker compose --env-file``). Returns the env file."""
         folder.mkdir(parents=True, exist_ok=True)
         self.write_nats_config(folder / "nats.conf")
@@ -208,7 +209,7 @@ class Doors:
                 db = 1 if name == "batch" else 0
                 url = self.redis_url(f"redis://redis:6379/{db}", name)
                 lines.append(f"TESSERA_REDIS_URL_{key}={url}")
-        env = folder / "doors.env"
+        env = folder / "access.env"
         env.write_text("\n".join(lines) + "\n")
         env.chmod(0o600)  # read by `docker compose` only
         for mounted in (folder / "nats.conf", acl):  # read inside the containers' own users

@@ -38,6 +38,7 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
     Sampling,
+    ShardTask,
     TokenChunk,
 )
 from libs.runtime.bus import Rejected, request, subscribe
@@ -61,6 +62,11 @@ class Route:
         ordered = sorted(decision.assignments, key=lambda a: a.shard_index)
         deployment = deployment_id or decision.task_id
         return cls(deployment, decision.epoch, tuple(a.device_id for a in ordered))
+
+    @classmethod
+    def of_tasks(cls, tasks: Sequence[ShardTask]) -> Route:
+        """The route of a pipeline placed by hand (``libs.harness.workers``)."""
+        return cls(tasks[0].deployment_id, tasks[0].epoch, tuple(t.device_id for t in tasks))
 
 
 class Moved:

@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 
 from libs.contracts import (
@@ -32,7 +30,7 @@ from libs.contracts import (
     ShardTask,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import subscribe
+from libs.runtime.bus import Bus, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ def shard_intensity(task: ShardTask) -> float:
 class FleetAgent:
     def __init__(
         self,
-        nc: NatsClient,
+        bus: Bus,
         devices: Sequence[EmulatedDevice],
         interval_s: float,
         *,
@@ -63,7 +61,7 @@ class FleetAgent:
         clock: Callable[[], float] = time.time,
         published: Counter | None = None,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.published = published
         self.devices = {d.device_id: d for d in devices}
         self.interval_s = interval_s
@@ -78,11 +76,9 @@ class FleetAgent:
         for device in self.devices.values():
             if device.device_id not in self.stopped and device.reporting(now):
                 message = device.announce(now, self.interval_s)
-                await self.nc.publish(
-                    ANNOUNCE.subject(device_id=device.device_id), ANNOUNCE.encode(message)
-                )
+                await self.bus.publish(ANNOUNCE, message, device_id=device.device_id)
 
-    async def on_work(self, task: ShardTask, msg: Msg) -> None:
+    async def on_work(self, task: ShardTask, msg: Delivery) -> None:
         device = self.devices.get(task.device_id)
         if device is None:
             return
@@ -92,10 +88,10 @@ class FleetAgent:
         else:
             device.unassign(key)
 
-    async def on_announce_request(self, request: AnnounceRequest, msg: Msg) -> None:
+    async def on_announce_request(self, request: AnnounceRequest, msg: Delivery) -> None:
         await self.announce()
 
-    async def on_hint(self, hint: DvfsHint, msg: Msg) -> None:
+    async def on_hint(self, hint: DvfsHint, msg: Delivery) -> None:
         if (device := self.devices.get(hint.device_id)) is not None:
             device.frequency_scale = hint.frequency_scale
 
@@ -114,9 +110,7 @@ class FleetAgent:
             if device.device_id in self.stopped or not device.reporting(now):
                 continue
             sample = device.sample(self.seq, now, self.rng)
-            await self.nc.publish(
-                TELEMETRY.subject(device_id=device.device_id), TELEMETRY.encode(sample)
-            )
+            await self.bus.publish(TELEMETRY, sample, device_id=device.device_id)
             if self.published is not None:
                 self.published.inc()
 
@@ -130,14 +124,14 @@ class FleetAgent:
     async def run(self, stop: asyncio.Event) -> None:
         subs = [
             *[
-                await subscribe(self.nc, SHARD_TASK, self.on_work, subject=s)
+                await self.bus.subscribe(SHARD_TASK, self.on_work, subject=s)
                 for s in self._mine(SHARD_TASK)
             ],
             *[
-                await subscribe(self.nc, DVFS_HINT, self.on_hint, subject=s)
+                await self.bus.subscribe(DVFS_HINT, self.on_hint, subject=s)
                 for s in self._mine(DVFS_HINT)
             ],
-            await subscribe(self.nc, ANNOUNCE_REQUEST, self.on_announce_request),
+            await self.bus.subscribe(ANNOUNCE_REQUEST, self.on_announce_request),
         ]
         await self.announce()
         devices = list(self.devices.values())

@@ -33,12 +33,12 @@ import httpx
 import redis
 from rich.console import Console
 
-from libs.contracts import ANNOUNCE, DeviceAnnounce
-from libs.contracts.keys import Keys
+from libs.cluster.launcher import Cluster, UpOptions
+from libs.cluster.up import deploy_model
+from libs.contracts import ANNOUNCE, ContractError, DeviceAnnounce
+from libs.contracts.keys import DeviceRow, Keys
 from libs.runtime.bus import close_nats, connect_nats, publish
-from libs.runtime.launcher import Cluster, UpOptions
 from libs.runtime.procs import free_port
-from libs.runtime.up import deploy_model
 
 MODEL = "smollm2-135m-instruct"
 FAULTS = (
@@ -232,26 +232,23 @@ class Chaos:
         cluster = self.cluster
         if fault == "worker_kill":
             host = self._placement()[0]
-            cluster.child(host).process.kill()
+            cluster.child(host).kill()
             self.killed = host
             return lambda: host not in self._placement()
         if fault == "telemetry_kill":
-            child = cluster.child("telemetry")
-            child.process.kill()
-            child.process.wait(10)
+            cluster.child("telemetry").kill()
             if not cluster.respawn("telemetry"):
                 raise RuntimeError("telemetry did not come back")
             return self._devices_healthy
         if fault == "scheduler_leader_kill":  # the standby takes over; it restarts afterwards
             leader = self._leader()
-            cluster.child(leader).process.kill()
+            cluster.child(leader).kill()
             self.killed = leader
             return lambda: bool(self._placement()) and self._leader() != leader
         if fault == "scheduler_restart":  # no standby: both come back from the checkpoint
             for name in self.cluster.scheduler_ports:
-                cluster.child(name).process.kill()
+                cluster.child(name).kill()
             for name in self.cluster.scheduler_ports:
-                cluster.child(name).process.wait(10)
                 if not cluster.respawn(name):
                     raise RuntimeError(f"{name} did not come back")
             return lambda: bool(self._placement())
@@ -314,9 +311,9 @@ class Chaos:
         url = self.cluster.urls("admin")["redis"]
         return redis.Redis.from_url(url, socket_timeout=2, decode_responses=True)
 
-    def _row(self, device_id: str) -> dict[str, str]:
+    def _row(self, device_id: str) -> DeviceRow:
         with self._redis() as client:
-            return dict(client.hgetall(Keys().device(device_id)))
+            return DeviceRow.decode(device_id, client.hgetall(Keys().device(device_id)))
 
     def _announced(self, device_id: str) -> DeviceAnnounce:
         with self._redis() as client:
@@ -340,8 +337,8 @@ class Chaos:
         within 2× of the truth (the devices' measurements differ that much: one serves, the
         other measured its warm-up)."""
         try:
-            scale = float(self._row(device_id)["speed_scale"])
-        except (redis.RedisError, KeyError, ValueError):
+            scale = self._row(device_id).speed_scale
+        except (redis.RedisError, ContractError):
             return False
         return scale * LIE <= 2.0
 

@@ -1,0 +1,138 @@
+"""The scheduler's handlers on the in-memory bus and an in-memory Redis (``fakeredis``):
+deployments become shard tasks in a ring, requests for a deployed model are routed at once,
+a failed device's shards move (tests/integration runs the same on real servers)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+
+from libs.contracts import (
+    DEVICE_FAILED,
+    PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
+    SHARD_TASK,
+    DeviceAnnounce,
+    DeviceClass,
+    DeviceFailed,
+    InferenceRequest,
+    Mode,
+    ModelDeployment,
+    PlacementRequest,
+    ShardTask,
+)
+from libs.contracts.keys import DeviceField, Keys, scored_fields
+from libs.runtime.memory_bus import MemoryBus
+from services.scheduler.checkpoints import CheckpointStore
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.service import Scheduler
+from services.scheduler.settings import SchedulerSettings
+from tests.builders import NOW, make_capabilities, make_telemetry
+from tests.waiting import wait_until
+
+MODEL = "smollm2-135m-instruct"
+DEVICES = ("ws-a", "ws-b", "ws-c")
+
+
+async def seed(redis: Any, keys: Keys, device_id: str) -> None:
+    """What the scorer would have written for a scored workstation with a torch worker."""
+    announce = DeviceAnnounce(
+        device_id=device_id,
+        device_class=DeviceClass.WORKSTATION,
+        capabilities=make_capabilities(memory_total_gb=1.0),
+        emulated=True,
+        interval_s=1.0,
+        engines=("torch",),
+        ts=NOW,
+    )
+    sample = make_telemetry(device_id, memory_total_gb=1.0, memory_available_gb=0.75)
+    scores = dict.fromkeys(("compute", "memory", "efficiency", "network", "stability"), 0.5)
+    row = scored_fields(scores | {"total": 0.5}, DeviceClass.WORKSTATION, NOW, Mode.BALANCED, 1.0)
+    await redis.set(keys.caps(device_id), announce.model_dump_json())
+    await redis.hset(
+        keys.device(device_id), mapping={**row, DeviceField.SAMPLE: sample.model_dump_json()}
+    )
+    await redis.zadd(keys.rank("total"), {device_id: 0.5})
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[tuple[Scheduler, MemoryBus]]:
+    bus, redis, keys = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Keys("u")
+    for device_id in DEVICES:
+        await seed(redis, keys, device_id)
+    settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
+    checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)
+    service = Scheduler(settings, bus, redis, checkpoints, SchedulerMetrics.create(), lambda: NOW)
+    await service.start()
+    yield service, bus
+    await service.background.close()
+    await bus.close()
+
+
+async def deploy(bus: MemoryBus) -> Any:
+    task = ModelDeployment(deployment_id="smol", model=MODEL, max_shards=3)
+    request = PlacementRequest(task=task, ts=NOW)
+    return await bus.request(PLACEMENT_REQUEST, request, PLACEMENT_DECISION, timeout_s=10)
+
+
+def ring_is_whole(tasks: list[ShardTask], layers: int = 30) -> None:
+    ordered = sorted(tasks, key=lambda t: t.shard_index)
+    assert ordered[0].layer_start == 0 and ordered[-1].layer_end == layers
+    for task, after in itertools.pairwise(ordered):
+        assert task.layer_end == after.layer_start and task.next_device_id == after.device_id
+    assert ordered[-1].next_device_id is None
+    assert all(t.route == tuple(o.device_id for o in ordered) for t in ordered)
+
+
+async def test_a_deployment_is_answered_and_sent_as_a_ring_of_durable_shard_tasks(
+    scheduler: Any,
+) -> None:
+    _, bus = scheduler
+    decision = await deploy(bus)
+    assert decision.placed and decision.epoch == 1, decision.reason
+    assert len(decision.assignments) >= 2  # 0.75 GB free each: the model (1 GB) does not fit on one
+    await bus.settle()
+    loads = [t for t in bus.sent(SHARD_TASK) if t.action == "load"]
+    assert {t.device_id for t in loads} == {a.device_id for a in decision.assignments}
+    ring_is_whole(loads)
+
+
+async def test_a_request_for_a_deployed_model_is_routed_to_its_first_shard(
+    scheduler: Any,
+) -> None:
+    _, bus = scheduler
+    deployed = await deploy(bus)
+    request = PlacementRequest(
+        task=InferenceRequest(request_id="r1", model=MODEL, prompt_tokens=8, max_tokens=8),
+        ts=NOW,
+    )
+    routed = await bus.request(PLACEMENT_REQUEST, request, PLACEMENT_DECISION, timeout_s=10)
+    assert routed.placed and routed.kind == "inference" and routed.task_id == "r1"
+    assert routed.assignments == deployed.assignments and routed.epoch == deployed.epoch
+
+
+async def test_a_failed_device_has_its_shards_moved_under_a_new_epoch(scheduler: Any) -> None:
+    _, bus = scheduler
+    decision = await deploy(bus)
+    lost = decision.assignments[0].device_id
+    await bus.publish(
+        DEVICE_FAILED,
+        DeviceFailed(device_id=lost, ts=NOW, last_seen_ts=NOW - 3, missed_heartbeats=3),
+        device_id=lost,
+    )
+
+    def moved() -> list[ShardTask]:
+        return [t for t in bus.sent(SHARD_TASK) if t.epoch == 2 and t.action == "load"]
+
+    await wait_until(lambda: moved(), timeout_s=10)
+    await bus.settle()
+    assert lost not in {t.device_id for t in moved()}
+    ring_is_whole(moved())
+    unloads = [t for t in bus.sent(SHARD_TASK) if t.action == "unload"]
+    assert {t.epoch for t in unloads} == {1} and lost not in {t.device_id for t in unloads}
+    announced = [d for d in bus.sent(PLACEMENT_DECISION) if d.task_id == "smol"]
+    assert announced[-1].epoch == 2

@@ -1,0 +1,164 @@
+"""The scorer's handlers on the in-memory bus and an in-memory Redis (``fakeredis``): what it
+writes and publishes for each message, without a server (tests/integration runs it on real
+ones)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+
+from libs.contracts import (
+    ANNOUNCE,
+    DEVICE_FAILED,
+    HEARTBEAT,
+    MODE_CHANGE,
+    SCORE,
+    TELEMETRY,
+    DeviceAnnounce,
+    DeviceClass,
+    DeviceFailed,
+    DeviceState,
+    Heartbeat,
+    Mode,
+    ModeChange,
+    ScoreUpdate,
+)
+from libs.contracts.keys import DeviceRow, Keys
+from libs.contracts.profiles import DimensionWeights
+from libs.core.profiles import BUILTIN_PROFILES
+from libs.runtime.memory_bus import MemoryBus
+from services.scorer.metrics import ScorerMetrics
+from services.scorer.service import Scorer
+from services.scorer.settings import ScorerSettings
+from tests.builders import NOW, make_capabilities, make_telemetry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def scorer() -> AsyncIterator[tuple[Scorer, MemoryBus, Any, Clock]]:
+    bus, redis, clock = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Clock()
+    # Periodic steps far apart: each test flushes and detects by hand.
+    settings = ScorerSettings(flush_interval_ms=5000, detector_interval_s=10, key_prefix="u")
+    scorer = Scorer(settings, bus, redis, ScorerMetrics.create(), clock)
+    await scorer.start()
+    yield scorer, bus, redis, clock
+    await scorer.background.close()
+    await bus.close()
+
+
+async def announce(bus: MemoryBus, device_id: str, device_class: DeviceClass, **caps: Any) -> None:
+    message = DeviceAnnounce(
+        device_id=device_id,
+        device_class=device_class,
+        capabilities=make_capabilities(**caps),
+        emulated=True,
+        interval_s=1.0,
+        ts=NOW,
+    )
+    await bus.publish(ANNOUNCE, message, device_id=device_id)
+
+
+async def row(redis: Any, device_id: str) -> DeviceRow:
+    return DeviceRow.decode(device_id, await redis.hgetall(Keys("u").device(device_id)))
+
+
+async def test_a_sample_is_scored_written_as_a_typed_row_and_published(scorer: Any) -> None:
+    service, bus, redis, _ = scorer
+    await announce(bus, "phone-1", DeviceClass.PHONE)
+    await bus.publish(TELEMETRY, make_telemetry("phone-1"), device_id="phone-1")
+    await bus.settle()
+    await service.flush()
+    await bus.settle()
+    stored = await row(redis, "phone-1")
+    assert stored.scored and stored.device_class == DeviceClass.PHONE
+    assert stored.sample == make_telemetry("phone-1")
+    [update] = bus.sent(SCORE)
+    assert isinstance(update, ScoreUpdate) and update.total == stored.total
+    assert await redis.zscore(Keys("u").rank("total"), "phone-1") == pytest.approx(stored.total)
+
+
+async def test_a_sample_breaking_its_contract_is_counted_not_stored(scorer: Any) -> None:
+    service, bus, redis, _ = scorer
+    await announce(bus, "phone-1", DeviceClass.PHONE)
+    data = json.loads(TELEMETRY.encode(make_telemetry("phone-1")))
+    data["cpu_utilisation"] = 7.0  # 700 % busy
+    bus.send_raw(TELEMETRY.subject(device_id="phone-1"), json.dumps(data).encode())
+    await bus.settle()
+    await service.flush()
+    assert await redis.hgetall(Keys("u").device("phone-1")) == {}
+    assert (await redis.hgetall(Keys("u").stats))["rejected:out_of_range"] == "1"
+    counted = service.metrics.rejected.labels(TELEMETRY.name, "out_of_range")._value.get()
+    assert counted == 1
+
+
+async def test_a_silent_device_is_declared_failed_after_three_heartbeats(scorer: Any) -> None:
+    service, bus, redis, clock = scorer
+    await announce(bus, "laptop-1", DeviceClass.LAPTOP)
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1"), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    clock.now += 2.5  # 2.5 intervals of silence: not yet
+    await service.detect()
+    assert bus.sent(DEVICE_FAILED) == []
+    await bus.publish(
+        HEARTBEAT, Heartbeat(device_id="laptop-1", seq=2, ts=clock.now), device_id="laptop-1"
+    )
+    await bus.settle()
+    await service.flush()
+    clock.now += 3.5
+    await service.detect()
+    await bus.settle()
+    [failed] = bus.sent(DEVICE_FAILED)
+    assert isinstance(failed, DeviceFailed) and failed.device_id == "laptop-1"
+    assert (await row(redis, "laptop-1")).state == DeviceState.FAILED
+    assert await redis.smembers(Keys("u").failed) == {"laptop-1"}
+
+
+async def test_a_custom_profile_reweights_every_total(scorer: Any) -> None:
+    service, bus, redis, clock = scorer
+    for device_id, device_class in (
+        ("phone-1", DeviceClass.PHONE),
+        ("ws-1", DeviceClass.WORKSTATION),
+    ):
+        await announce(bus, device_id, device_class)
+        await bus.publish(TELEMETRY, make_telemetry(device_id), device_id=device_id)
+    await bus.settle()
+    await service.flush()
+    compute_only = DimensionWeights(
+        compute=1.0, memory=0.0, efficiency=0.0, network=0.0, stability=0.0
+    )
+    change = ModeChange(
+        mode=Mode.BALANCED,
+        previous=Mode.BALANCED,
+        manual=True,
+        reason="profile",
+        ts=clock.now,
+        weights=compute_only,
+    )
+    await bus.publish(MODE_CHANGE, change)
+    await bus.settle()
+    clock.now += 0.1
+    await service.flush()
+    for device_id in ("phone-1", "ws-1"):
+        stored = await row(redis, device_id)
+        assert stored.total == pytest.approx(stored.compute)  # the total is compute alone now
+    back = change.model_copy(update={"weights": None})
+    await bus.publish(MODE_CHANGE, back)
+    await bus.settle()
+    await service.flush()
+    stored = await row(redis, "phone-1")
+    weights = BUILTIN_PROFILES[Mode.BALANCED].dimensions.as_tuple()
+    assert stored.total == pytest.approx(
+        sum(w * d for w, d in zip(weights, stored.dimensions, strict=True))
+    )
