@@ -114,12 +114,15 @@ class ServiceProcess:
     ) -> None:
         self.name = name
         self.argv = list(argv or ["-m", f"services.{name}"])
-        self.env = child_env(TESSERA_LOG_FORMAT="json", PYTHONUNBUFFERED="1", **(env or {}))
+        self.env = child_env(
+            **{"TESSERA_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1", **(env or {})}
+        )
         self.ready_line, self.on_line = ready_line, on_line
         self.lines: list[Line] = []
         self.ready = threading.Event()
         self._events: queue.Queue[Line] = queue.Queue()
         self.process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
 
     def start(self, ready_timeout_s: float | None = 60.0) -> ServiceProcess:
         """Start; with ``ready_timeout_s``, wait for the ready line or raise ``RuntimeError``
@@ -134,7 +137,8 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
             **child_kwargs(),
         )
-        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self._reader.start()
         if ready_timeout_s is not None and not self.wait_ready(ready_timeout_s):
             raise RuntimeError(f"{self.name} was not ready within {ready_timeout_s} s{self.tail()}")
         return self
@@ -176,6 +180,9 @@ class ServiceProcess:
         raise TimeoutError(f"{self.name}: no matching line within {timeout_s} s{self.tail()}")
 
     def tail(self, count: int = 30) -> str:
+        """The last lines of output (all of them, once a child that exited is read out)."""
+        if not self.alive and self._reader is not None:
+            self._reader.join(timeout=2)
         return "".join("\n" + json.dumps(line) for line in self.lines[-count:])
 
     @property

@@ -12,7 +12,6 @@ import logging
 import sys
 
 import redis
-from nats.aio.msg import Msg
 
 from libs.contracts import (
     PLACEMENT_DECISION,
@@ -21,7 +20,7 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
 )
-from libs.runtime.bus import close_nats, connect_nats, subscribe
+from libs.runtime.bus import Delivery, NatsBus, close_nats, connect_nats
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.tracing import configure_tracing, instrument_celery
@@ -39,20 +38,21 @@ async def main(stop: asyncio.Event, settings: BatchSettings) -> None:
     )
     dispatcher = Dispatcher(make_app(settings), book)
     nc = await connect_nats(settings.nats_url, "batch", ca_file=settings.nats_ca)
+    bus = NatsBus(nc)
 
-    async def on_request(request: PlacementRequest, msg: Msg) -> None:
+    async def on_request(request: PlacementRequest, msg: Delivery) -> None:
         if isinstance(request.task, BatchJob):
             dispatcher.remember(request.task)
 
-    async def on_decision(decision: PlacementDecision, msg: Msg) -> None:
+    async def on_decision(decision: PlacementDecision, msg: Delivery) -> None:
         try:
             await asyncio.to_thread(dispatcher.on_decision, decision)
         except Exception:
             log.exception("dispatch failed", extra={"job_id": decision.task_id})
 
     subs = [
-        await subscribe(nc, PLACEMENT_REQUEST, on_request),
-        await subscribe(nc, PLACEMENT_DECISION, on_decision),
+        await bus.subscribe(PLACEMENT_REQUEST, on_request),
+        await bus.subscribe(PLACEMENT_DECISION, on_decision),
     ]
     announce_ready("batch")
     await stop.wait()

@@ -13,6 +13,7 @@ import pytest
 
 from libs.contracts import (
     DEVICE_FAILED,
+    MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SHARD_TASK,
@@ -26,6 +27,8 @@ from libs.contracts import (
     ShardTask,
 )
 from libs.contracts.keys import DeviceField, Keys, scored_fields
+from libs.contracts.profiles import DimensionWeights
+from libs.core.profiles import BUILTIN_PROFILES
 from libs.runtime.memory_bus import MemoryBus
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics
@@ -136,3 +139,22 @@ async def test_a_failed_device_has_its_shards_moved_under_a_new_epoch(scheduler:
     assert {t.epoch for t in unloads} == {1} and lost not in {t.device_id for t in unloads}
     announced = [d for d in bus.sent(PLACEMENT_DECISION) if d.task_id == "smol"]
     assert announced[-1].epoch == 2
+
+
+async def test_a_custom_profile_reaches_the_scorer_and_a_scorer_started_later(
+    scheduler: Any,
+) -> None:
+    service, bus = scheduler
+    weights = DimensionWeights(compute=0.6, memory=0.1, efficiency=0.1, network=0.1, stability=0.1)
+    profile = BUILTIN_PROFILES[Mode.BALANCED].model_copy(
+        update={"name": "compute-first", "dimensions": weights}
+    )
+    await service.set_policy("dwps", profile)
+    await bus.settle()
+    [change] = bus.sent(MODE_CHANGE)
+    assert change.weights == weights and change.mode == Mode.BALANCED
+    stored = await service.redis.get(Keys("u").weights)
+    assert DimensionWeights.model_validate_json(stored) == weights  # for a scorer that restarts
+    await service.set_mode(Mode.ENERGY, "test", manual=True)  # a mode brings its own weights
+    assert bus.sent(MODE_CHANGE)[-1].weights is None
+    assert await service.redis.get(Keys("u").weights) is None
