@@ -27,7 +27,7 @@ from libs.contracts import Sampling
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.bus import NatsBus, close_nats, connect_nats
 from services.gateway.generation import GenerationClient, Route, RouteBook
 
 PROMPTS = (
@@ -53,7 +53,7 @@ async def measure(
             raise RuntimeError(f"placement failed: {states}")
         book = RouteBook()
         book.set(Route.of_tasks(tasks))
-        client = GenerationClient(nc, book)
+        client = GenerationClient(NatsBus(nc), book)
         outputs: list[list[int]] = []
         tokens, seconds = 0, 0.0
         for ids in prompts:

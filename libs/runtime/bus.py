@@ -84,6 +84,10 @@ class Bus(Protocol):
         self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
     ) -> N: ...
 
+    async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
+        """Send ``message`` as a request and wait for any answer (an acknowledgement): False
+        when nobody answers in time."""
+
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Return once what was published has reached the server (a round trip)."""
 
@@ -127,6 +131,17 @@ class NatsBus:
         self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
     ) -> N:
         return await request(self.nc, channel, message, answer, timeout_s, **tokens)
+
+    async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
+        subject = channel.subject(**tokens)
+        with sending(channel.name, subject) as headers:
+            try:
+                await self.nc.request(
+                    subject, channel.encode(message), timeout=timeout_s, headers=headers
+                )
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                return False
+        return True
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         await self.nc.flush(timeout=max(1, round(timeout_s)))

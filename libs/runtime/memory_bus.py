@@ -145,6 +145,29 @@ class MemoryBus:
             channel.decode(d.data) for d in self.published if matches(channel.wildcard, d.subject)
         ]
 
+    async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
+        got = asyncio.get_running_loop().create_future()
+
+        async def on_answer(delivery: MemoryDelivery) -> None:
+            if not got.done():
+                got.set_result(True)
+
+        inbox = f"_INBOX.{next(self._inboxes)}"
+        sub = self._add(inbox, "", on_answer)
+        try:
+            delivery = MemoryDelivery(channel.subject(**tokens), channel.encode(message), inbox)
+            if not self.deliver(delivery):
+                return False
+            return bool(await asyncio.wait_for(got, timeout_s))
+        except TimeoutError:
+            return False
+        finally:
+            await sub.unsubscribe()
+
+    def answer(self, delivery: MemoryDelivery, data: bytes = b"") -> None:
+        """Answer a request (what ``msg.respond`` does on NATS)."""
+        self.deliver(MemoryDelivery(delivery.reply, data))
+
     # -- in-process delivery -------------------------------------------------------------------
     def send_raw(self, subject: str, data: bytes) -> bool:
         """Publish bytes as they are (a malformed message, as a hostile client would)."""

@@ -22,7 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.bus import NatsBus, close_nats, connect_nats
 from libs.runtime.lifecycle import Background
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
@@ -53,9 +53,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.redis = connect_redis(settings.redis_url)
         await app.state.redis.ping()
         metrics = GatewayMetrics(registry)
-        watch = await routes.watch(nc, metrics.on_rejected)
+        bus = NatsBus(nc)
+        watch = await routes.watch(bus, metrics.on_rejected)
         client = GenerationClient(
-            nc, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
+            bus, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
         )
         tokenizers = Tokenizers()
         deployments.on_model = tokenizers.warm  # loaded in a thread as soon as deployed
@@ -77,7 +78,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await tokenizers.close()
             for sub in watch:
                 with contextlib.suppress(Exception):
-                    await sub.unsubscribe()  # type: ignore[attr-defined]
+                    await sub.unsubscribe()
             await close_nats(nc)
             await app.state.redis.aclose()
 

@@ -17,10 +17,6 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import nats
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-
 from libs.contracts import (
     CANCEL,
     DEVICE_FAILED,
@@ -41,8 +37,7 @@ from libs.contracts import (
     ShardTask,
     TokenChunk,
 )
-from libs.runtime.bus import Rejected, request, subscribe
-from libs.runtime.tracing import sending
+from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
 
 log = logging.getLogger(__name__)
 
@@ -133,23 +128,23 @@ class RouteBook:
     def unlisten(self, deployment_id: str, queue: Inbox) -> None:
         self._listeners.get(deployment_id, set()).discard(queue)
 
-    async def watch(self, nc: NatsClient, rejected: Rejected | None = None) -> list[object]:
+    async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
         """Follow deployment decisions and device failures; returns the subscriptions."""
 
-        async def on_decision(decision: PlacementDecision, msg: Msg) -> None:
+        async def on_decision(decision: PlacementDecision, msg: Delivery) -> None:
             if decision.kind == "deployment" and decision.placed:
                 self.set(Route.of(decision))
 
-        async def on_failed(event: DeviceFailed, msg: Msg) -> None:
+        async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
             self.failed(event.device_id)
 
-        async def on_recovered(event: DeviceRecovered, msg: Msg) -> None:
+        async def on_recovered(event: DeviceRecovered, msg: Delivery) -> None:
             self.recovered(event.device_id)
 
         return [
-            await subscribe(nc, PLACEMENT_DECISION, on_decision, rejected=rejected),
-            await subscribe(nc, DEVICE_FAILED, on_failed, rejected=rejected),
-            await subscribe(nc, DEVICE_RECOVERED, on_recovered, rejected=rejected),
+            await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
+            await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
+            await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
         ]
 
 
@@ -167,7 +162,7 @@ class GenerationError(RuntimeError):
 class GenerationClient:
     def __init__(
         self,
-        nc: NatsClient,
+        bus: Bus,
         routes: RouteBook,
         *,
         stall_s: float = 60.0,
@@ -175,7 +170,7 @@ class GenerationClient:
         place_s: float = 1.0,
         rejected: Rejected | None = None,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.rejected = rejected
         self.routes = routes
         #: How long to wait for the scheduler's answer to a request's placement.
@@ -203,11 +198,10 @@ class GenerationClient:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
         queue: Inbox = asyncio.Queue()
 
-        async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
+        async def on_chunk(chunk: TokenChunk, msg: Delivery) -> None:
             queue.put_nowait(chunk)
 
-        sub = await subscribe(
-            self.nc,
+        sub = await self.bus.subscribe(
             TOKENS,
             on_chunk,
             subject=TOKENS.subject(request_id=request_id),
@@ -311,8 +305,7 @@ class GenerationClient:
             max_tokens=sampling.max_tokens,
         )
         try:
-            decision = await request(
-                self.nc,
+            decision = await self.bus.request(
                 PLACEMENT_REQUEST,
                 PlacementRequest(task=task, ts=time.time()),
                 PLACEMENT_DECISION,
@@ -328,9 +321,7 @@ class GenerationClient:
     async def cancel(self, deployment_id: str, request_id: str) -> None:
         message = GenerationCancel(request_id=request_id, ts=time.time())
         with contextlib.suppress(Exception):
-            await self.nc.publish(
-                CANCEL.subject(deployment_id=deployment_id), CANCEL.encode(message)
-            )
+            await self.bus.publish(CANCEL, message, deployment_id=deployment_id)
 
     async def _send(
         self,
@@ -350,14 +341,9 @@ class GenerationClient:
             sampling=sampling,
             ts=time.time(),
         )
-        subject = GENERATION.subject(deployment_id=route.deployment_id, device_id=route.first)
-        data = GENERATION.encode(request)
         # The first shard acknowledges at once. Without an answer (its worker is reconnecting
         # after a NATS restart, or gone) the stream asks again shortly; a duplicate only
         # re-runs the request, and the repeated tokens are dropped by index.
-        with sending(GENERATION.name, subject) as headers:
-            try:
-                await self.nc.request(subject, data, timeout=ACK_S, headers=headers)
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                return False
-        return True
+        return await self.bus.ask(
+            GENERATION, request, ACK_S, deployment_id=route.deployment_id, device_id=route.first
+        )

@@ -16,6 +16,7 @@ from libs.contracts import Sampling, TokenChunk
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
+from libs.runtime.bus import NatsBus
 from services.gateway.generation import GenerationClient, Route, RouteBook
 
 pytestmark = pytest.mark.timeout(600)
@@ -73,7 +74,7 @@ async def test_split_pipelines_produce_the_whole_models_greedy_tokens(
 ) -> None:  # type: ignore[no-untyped-def]
     reference = AutoModelForCausalLM.from_pretrained(prepare(), dtype=torch.float32)
     book = RouteBook()
-    client = GenerationClient(nc, book)
+    client = GenerationClient(NatsBus(nc), book)
     placements = [("pw-a",), ("pw-a", "pw-b"), ("pw-a", "pw-b", "pw-c")]
     deployments = [await deploy(nc, p, book) for p in placements]
     for text in PROMPTS:
@@ -93,7 +94,7 @@ async def test_killing_a_shard_worker_mid_stream_completes_the_request_once(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
     book = RouteBook()
-    client = GenerationClient(nc, book, stall_s=30)
+    client = GenerationClient(NatsBus(nc), book, stall_s=30)
     ids = prompt_ids(tokenizer, "Write a long story about a lighthouse keeper.")
     whole = await deploy(nc, ("pw-c",), book)
     expected = tokens(await collect(client, whole, ids, max_tokens=40))
@@ -134,7 +135,7 @@ async def test_sampling_is_reproducible_and_a_stop_string_ends_the_stream(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
     book = RouteBook()
-    client = GenerationClient(nc, book)
+    client = GenerationClient(NatsBus(nc), book)
     deployment = await deploy(nc, ("pw-b", "pw-c"), book)
     ids = prompt_ids(tokenizer, "Tell me about cats.")
     kw = {"max_tokens": 16, "temperature": 0.9, "top_p": 0.9, "seed": 7}
@@ -152,7 +153,7 @@ async def test_a_request_for_a_shard_still_loading_waits_and_a_cancel_stops_it(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
     book = RouteBook()
-    client = GenerationClient(nc, book)
+    client = GenerationClient(NatsBus(nc), book)
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(deployment, MODEL_NAME, ("pw-a",), [(0, 30)], 1)
     book.set(Route.of_tasks(tasks))

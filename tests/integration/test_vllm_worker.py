@@ -19,7 +19,7 @@ from libs.contracts import GENERATION, TOKENS, GenerationRequest, Sampling, Toke
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import subscribe
+from libs.runtime.bus import NatsBus, subscribe
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.worker.settings import WorkerSettings
 
@@ -82,7 +82,7 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
     assert status.state == "loaded", status.reason
     book = RouteBook()
     book.set(Route.of_tasks(tasks))
-    client = GenerationClient(nc, book)
+    client = GenerationClient(NatsBus(nc), book)
     tokenizer = AutoTokenizer.from_pretrained(prepare())
     for text in PROMPTS:
         ids = encode_chat(tokenizer, [{"role": "user", "content": text}])

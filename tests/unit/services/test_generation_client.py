@@ -1,0 +1,123 @@
+"""The gateway's generation client on the in-memory bus, against stand-in first shards: one
+complete stream in order whatever arrives twice, and a stream that follows its deployment to a
+new placement and continues after the tokens already streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from libs.contracts import (
+    DEVICE_FAILED,
+    GENERATION,
+    PLACEMENT_DECISION,
+    TOKENS,
+    Assignment,
+    DeviceFailed,
+    GenerationRequest,
+    Mode,
+    PlacementDecision,
+    Sampling,
+    TokenChunk,
+)
+from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
+from services.gateway.generation import GenerationClient, Route, RouteBook
+
+#: What the model would answer, whole.
+ANSWER = [101, 102, 103, 104, 105, 106]
+
+
+class Shard:
+    """A first shard that takes requests on its subject, acknowledges them and streams
+    ``ANSWER`` after what the request says was already generated, up to ``stop_after``."""
+
+    def __init__(self, bus: MemoryBus, device_id: str, stop_after: int | None = None) -> None:
+        self.bus, self.device_id, self.stop_after = bus, device_id, stop_after
+        self.requests: list[GenerationRequest] = []
+
+    async def on_request(self, request: GenerationRequest, delivery: MemoryDelivery) -> None:
+        self.requests.append(request)
+        self.bus.answer(delivery)
+        start = len(request.generated_token_ids)
+        end = len(ANSWER) if self.stop_after is None else self.stop_after
+        for index in range(start, end):
+            chunk = self.chunk(request, index, token_id=ANSWER[index])
+            await self.bus.publish(TOKENS, chunk, request_id=request.request_id)
+            if index == start:  # a repeat on the way, as after a reconnect
+                await self.bus.publish(TOKENS, chunk, request_id=request.request_id)
+        if end == len(ANSWER):
+            done = self.chunk(
+                request, end, finished=True, finish_reason="stop", completion_tokens=end
+            )
+            await self.bus.publish(TOKENS, done, request_id=request.request_id)
+
+    def chunk(self, request: GenerationRequest, index: int, **fields: Any) -> TokenChunk:
+        return TokenChunk(
+            request_id=request.request_id,
+            index=index,
+            epoch=request.epoch,
+            device_id=self.device_id,
+            ts=time.time(),
+            **fields,
+        )
+
+    async def serve(self, deployment_id: str) -> None:
+        subject = GENERATION.subject(deployment_id=deployment_id, device_id=self.device_id)
+        await self.bus.subscribe(GENERATION, self.on_request, subject=subject)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[MemoryBus]:
+    bus = MemoryBus()
+    yield bus
+    await bus.close()
+
+
+async def collect(client: GenerationClient, request_id: str) -> list[TokenChunk]:
+    prompt, sampling = [1, 2, 3], Sampling(max_tokens=len(ANSWER))
+    return [c async for c in client.stream("smol", request_id, prompt, sampling)]
+
+
+async def test_a_stream_is_whole_and_in_order_whatever_arrives_twice(bus: MemoryBus) -> None:
+    routes = RouteBook()
+    routes.set(Route("smol", 1, ("dev-a", "dev-b")))
+    await Shard(bus, "dev-a").serve("smol")
+    client = GenerationClient(bus, routes, place_s=0.05)  # no scheduler here: the known route
+    chunks = await collect(client, "r1")
+    assert [c.token_id for c in chunks if c.token_id is not None] == ANSWER
+    assert chunks[-1].finished and chunks[-1].finish_reason == "stop"
+
+
+async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
+    bus: MemoryBus,
+) -> None:
+    routes = RouteBook()
+    await routes.watch(bus)
+    routes.set(Route("smol", 1, ("dev-a",)))
+    first, second = Shard(bus, "dev-a", stop_after=2), Shard(bus, "dev-c")
+    await first.serve("smol")
+    await second.serve("smol")
+    client = GenerationClient(bus, routes, place_s=0.05, move_s=5.0)
+    stream = client.stream("smol", "r2", [1, 2, 3], Sampling(max_tokens=len(ANSWER)))
+    got = [await anext(stream), await anext(stream)]  # dev-a streams two tokens, then dies
+    failed = DeviceFailed(device_id="dev-a", ts=time.time(), last_seen_ts=0.0, missed_heartbeats=3)
+    await bus.publish(DEVICE_FAILED, failed, device_id="dev-a")
+    moved = PlacementDecision(
+        task_id="smol",
+        kind="deployment",
+        placed=True,
+        assignments=(Assignment(device_id="dev-c"),),
+        policy="partition",
+        mode=Mode.BALANCED,
+        epoch=2,
+        ts=time.time(),
+    )
+    await bus.publish(PLACEMENT_DECISION, moved, task_id="smol")
+    got += [chunk async for chunk in stream]
+    assert [c.token_id for c in got if c.token_id is not None] == ANSWER  # no hole, no repeat
+    assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].epoch == 2
+    [resumed] = second.requests
+    assert resumed.epoch == 2 and list(resumed.generated_token_ids) == ANSWER[:2]
