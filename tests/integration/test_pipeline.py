@@ -12,12 +12,13 @@ from nats.aio.client import Client as NatsClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libs.cluster.servers import NatsServer
-from libs.contracts import Sampling, TokenChunk
+from libs.contracts import GENERATION, Sampling, TokenChunk
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import NatsBus
+from libs.runtime.bus import NatsBus, subscribe
 from services.gateway.generation import GenerationClient, Route, RouteBook
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -168,14 +169,18 @@ async def test_a_request_for_a_shard_still_loading_waits_and_a_cancel_stops_it(
             if len(received) == 5:
                 break  # the user goes away: the client cancels
 
+    arrived = asyncio.Event()
+
+    async def on_request(request: object, msg: object) -> None:
+        arrived.set()
+
+    subject = GENERATION.subject(deployment_id=deployment, device_id="pw-a")
+    watch = await subscribe(nc, GENERATION, on_request, subject=subject)
     reader = asyncio.create_task(read())
-    await asyncio.sleep(0.5)
+    await asyncio.wait_for(arrived.wait(), 30)  # the request is out before the shard exists
+    await watch.unsubscribe()
     await place(nc, tasks)
     await asyncio.wait_for(reader, 60)
     assert len(received) == 5
     worker = workers.workers["pw-a"]
-    for _ in range(50):
-        if any(e.get("msg") == "cancelled" for e in worker.lines):
-            break
-        await asyncio.sleep(0.1)
-    assert any(e.get("msg") == "cancelled" for e in worker.lines)
+    await wait_until(lambda: any(e.get("msg") == "cancelled" for e in worker.lines), 30)
