@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # pip's configured extra indexes print a warning per package when absent; keep the output readable.
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
-APT_PACKAGES := redis-server prometheus prometheus-alertmanager
+APT_PACKAGES := redis-server prometheus prometheus-alertmanager chromium chromium-driver
 
 .PHONY: help deps venv vllm model lint typecheck unit integration e2e test up clean
 
@@ -23,6 +23,8 @@ deps:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \

@@ -7,9 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from libs.cli.tables import Column, show
 from libs.contracts import DeviceState
 from libs.contracts.keys import SCORE_FIELDS, DeviceRow, Keys
 from libs.runtime.store import connect_redis, ranked_devices
@@ -27,29 +25,47 @@ def redis_url(explicit: str | None, run_file: Path) -> str:
     )
 
 
-def render(rows: list[DeviceRow], now: float) -> Table:
-    table = Table(title=f"{len(rows)} devices", header_style="bold")
-    for column in ("device", "class", "state", *SCORE_FIELDS, "temp °C", "battery", "age s"):
-        table.add_column(
-            column, justify="left" if column in ("device", "class", "state") else "right"
-        )
+#: The fleet table's columns, units in the headers; the narrower the terminal, the fewer.
+COLUMNS = [
+    Column("device", "left"),
+    Column("class", "left", 2),
+    Column("state", "left"),
+    Column("total"),
+    Column("comp", priority=3),
+    Column("mem", priority=3),
+    Column("eff", priority=3),
+    Column("net", priority=4),
+    Column("stab", priority=4),
+    Column("°C", priority=5),
+    Column("batt %", priority=6),
+    Column("tok/s", priority=5),
+    Column("age s", priority=7),
+]
+
+
+def rows_of(rows: list[DeviceRow], now: float) -> list[list[str]]:
+    out = []
     for row in rows:
         sample = row.sample
         battery = sample.battery_percent if sample else None
-        scores = [getattr(row, name) for name in SCORE_FIELDS]
-        table.add_row(
-            row.device_id,
-            row.device_class.value if row.device_class else "?",
-            f"[red]{row.state}[/red]" if row.state == DeviceState.FAILED else str(row.state),
-            *(f"{score:.2f}" if score is not None else "-" for score in scores),
-            f"{sample.temperature_c:.0f}" if sample else "-",
-            f"{battery:.0f}%" if battery else "-",
-            f"{now - row.scored_at:.0f}" if row.scored_at is not None else "-",
+        tokens = sample.measured_tokens_per_s if sample else None
+        scores = [getattr(row, name) for name in ("total", *SCORE_FIELDS[:5])]
+        out.append(
+            [
+                row.device_id,
+                row.device_class.value if row.device_class else "?",
+                f"[red]{row.state}[/red]" if row.state == DeviceState.FAILED else str(row.state),
+                *(f"{score:.2f}" if score is not None else "-" for score in scores),
+                f"{sample.temperature_c:.0f}" if sample else "-",
+                f"{battery:.0f}" if battery is not None else "-",
+                f"{tokens:.1f}" if tokens else "-",
+                f"{now - row.scored_at:.0f}" if row.scored_at is not None else "-",
+            ]
         )
-    return table
+    return out
 
 
-def show_devices(url: str, prefix: str, limit: int, as_json: bool) -> None:
+def show_devices(url: str, prefix: str, limit: int, as_json: bool, wide: bool = False) -> None:
     async def run() -> list[DeviceRow]:
         redis = connect_redis(url)
         try:
@@ -61,4 +77,4 @@ def show_devices(url: str, prefix: str, limit: int, as_json: bool) -> None:
     if as_json:
         print(json.dumps([row.model_dump(mode="json") for row in rows]))
     else:
-        Console().print(render(rows, time.time()))
+        show(f"{len(rows)} devices", COLUMNS, rows_of(rows, time.time()), wide)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from libs.contracts import Mode
+from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
 
 app = typer.Typer(
@@ -44,20 +45,20 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.launcher import UpOptions
+    from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 
     settings = LauncherSettings()
     options = UpOptions(
         gateway_host=settings.gateway_host,
-        gateway_port=port or settings.gateway_port,
+        gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
         vllm_workers=settings.vllm_workers if vllm_workers is None else vllm_workers,
         scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
         fleet=fleet,
-        run_file=settings.run_file,
-        scheduler_port=settings.scheduler_http_port,
+        run_file=choose_run_file(settings.run_file),
+        scheduler_port=settings.scheduler_http_port or free_port(),
     )
     raise typer.Exit(run_cluster(options))
 
@@ -67,6 +68,7 @@ def devices(
     redis_url: Annotated[str | None, typer.Option(help="Redis of the cluster.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="Rows to show.")] = 50,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
 ) -> None:
     """List devices with class, state, the five scores and the total (best first)."""
     from libs.cli.devices import redis_url as resolve
@@ -74,7 +76,7 @@ def devices(
 
     settings = LauncherSettings()
     url = resolve(redis_url or settings.redis_url, settings.run_file)
-    show_devices(url, settings.key_prefix, limit, json_output)
+    show_devices(url, settings.key_prefix, limit, json_output, wide)
 
 
 SchedulerUrl = Annotated[
@@ -210,12 +212,13 @@ def simulate_compare(
     json_output: Json = False,
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts here.")] = None,
     model: Model = "llama-3.2-1b-instruct",
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
 ) -> None:
     """Run several policies on the same workload and seed; a table, JSON or charts."""
     from libs.cli.simulate import compare
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    compare(workload, kind, fleet, names, mode, load, seed, limit, json_output, plot, model)
+    compare(workload, kind, fleet, names, mode, load, seed, limit, json_output, plot, model, wide)
 
 
 @app.command()

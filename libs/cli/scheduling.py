@@ -10,6 +10,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from libs.cli.tables import Column, fitted
+
 
 def scheduler_url(explicit: str | None, run_file: Path) -> str:
     if explicit:
@@ -35,18 +37,20 @@ def call(method: str, url: str, **kwargs: Any) -> Any:
     return response.json() if response.content else None
 
 
+SHARD_COLUMNS = [Column("shard"), Column("device", "left"), Column("layers"), Column("GB")]
+
+
 def shards_table(title: str, shards: list[dict[str, Any]]) -> Table:
-    table = Table(title=title, header_style="bold")
-    for column in ("shard", "device", "layers", "memory GB"):
-        table.add_column(column)
-    for s in shards:
-        table.add_row(
+    rows = [
+        [
             str(s["shard_index"]),
             s["device_id"],
             f"{s['layer_start']}–{s['layer_end'] - 1}",
             f"{s['memory_gb']:.2f}",
-        )
-    return table
+        ]
+        for s in shards
+    ]
+    return fitted(Console(), title, SHARD_COLUMNS, rows)
 
 
 def show_previews(base: str, model: str, max_shards: int) -> None:

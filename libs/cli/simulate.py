@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from libs.cli.tables import Column, show
 from libs.contracts import Mode
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
@@ -127,22 +127,44 @@ def run_one(
     if as_json:
         print(json.dumps(metrics))
         return
-    table = Table(title=f"{policy} ({mode.value}) on {fleet}", header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in metrics.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+    rows = [[key, str(value)] for key, value in metrics.items()]
+    show(f"{policy} ({mode.value}) on {fleet}", [Column("metric", "left"), Column("value")], rows)
 
 
-def print_runs(title: str, runs: dict[str, dict[str, float | int]], columns: list[str]) -> None:
-    table = Table(title=title, header_style="bold")
-    table.add_column("policy")
+#: Short headers with their units, so a comparison fits a terminal.
+SHORT = {
+    "throughput_tokens_per_s": "tok/s",
+    "latency_p50_s": "p50 s",
+    "latency_p99_s": "p99 s",
+    "tokens_per_joule": "tok/J",
+    "energy_j": "energy J",
+    "jain_index": "Jain",
+    "decision_p99_us": "decide p99 µs",
+    "deadline_satisfaction_ratio": "deadlines met",
+    "completed": "done",
+}
+#: Which columns stay longest when the terminal is narrow.
+IMPORTANCE = (
+    "throughput_tokens_per_s",
+    "latency_p99_s",
+    "tokens_per_joule",
+    "deadline_satisfaction_ratio",
+    "latency_p50_s",
+    "completed",
+    "failed",
+    "energy_j",
+)
+
+
+def print_runs(
+    title: str, runs: dict[str, dict[str, float | int]], columns: list[str], wide: bool = False
+) -> None:
+    header = [Column("policy", "left")]
     for column in columns:
-        table.add_column(column.replace("_", " "), justify="right")
-    for name, metrics in runs.items():
-        table.add_row(name, *(str(metrics[c]) for c in columns))
-    Console().print(table)
+        rank = IMPORTANCE.index(column) + 1 if column in IMPORTANCE else len(IMPORTANCE) + 1
+        header.append(Column(SHORT.get(column, column.replace("_", " ")), priority=rank))
+    rows = [[name, *(str(metrics[c]) for c in columns)] for name, metrics in runs.items()]
+    show(title, header, rows, wide)
 
 
 def compare(
@@ -157,13 +179,14 @@ def compare(
     as_json: bool,
     plot: Path | None,
     model: str,
+    wide: bool = False,
 ) -> None:
     if kind == "jobs":
         runs_jobs = {name: run_jobs(workload, fleet, name, load, limit) for name in policies}
         if as_json:
             print(json.dumps({"runs": runs_jobs}))
             return
-        print_runs(f"jobs on {fleet}", runs_jobs, list(next(iter(runs_jobs.values()))))
+        print_runs(f"jobs on {fleet}", runs_jobs, list(next(iter(runs_jobs.values()))), wide)
         return
     spec, reqs = fleet_spec(fleet), requests(workload, kind, limit, load)
     runs: dict[str, dict[str, float | int]] = {}
@@ -183,4 +206,4 @@ def compare(
     if as_json:
         print(json.dumps({"runs": runs}))
         return
-    print_runs(f"{len(reqs)} requests on {fleet}, seed {seed}", runs, list(COLUMNS))
+    print_runs(f"{len(reqs)} requests on {fleet}, seed {seed}", runs, list(COLUMNS), wide)

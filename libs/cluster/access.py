@@ -97,6 +97,8 @@ def service_grants() -> dict[str, Grant]:
                 PLACEMENT_DECISION.wildcard,
                 DEVICE_FAILED.wildcard,
                 DEVICE_RECOVERED.wildcard,
+                SCORE.wildcard,  # the dashboard's live feed
+                MODE_CHANGE.wildcard,
                 *every,
             ),
         ),

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.runtime.procs import Line, ServiceProcess, free_port
+from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
 from libs.runtime.settings import child_env
 
 #: Start order: consumers before producers, the front door last.
@@ -277,7 +277,10 @@ class Cluster:
             )
         )
         write_prometheus_config(
-            self.options.run_file.with_name("prometheus.yml"), self.metrics_targets()
+            self.options.run_file.with_name(
+                self.options.run_file.stem.replace("cluster", "prometheus") + ".yml"
+            ),
+            self.metrics_targets(),
         )
 
     def metrics_targets(self) -> dict[str, str]:
@@ -292,6 +295,22 @@ class Cluster:
         line = Text(f"{name:>10} │ ", style=colour)
         line.append(message)
         self.console.print(line, soft_wrap=True)
+
+
+def choose_port(host: str, preferred: int) -> int:
+    """``preferred`` when it is free, else any free port (another cluster may hold it)."""
+    return preferred if port_free(host, preferred) else free_port(host)
+
+
+def choose_run_file(preferred: Path) -> Path:
+    """``preferred``, unless a running cluster already wrote it: then ``cluster-<pid>.json``
+    beside it (commands given no address keep finding the first cluster)."""
+    try:
+        pid = int(json.loads(preferred.read_text())["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return preferred
+    return preferred.with_name(f"{preferred.stem}-{os.getpid()}{preferred.suffix}")
 
 
 def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:

@@ -63,7 +63,11 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         for model in options.deploy if has_workers else ():
             cluster.say("cluster", deploy_model(options, model), "white")
         names = ", ".join(c.name for c in cluster.children) or "no services"
-        cluster.say("cluster", f"ready: {names}; gateway {url} (OpenAI API {url}/v1)", "bold green")
+        if options.run_file is not None and options.run_file.name != "cluster.json":
+            note = f"another cluster runs here; for this one: TESSERA_RUN_FILE={options.run_file}"
+            cluster.say("cluster", note, "bold yellow")
+        ready = f"ready: {names}; gateway {url} (OpenAI API {url}/v1, dashboard {url}/)"
+        cluster.say("cluster", ready, "bold green")
         lost: set[str] = set()
         while True:
             for worker in cluster.exited_workers() - lost:

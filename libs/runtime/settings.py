@@ -54,13 +54,15 @@ class LauncherSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore")
 
-    gateway_port: int = Field(8000, ge=1, le=65535)
+    #: Unset: 8000, or a free port when 8000 is taken (another cluster runs).
+    gateway_port: int | None = Field(None, ge=1, le=65535)
     gateway_host: str = "127.0.0.1"
     devices: int = Field(6, ge=0, le=100_000)
     workers: int = Field(2, ge=0, le=64)
     vllm_workers: int = Field(0, ge=0, le=16)
     scheduler_replicas: int = Field(1, ge=1, le=5)
-    scheduler_http_port: int = Field(8100, ge=1, le=65535)
+    #: Unset: a free port (the run file records it).
+    scheduler_http_port: int | None = Field(None, ge=1, le=65535)
     #: Where `tessera up` writes the running cluster's addresses for the other commands.
     run_file: Path = Path.home() / ".cache" / "tessera" / "cluster.json"
     #: Set only when the user points a command at a Redis of their own.

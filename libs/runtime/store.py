@@ -13,7 +13,7 @@ from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from libs.contracts import ContractError
+from libs.contracts import ContractError, DeviceAnnounce
 from libs.contracts.keys import DeviceRow, Keys
 
 log = logging.getLogger(__name__)
@@ -60,3 +60,21 @@ async def ranked_devices(redis: Redis, keys: Keys, limit: int) -> list[DeviceRow
     failed = sorted(str(d) for d in await redis.smembers(keys.failed))
     ids = ranked + [d for d in failed if d not in ranked][: max(0, limit - len(ranked))]
     return await read_devices(redis, keys, ids)
+
+
+async def read_fleet(
+    redis: Redis, keys: Keys, limit: int
+) -> list[tuple[DeviceRow, DeviceAnnounce | None]]:
+    """``ranked_devices`` with each device's announce (its limits: thermal, power, memory)."""
+    rows = await ranked_devices(redis, keys, limit)
+    if not rows:
+        return []
+    stored = await redis.mget([keys.caps(r.device_id) for r in rows])
+    out = []
+    for row, caps in zip(rows, stored, strict=True):
+        try:
+            announce = DeviceAnnounce.model_validate_json(caps) if caps else None
+        except ValueError:
+            announce = None
+        out.append((row, announce))
+    return out

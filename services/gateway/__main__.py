@@ -24,6 +24,8 @@ async def serve(settings: GatewaySettings) -> None:
         log_config=None,
         ssl_certfile=settings.tls_certfile,
         ssl_keyfile=settings.tls_keyfile,
+        # Dashboards follow an endless event stream: a stop does not wait on them for long.
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -12,13 +12,14 @@ from typing import Annotated, Any
 
 import httpx
 from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from libs.contracts import PlacementDecision
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.keys import Keys
-from libs.runtime.store import ranked_devices
+from libs.runtime.store import read_fleet
 from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
@@ -34,8 +35,21 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     async def devices(
         request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
     ) -> list[dict[str, Any]]:
-        rows = await ranked_devices(request.app.state.redis, keys, limit)
-        return [row.model_dump(mode="json") for row in rows]
+        fleet = await read_fleet(request.app.state.redis, keys, limit)
+        return [
+            {
+                **row.model_dump(mode="json"),
+                "capabilities": a.capabilities.model_dump(mode="json") if a else None,
+            }
+            for row, a in fleet
+        ]
+
+    # An endless stream: kept out of the OpenAPI document (its fuzzing would wait forever);
+    # the README describes it.
+    @router.get("/events", include_in_schema=False)
+    async def events(request: Request) -> StreamingResponse:
+        stream = await request.app.state.events.stream()
+        return StreamingResponse(stream, media_type="text/event-stream")
 
     async def forward(request: Request, path: str, body: BaseModel | None = None) -> Response:
         content = body.model_dump_json(exclude_unset=True).encode() if body else None

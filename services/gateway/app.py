@@ -22,11 +22,14 @@ from prometheus_client import (
     generate_latest,
 )
 
+from libs.contracts.keys import Keys
 from libs.runtime.bus import NatsBus, close_nats, connect_nats
 from libs.runtime.lifecycle import Background
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
 from services.gateway.completions import Completions, Deployments, GatewayMetrics
+from services.gateway.dashboard import dashboard_router
+from services.gateway.events import EventHub
 from services.gateway.generation import GenerationClient, RouteBook
 from services.gateway.guards import install_errors, install_limits
 from services.gateway.routes import openai_router
@@ -55,6 +58,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         metrics = GatewayMetrics(registry)
         bus = NatsBus(nc)
         watch = await routes.watch(bus, metrics.on_rejected)
+        hub = EventHub(app.state.redis, Keys(settings.key_prefix), metrics.recent_ttft)
+        watch += await hub.watch(bus, metrics.on_rejected)
+        app.state.events = hub
         client = GenerationClient(
             bus, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
         )
@@ -71,6 +77,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         with contextlib.suppress(httpx.HTTPError):
             await refresh()
         background.every(2.0, refresh)
+        background.every(hub.stats_every_s, hub.stats)
         try:
             yield
         finally:
@@ -94,6 +101,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_limits(app, settings)
     app.include_router(openai_router(settings))
     app.include_router(admin_router(settings))
+    app.include_router(dashboard_router())
     requests_total = Counter(
         "tessera_gateway_requests",
         "HTTP requests by route and status",

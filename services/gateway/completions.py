@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.background import BackgroundTask
 
 from libs.contracts import Sampling, TokenChunk
+from services.gateway.events import Ttfts
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
 from services.gateway.schedulers import ask_scheduler
@@ -51,6 +52,8 @@ class GatewayMetrics:
         self.errors = Counter(
             "tessera_gateway_generation_errors", "Generations that ended in an error", registry=r
         )
+        #: The last minute's times to first token (the dashboard's latency chart).
+        self.recent_ttft = Ttfts()
         self.rejected = Counter(
             "tessera_gateway_rejected_messages",
             "NATS messages that broke their contract, by channel and reason",
@@ -184,6 +187,7 @@ class Completions:
                     self.metrics.tokens.inc()
                     if last is None:
                         self.metrics.ttft.observe(now - started)
+                        self.metrics.recent_ttft.add(now - started)
                     else:
                         self.metrics.inter_token.observe(now - last)
                     last = now

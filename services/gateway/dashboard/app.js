@@ -1,0 +1,309 @@
+// Tessera's dashboard: the admin API read with the user's key, kept live by the gateway's
+// server-sent events (/v1/cluster/events). No framework, no CDN: plain DOM and SVG.
+"use strict";
+
+const $ = (selector) => document.querySelector(selector);
+const state = { devices: new Map(), stats: [], key: sessionStorage.getItem("tessera-key") || "" };
+const DIMENSIONS = ["total", "compute", "memory", "efficiency", "network", "stability"];
+const HISTORY = 150; // stats points kept (5 minutes at one every 2 s)
+
+class Unauthorized extends Error {}
+
+function headers(extra = {}) {
+  return state.key ? { authorization: `Bearer ${state.key}`, ...extra } : extra;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: headers(options.headers) });
+  if (response.status === 401) throw new Unauthorized();
+  const body = response.status === 204 ? null : await response.json();
+  if (!response.ok) throw new Error(body?.error?.message || response.statusText);
+  return body;
+}
+
+function element(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function colour(name) {
+  let hash = 0;
+  for (const c of name) hash = (hash * 31 + c.charCodeAt(0)) >>> 0;
+  return `hsl(${hash % 360} 55% 55%)`;
+}
+
+// -- sign in ------------------------------------------------------------------------------------
+function showLogin(message = "") {
+  $("#app").hidden = true;
+  $("#login").hidden = false;
+  $("#logout").hidden = true;
+  $("#login-error").textContent = message;
+  $("#status").textContent = "signed out";
+  state.devices.clear();
+  $("#fleet tbody").replaceChildren();
+}
+
+$("#login-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.key = $("#key").value.trim();
+  sessionStorage.setItem("tessera-key", state.key);
+  start();
+});
+
+$("#logout").addEventListener("click", () => {
+  state.key = "";
+  sessionStorage.removeItem("tessera-key");
+  showLogin();
+});
+
+// -- fleet --------------------------------------------------------------------------------------
+function ratio(value, limit, unit) {
+  if (value == null) return "-";
+  const share = limit ? Math.min(1, value / limit) : 0;
+  const hot = share > 0.9 ? " hot" : "";
+  return element("span", { className: `ratio${hot}`, title: `${share * 100 | 0} % of the limit` },
+    `${value.toFixed(0)}${limit ? ` / ${limit.toFixed(0)}` : ""} ${unit}`,
+    element("i", { style: `width:${share * 100}%` }));
+}
+
+function renderDevice(row) {
+  const sample = row.sample || {};
+  const caps = row.capabilities || state.devices.get(row.device_id)?.capabilities || {};
+  row.capabilities = caps;
+  state.devices.set(row.device_id, row);
+  const cells = [
+    element("td", { className: "id" }, row.device_id),
+    element("td", {}, row.device_class || "?"),
+    element("td", { className: `state ${row.state}` }, row.state),
+    ...DIMENSIONS.map((d) => element("td", { className: "num" },
+      row[d] == null ? "-" : row[d].toFixed(2))),
+    element("td", {}, ratio(sample.temperature_c, caps.thermal_limit_c, "°C")),
+    element("td", {}, ratio(sample.power_w, caps.max_power_w, "W")),
+    element("td", { className: "num" },
+      sample.battery_percent == null ? "-" : `${sample.battery_percent.toFixed(0)} %`),
+    element("td", { className: "num" },
+      sample.measured_tokens_per_s ? sample.measured_tokens_per_s.toFixed(1) : "-"),
+    element("td", { className: "num" }, (row.speed_scale ?? 1).toFixed(2)),
+  ];
+  let tr = $(`#fleet tbody tr[data-device="${CSS.escape(row.device_id)}"]`);
+  if (!tr) {
+    tr = element("tr");
+    tr.dataset.device = row.device_id;
+    $("#fleet tbody").append(tr);
+  }
+  tr.dataset.state = row.state;
+  tr.replaceChildren(...cells);
+  $("#fleet-count").textContent = `${state.devices.size} devices`;
+}
+
+// -- deployments, mode, policy, previews ------------------------------------------------------
+async function loadDeployments() {
+  const deployments = await api("/v1/cluster/placements");
+  const box = $("#deployments");
+  if (!deployments.length) return box.replaceChildren(element("p", { className: "muted" }, "none"));
+  box.replaceChildren(...deployments.map((d) => {
+    const total = d.assignments.reduce((n, a) => n + (a.layer_end - a.layer_start), 0) || 1;
+    const bar = element("div", { className: "layers" }, ...d.assignments.map((a) => {
+      const layers = a.layer_end - a.layer_start;
+      return element("div", {
+        className: "shard",
+        style: `flex:${layers};background:${colour(a.device_id)}`,
+        title: `${a.device_id}: layers ${a.layer_start}–${a.layer_end - 1}, ${a.memory_gb?.toFixed(2)} GB`,
+      }, element("b", {}, a.device_id), element("span", {}, `layers ${a.layer_start}–${a.layer_end - 1}`));
+    }));
+    return element("div", { className: "deployment" },
+      element("h3", {}, `${d.deployment_id} `, element("span", { className: "muted" },
+        `${d.model} · epoch ${d.epoch} · ${total} layers on ${d.assignments.length} device(s)`)),
+      bar);
+  }));
+}
+
+async function loadMode() {
+  const mode = await api("/v1/cluster/mode");
+  $("#mode").value = mode.manual ? mode.mode : "auto";
+  $("#mode").title = `active: ${mode.mode}${mode.manual ? " (set by hand)" : " (automatic)"}`;
+  $("#mode").disabled = false;
+}
+
+async function loadPolicy() {
+  const policy = await api("/v1/cluster/policy");
+  $("#policy").replaceChildren(...policy.available.map((p) => element("option", { value: p }, p)));
+  $("#policy").value = policy.policy;
+  $("#policy").disabled = false;
+}
+
+$("#mode").addEventListener("change", async () => {
+  try {
+    await api("/v1/cluster/mode", { method: "PUT", body: JSON.stringify({ mode: $("#mode").value }),
+      headers: { "content-type": "application/json" } });
+    await loadMode();
+  } catch (error) { note(`mode not changed: ${error.message}`, "error"); }
+});
+
+$("#policy").addEventListener("change", async () => {
+  try {
+    await api("/v1/cluster/policy", { method: "PUT", body: JSON.stringify({ policy: $("#policy").value }),
+      headers: { "content-type": "application/json" } });
+    note(`policy set to ${$("#policy").value}`);
+  } catch (error) { note(`policy not changed: ${error.message}`, "error"); }
+});
+
+$("#preview-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const model = $("#preview-model").value.trim();
+  const box = $("#previews");
+  box.replaceChildren(element("p", { className: "muted" }, "asking the scheduler…"));
+  try {
+    const options = await api(`/v1/cluster/previews?model=${encodeURIComponent(model)}`);
+    const considered = new Set(options.flatMap((o) => o.devices));
+    const left = [...state.devices.keys()].filter((d) => !considered.has(d));
+    box.replaceChildren(...options.map((o) => element("div", { className: `preview ${o.feasible ? "" : "infeasible"}` },
+      element("h4", {}, `${o.devices.length} device(s): `, o.feasible
+        ? `~${o.step_ms.toFixed(2)} ms per token step` : element("span", { className: "error" }, o.reason)),
+      o.feasible ? element("ul", {}, ...o.shards.map((s) => element("li", {},
+        `${s.device_id}: layers ${s.layer_start}–${s.layer_end - 1}, ${s.memory_gb.toFixed(2)} GB`))) : "")),
+      left.length ? element("p", { className: "muted" },
+        `not considered: ${left.join(", ")} (failed, or no worker engine to run shards)`) : "");
+  } catch (error) {
+    box.replaceChildren(element("p", { className: "error" }, error.message));
+  }
+});
+
+// -- events and charts -------------------------------------------------------------------------
+function note(text, kind = "") {
+  const item = element("li", { className: kind }, element("time", {}, new Date().toLocaleTimeString()), " ", text);
+  $("#events").prepend(item);
+  while ($("#events").children.length > 200) $("#events").lastChild.remove();
+}
+
+function chart(id, values) {
+  const points = values.filter((v) => v != null);
+  const top = Math.max(...points, 1e-9);
+  const step = 300 / Math.max(values.length - 1, 1);
+  const path = values.map((v, i) => (v == null ? null : `${(i * step).toFixed(1)},${(78 - (v / top) * 74).toFixed(1)}`))
+    .filter(Boolean).join(" ");
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", path);
+  $(id).replaceChildren(line);
+}
+
+function onEvent(event) {
+  switch (event.type) {
+    case "device":
+      renderDevice(event.device);
+      break;
+    case "failed":
+      note(`${event.device_id} failed: silent since ${new Date(event.last_seen_ts * 1000).toLocaleTimeString()}`, "failed");
+      break;
+    case "recovered":
+      note(`${event.device_id} recovered after ${event.down_for_s.toFixed(1)} s`);
+      break;
+    case "placement":
+      note(event.migration
+        ? `migration: ${event.task_id} moved to ${event.assignments.map((a) => a.device_id).join(", ")} (epoch ${event.epoch})`
+        : `deployed ${event.task_id} on ${event.assignments.map((a) => a.device_id).join(", ")}`,
+        event.migration ? "migration" : "");
+      loadDeployments().catch(() => {});
+      break;
+    case "mode":
+      note(`mode ${event.previous} → ${event.mode}: ${event.reason}`, "mode");
+      loadMode().catch(() => {});
+      break;
+    case "stats": {
+      state.stats.push(event);
+      if (state.stats.length > HISTORY) state.stats.shift();
+      chart("#c-tps", state.stats.map((s) => s.tokens_per_s));
+      chart("#c-tpj", state.stats.map((s) => s.tokens_per_j));
+      chart("#c-ttft", state.stats.map((s) => s.ttft_p50_s));
+      $("#v-tps").textContent = event.tokens_per_s.toFixed(1);
+      $("#v-tpj").textContent = event.tokens_per_j.toFixed(4);
+      $("#v-ttft").textContent = event.ttft_p50_s == null ? "-" : event.ttft_p50_s.toFixed(2);
+      break;
+    }
+  }
+}
+
+async function readEvents(response, onData) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of block.split("\n")) {
+        if (line.startsWith("data: ")) onData(line.slice(6));
+      }
+    }
+  }
+}
+
+async function follow() {
+  try {
+    const response = await fetch("/v1/cluster/events", { headers: headers() });
+    if (response.status === 401) return showLogin("that key was refused");
+    if (!response.ok) throw new Error(response.statusText);
+    $("#status").textContent = "live";
+    $("#status").className = "live";
+    await readEvents(response, (data) => onEvent(JSON.parse(data)));
+  } catch (error) {
+    console.warn("event stream", error);
+  }
+  $("#status").textContent = "reconnecting…";
+  $("#status").className = "muted";
+  setTimeout(follow, 1000);
+}
+
+// -- chat ---------------------------------------------------------------------------------------
+$("#chat-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = $("#chat-input").value.trim();
+  $("#chat-input").value = "";
+  $("#chat-log").append(element("p", { className: "user" }, text));
+  const answer = element("p", { className: "assistant" });
+  $("#chat-log").append(answer);
+  try {
+    const models = await api("/v1/models");
+    if (!models.data.length) throw new Error("no model is deployed");
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: headers({ "content-type": "application/json" }),
+      body: JSON.stringify({ model: models.data[0].id, stream: true, max_tokens: 128, temperature: 0,
+        messages: [{ role: "user", content: text }] }),
+    });
+    if (!response.ok) throw new Error((await response.json()).error?.message || response.statusText);
+    await readEvents(response, (data) => {
+      if (data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      answer.textContent += chunk.choices?.[0]?.delta?.content || "";
+    });
+    answer.dataset.done = "true";
+  } catch (error) {
+    answer.append(element("span", { className: "error" }, ` ${error.message}`));
+    answer.dataset.done = "error";
+  }
+});
+
+// -- start --------------------------------------------------------------------------------------
+async function start() {
+  try {
+    const rows = await api("/v1/cluster/devices?limit=1000");
+    $("#login").hidden = true;
+    $("#app").hidden = false;
+    $("#logout").hidden = !state.key;
+    rows.forEach(renderDevice);
+    await Promise.all([loadDeployments(), loadMode(), loadPolicy()]);
+    follow();
+  } catch (error) {
+    if (error instanceof Unauthorized) showLogin(state.key ? "that key was refused" : "");
+    else $("#status").textContent = `error: ${error.message}`;
+  }
+}
+
+start();

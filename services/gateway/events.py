@@ -1,0 +1,180 @@
+"""Live events for the dashboard: what the services already publish on NATS, pushed to each
+browser as server-sent events (``GET /v1/cluster/events``).
+
+One subscription per channel for the whole gateway; each client has a bounded queue (the
+oldest event is dropped for a client that does not keep up, and counted), and at most
+``max_clients`` clients at once. Kinds of event (``type``): ``device`` (a device's row, after
+it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
+placed or moved: ``migration`` when its epoch passed 1), ``mode``, and ``stats`` every
+``stats_every_s`` (cluster tokens/s and tokens/J from the devices' samples, the gateway's
+median time to first token over the last minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis.asyncio import Redis
+
+from libs.contracts import (
+    DEVICE_FAILED,
+    DEVICE_RECOVERED,
+    MODE_CHANGE,
+    PLACEMENT_DECISION,
+    SCORE,
+    DeviceFailed,
+    DeviceRecovered,
+    DeviceState,
+    ModeChange,
+    PlacementDecision,
+    ScoreUpdate,
+)
+from libs.contracts.keys import Keys
+from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
+from libs.runtime.store import read_devices, read_fleet
+from services.gateway.openai_api import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class Ttfts:
+    """Times to first token of the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self.seen: deque[tuple[float, float]] = deque(maxlen=10_000)
+
+    def add(self, seconds: float) -> None:
+        self.seen.append((time.monotonic(), seconds))
+
+    def median(self) -> float | None:
+        since = time.monotonic() - self.window_s
+        recent = [s for at, s in self.seen if at >= since]
+        return statistics.median(recent) if recent else None
+
+
+class EventHub:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        ttfts: Ttfts,
+        *,
+        max_clients: int = 32,
+        queue_size: int = 512,
+        stats_every_s: float = 2.0,
+    ) -> None:
+        self.redis, self.keys, self.ttfts = redis, keys, ttfts
+        self.max_clients, self.queue_size, self.stats_every_s = (
+            max_clients,
+            queue_size,
+            stats_every_s,
+        )
+        self.clients: set[asyncio.Queue[dict[str, Any]]] = set()
+        #: Events a slow client never got (its oldest were dropped).
+        self.dropped = 0
+
+    # -- fan-out -------------------------------------------------------------------------------
+    def push(self, event: dict[str, Any]) -> None:
+        for queue in self.clients:
+            if queue.full():
+                queue.get_nowait()
+                self.dropped += 1
+            queue.put_nowait(event)
+
+    async def stream(self, keepalive_s: float = 15.0) -> AsyncIterator[str]:
+        """One client's events as SSE lines; 429 past ``max_clients``."""
+        if len(self.clients) >= self.max_clients:
+            raise ApiError(
+                429,
+                f"{self.max_clients} dashboards are already following this gateway",
+                "rate_limit_error",
+                "too_many_listeners",
+            )
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(self.queue_size)
+        self.clients.add(queue)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                yield ": connected\n\n"
+                while True:
+                    try:
+                        event = await asyncio.wait_for(queue.get(), keepalive_s)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"data: {json.dumps(event)}\n\n"
+            finally:
+                self.clients.discard(queue)
+
+        return events()
+
+    # -- sources -------------------------------------------------------------------------------
+    async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
+        async def on_score(update: ScoreUpdate, msg: Delivery) -> None:
+            await self._device(update.device_id)
+
+        async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
+            self.push({"type": "failed", **event.model_dump(mode="json")})
+            await self._device(event.device_id, DeviceState.FAILED)
+
+        async def on_recovered(event: DeviceRecovered, msg: Delivery) -> None:
+            self.push({"type": "recovered", **event.model_dump(mode="json")})
+            await self._device(event.device_id)
+
+        async def on_decision(decision: PlacementDecision, msg: Delivery) -> None:
+            if decision.kind == "deployment" and decision.placed and self.clients:
+                body = decision.model_dump(mode="json")
+                self.push({"type": "placement", "migration": decision.epoch > 1, **body})
+
+        async def on_mode(change: ModeChange, msg: Delivery) -> None:
+            self.push({"type": "mode", **change.model_dump(mode="json")})
+
+        return [
+            await bus.subscribe(SCORE, on_score, rejected=rejected),
+            await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
+            await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
+            await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
+            await bus.subscribe(MODE_CHANGE, on_mode, rejected=rejected),
+        ]
+
+    async def _device(self, device_id: str, state: DeviceState | None = None) -> None:
+        if not self.clients:
+            return
+        rows = await read_devices(self.redis, self.keys, [device_id])
+        for row in rows:
+            if state is not None:  # the event may arrive before the scorer's write
+                row = row.model_copy(update={"state": state})
+            self.push({"type": "device", "device": row.model_dump(mode="json")})
+
+    async def stats(self) -> None:
+        """One ``stats`` event (a periodic step of the gateway)."""
+        if not self.clients:
+            return
+        tokens = watts = 0.0
+        for row, _ in await read_fleet(self.redis, self.keys, 10_000):
+            if row.sample is not None and row.state != DeviceState.FAILED:
+                tokens += row.sample.measured_tokens_per_s or 0.0
+                watts += row.sample.power_w
+        self.push(
+            {
+                "type": "stats",
+                "ts": time.time(),
+                "tokens_per_s": round(tokens, 3),
+                "tokens_per_j": round(tokens / watts, 5) if watts > 0 else 0.0,
+                "ttft_p50_s": self.ttfts.median(),
+                "dropped": self.dropped,
+            }
+        )
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.clients.clear()

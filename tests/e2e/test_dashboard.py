@@ -1,0 +1,141 @@
+"""The dashboard in a real browser (Debian's Chromium, headless, driven by Selenium through
+Debian's chromedriver) against `tessera up` with an API key: the login hides every datum, the
+fleet lists what the scorer knows, the mode control changes the cluster's mode, the chat box
+streams an answer, and a killed worker turns failed with a migration in the feed, all without
+a reload. Screenshots are kept in ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.wait import WebDriverWait
+
+from tests.e2e.cluster import RunningCluster, process_with_env
+
+KEY = "dashboard-key"
+ARTIFACTS = Path(
+    os.environ.get("TESSERA_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    running = RunningCluster(
+        "--workers",
+        "2",
+        devices=2,
+        env={
+            "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
+            "TESSERA_TELEMETRY_INTERVAL_S": "1",
+            "TESSERA_WORKER_INTERVAL_S": "1",
+        },
+    )
+    running.wait_for("ready:", 240)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Debian's chromium and chromium-driver are needed (make deps)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1440,1200")
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    yield session
+    session.quit()
+
+
+def api(cluster: RunningCluster, path: str) -> Any:
+    headers = {"authorization": f"Bearer {KEY}"}
+    response = httpx.get(f"{cluster.base_url}{path}", headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def shown_devices(browser: WebDriver) -> dict[str, str]:
+    """device id → state, as the page shows them now."""
+    rows = browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+    return {r.get_attribute("data-device") or "": r.get_attribute("data-state") or "" for r in rows}
+
+
+def until(browser: WebDriver, condition: Any, timeout_s: float = 60) -> Any:
+    return WebDriverWait(browser, timeout_s, poll_frequency=0.1).until(lambda _: condition())
+
+
+def test_the_dashboard_shows_the_cluster_live_and_controls_it(
+    cluster: RunningCluster, browser: WebDriver
+) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.get(f"{cluster.base_url}/")
+    # Without a key: the login, and no data at all.
+    until(browser, lambda: browser.find_element(By.ID, "login").is_displayed())
+    assert not browser.find_element(By.ID, "app").is_displayed()
+    assert shown_devices(browser) == {}
+    browser.save_screenshot(str(ARTIFACTS / "dashboard-login.png"))
+
+    browser.find_element(By.ID, "key").send_keys(KEY)
+    browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    # The fleet: every device the scorer knows (the emulated ones and both workers).
+    until(browser, lambda: len(api(cluster, "/v1/cluster/devices")) == 4)
+    known = {row["device_id"] for row in api(cluster, "/v1/cluster/devices")}
+    until(browser, lambda: set(shown_devices(browser)) == known)
+    until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .shard"))
+
+    # The mode control changes the cluster's mode.
+    until(browser, lambda: browser.find_element(By.ID, "mode").is_enabled())
+    Select(browser.find_element(By.ID, "mode")).select_by_value("energy")
+    until(browser, lambda: api(cluster, "/v1/cluster/mode") == {"mode": "energy", "manual": True})
+
+    # Previews: every candidate placement, per device.
+    browser.find_element(By.ID, "preview-go").click()
+    until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#previews .preview li"))
+
+    # A chat message streams an answer.
+    browser.find_element(By.ID, "chat-input").send_keys("What is the capital of France?")
+    browser.find_element(By.ID, "chat-send").click()
+    answer = until(
+        browser,
+        lambda: browser.find_elements(By.CSS_SELECTOR, "#chat-log .assistant[data-done]"),
+        120,
+    )[0]
+    assert answer.get_attribute("data-done") == "true" and answer.text.strip()
+
+    # Kill the worker that serves the model: its row turns failed and the feed shows the
+    # migration, pushed to the open page.
+    [deployment] = api(cluster, "/v1/cluster/placements")
+    host = deployment["assignments"][0]["device_id"]
+    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    until(browser, lambda: shown_devices(browser).get(host) == "failed", 60)
+    failed_after = time.monotonic() - killed
+    until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#events li.migration"), 60)
+    moved_after = time.monotonic() - killed
+    print(f"dashboard: {host} failed after {failed_after:.2f} s, migration {moved_after:.2f} s")
+    feed = browser.find_element(By.ID, "events").text
+    assert f"{host} failed" in feed and "migration" in feed
+    browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+
+    # Signed out (a page with no key): the login again, and the data gone from the page.
+    browser.find_element(By.ID, "logout").click()
+    until(browser, lambda: browser.find_element(By.ID, "login").is_displayed())
+    assert shown_devices(browser) == {}
