@@ -78,7 +78,7 @@ COUNTED = {
     ),
     "gateway": (
         "tessera_gateway_rejected_messages",
-        ("placement_decision", "device_failed", "device_recovered"),
+        ("placement_decision", "device_failed", "device_recovered", "score", "mode_change"),
     ),
     "scheduler": (
         "tessera_scheduler_rejections",

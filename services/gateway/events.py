@@ -119,6 +119,9 @@ class EventHub:
 
     # -- sources -------------------------------------------------------------------------------
     async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
+        """Subscribe to what the dashboard shows. ``rejected`` counts the malformed messages of
+        the channels only this hub reads (the route book counts the others once)."""
+
         async def on_score(update: ScoreUpdate, msg: Delivery) -> None:
             await self._device(update.device_id)
 
@@ -140,10 +143,10 @@ class EventHub:
 
         return [
             await bus.subscribe(SCORE, on_score, rejected=rejected),
-            await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
-            await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
-            await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
             await bus.subscribe(MODE_CHANGE, on_mode, rejected=rejected),
+            await bus.subscribe(DEVICE_FAILED, on_failed),
+            await bus.subscribe(DEVICE_RECOVERED, on_recovered),
+            await bus.subscribe(PLACEMENT_DECISION, on_decision),
         ]
 
     async def _device(self, device_id: str, state: DeviceState | None = None) -> None:
