@@ -5,11 +5,13 @@ Each function works on floats or numpy arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from libs.contracts import TelemetrySample
 from libs.core.capability import Num
 
 #: Throttle temperatures (°C): mobile devices and desktops/servers.
@@ -85,3 +87,12 @@ def dvfs_hint(load: float, urgent: bool, temperature_c: float, limit_c: float) -
     if load <= 0.3:
         return DvfsHint(0.6, f"light load {load:.0%}")
     return DvfsHint(0.8, f"moderate load {load:.0%}")
+
+
+def cluster_rates(samples: Iterable[TelemetrySample]) -> tuple[float, float]:
+    """Cluster throughput (tokens/s) and efficiency (tokens/J) from live devices' samples."""
+    tokens = watts = 0.0
+    for sample in samples:
+        tokens += sample.measured_tokens_per_s or 0.0
+        watts += sample.power_w
+    return tokens, (tokens / watts if watts > 0 else 0.0)

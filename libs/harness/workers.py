@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from libs.contracts import SHARD_STATUS, SHARD_TASK, ShardStatus, ShardTask, shard_ring
 from libs.runtime.bus import ensure_streams, subscribe
 from libs.runtime.procs import ServiceProcess
+from libs.runtime.settings import child_env
 
 
 def even_split(layers: int, shards: int) -> list[tuple[int, int]]:
@@ -50,7 +51,7 @@ class LocalWorkers:
         base = {
             "TESSERA_NATS_URL": self.nats_url,
             # one thread per worker: several workers share this machine's cores
-            "OMP_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", "1"),
             **self.env,
         }
         for device_id in self.device_ids:

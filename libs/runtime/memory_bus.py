@@ -117,6 +117,20 @@ class MemoryBus:
     async def request(
         self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
     ) -> N:
+        return answer.decode(await self._round_trip(channel, message, timeout_s, tokens))
+
+    async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
+        try:
+            await self._round_trip(channel, message, timeout_s, tokens)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _round_trip(
+        self, channel: Channel[M], message: M, timeout_s: float, tokens: dict[str, str]
+    ) -> bytes:
+        """Send ``message`` with a reply inbox and return the first answer's bytes;
+        ``TimeoutError`` when nobody listens or answers in time."""
         inbox = f"_INBOX.{next(self._inboxes)}"
         got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
@@ -129,12 +143,11 @@ class MemoryBus:
             subject = channel.subject(**tokens)
             if not self.deliver(MemoryDelivery(subject, channel.encode(message), inbox)):
                 raise TimeoutError(f"no responders on {subject}")
-            data = await asyncio.wait_for(got, timeout_s)
+            return await asyncio.wait_for(got, timeout_s)
         except TimeoutError as exc:
-            raise TimeoutError(f"no answer within {timeout_s} s") from exc
+            raise TimeoutError(f"no answer on {subject} within {timeout_s} s") from exc
         finally:
             await sub.unsubscribe()
-        return answer.decode(data)
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         await self.settle(timeout_s)
@@ -144,25 +157,6 @@ class MemoryBus:
         return [
             channel.decode(d.data) for d in self.published if matches(channel.wildcard, d.subject)
         ]
-
-    async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
-        got = asyncio.get_running_loop().create_future()
-
-        async def on_answer(delivery: MemoryDelivery) -> None:
-            if not got.done():
-                got.set_result(True)
-
-        inbox = f"_INBOX.{next(self._inboxes)}"
-        sub = self._add(inbox, "", on_answer)
-        try:
-            delivery = MemoryDelivery(channel.subject(**tokens), channel.encode(message), inbox)
-            if not self.deliver(delivery):
-                return False
-            return bool(await asyncio.wait_for(got, timeout_s))
-        except TimeoutError:
-            return False
-        finally:
-            await sub.unsubscribe()
 
     def answer(self, delivery: MemoryDelivery, data: bytes = b"") -> None:
         """Answer a request (what ``msg.respond`` does on NATS)."""

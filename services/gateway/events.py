@@ -38,8 +38,9 @@ from libs.contracts import (
     ScoreUpdate,
 )
 from libs.contracts.keys import Keys
+from libs.core.energy import cluster_rates
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
-from libs.runtime.store import read_devices, read_fleet
+from libs.runtime.store import ranked_devices, read_devices
 from services.gateway.openai_api import ApiError
 
 log = logging.getLogger(__name__)
@@ -162,17 +163,15 @@ class EventHub:
         """One ``stats`` event (a periodic step of the gateway)."""
         if not self.clients:
             return
-        tokens = watts = 0.0
-        for row, _ in await read_fleet(self.redis, self.keys, 10_000):
-            if row.sample is not None and row.state != DeviceState.FAILED:
-                tokens += row.sample.measured_tokens_per_s or 0.0
-                watts += row.sample.power_w
+        rows = await ranked_devices(self.redis, self.keys, 10_000)
+        live = (r.sample for r in rows if r.sample and r.state != DeviceState.FAILED)
+        tokens, per_joule = cluster_rates(live)
         self.push(
             {
                 "type": "stats",
                 "ts": time.time(),
                 "tokens_per_s": round(tokens, 3),
-                "tokens_per_j": round(tokens / watts, 5) if watts > 0 else 0.0,
+                "tokens_per_j": round(per_joule, 5),
                 "ttft_p50_s": self.ttfts.median(),
                 "dropped": self.dropped,
             }

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState
 from libs.contracts.keys import DeviceRow, Keys
+from libs.core.energy import cluster_rates
 from libs.core.model import Device
 from libs.runtime.store import read_devices
 
@@ -119,10 +120,5 @@ class ClusterView:
 
     def cluster_rates(self) -> tuple[float, float]:
         """Cluster throughput (tokens/s) and efficiency (tokens/J) from the latest samples."""
-        tokens, watts = 0.0, 0.0
-        for device_id, row in self.rows.items():
-            if device_id in self.failed or row.sample is None:
-                continue
-            tokens += row.sample.measured_tokens_per_s or 0.0
-            watts += row.sample.power_w
-        return tokens, (tokens / watts if watts > 0 else 0.0)
+        live = self.rows.keys() - self.failed
+        return cluster_rates(r.sample for d, r in self.rows.items() if d in live and r.sample)
