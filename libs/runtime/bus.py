@@ -22,6 +22,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel
 
 from libs.contracts import STREAMS, Channel, ContractError
@@ -53,6 +54,9 @@ class Delivery(Protocol):
 
 Handler = Callable[[M, Any], Awaitable[None]]
 """``handler(message, delivery)``: ``delivery`` is a ``Delivery``."""
+
+RawHandler = Callable[[Any], Awaitable[None]]
+"""``handler(delivery)`` for bytes that are not a contract model (hidden-state frames)."""
 
 
 class Unsubscribe(Protocol):
@@ -87,6 +91,30 @@ class Bus(Protocol):
     async def ask(self, channel: Channel[M], message: M, timeout_s: float, **tokens: str) -> bool:
         """Send ``message`` as a request and wait for any answer (an acknowledgement): False
         when nobody answers in time."""
+
+    async def consume(
+        self,
+        channel: Channel[M],
+        handler: Handler[M],
+        *,
+        durable: str,
+        subject: str | None = None,
+        rejected: Rejected | None = None,
+    ) -> Unsubscribe:
+        """Take ``channel``'s durable messages (``publish_durable``) through the consumer named
+        ``durable``: what is published after it was first created reaches it, also while its
+        process was away. Each message is acknowledged once ``handler`` returns (or raises);
+        one that fails its contract is dropped for good."""
+
+    async def publish_bytes(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Publish bytes that are not a contract model (a hidden-state frame, an empty
+        acknowledgement at a reply subject)."""
+
+    async def subscribe_bytes(self, subject: str, handler: RawHandler) -> Unsubscribe:
+        """``handler(delivery)`` for each message on ``subject``, its bytes undecoded; a handler
+        that raises is logged and the subscription carries on."""
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Return once what was published has reached the server (a round trip)."""
@@ -142,6 +170,39 @@ class NatsBus:
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
                 return False
         return True
+
+    async def consume(
+        self,
+        channel: Channel[M],
+        handler: Handler[M],
+        *,
+        durable: str,
+        subject: str | None = None,
+        rejected: Rejected | None = None,
+    ) -> Unsubscribe:
+        on_message = decoding(channel, handler, rejected)
+
+        async def on_msg(msg: Msg) -> None:
+            if await on_message(msg):
+                await msg.ack()
+            else:
+                await msg.term()  # broke its contract: redelivering it cannot help
+
+        return await self.nc.jetstream().subscribe(
+            subject or channel.wildcard,
+            durable=durable,
+            cb=on_msg,
+            manual_ack=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+        )
+
+    async def publish_bytes(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        await self.nc.publish(subject, data, headers=dict(headers) if headers else None)
+
+    async def subscribe_bytes(self, subject: str, handler: RawHandler) -> Unsubscribe:
+        return await self.nc.subscribe(subject, cb=guarded(subject, handler))
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         await self.nc.flush(timeout=max(1, round(timeout_s)))
@@ -274,17 +335,22 @@ async def subscribe(
     """
 
     on_message = decoding(channel, handler, rejected)
-    return await nc.subscribe(subject or channel.wildcard, queue=queue, cb=on_message, **sub_kwargs)
+
+    async def on_msg(msg: Msg) -> None:
+        await on_message(msg)
+
+    return await nc.subscribe(subject or channel.wildcard, queue=queue, cb=on_msg, **sub_kwargs)
 
 
 def decoding(
     channel: Channel[M], handler: Handler[M], rejected: Rejected | None
-) -> Callable[[Any], Awaitable[None]]:
+) -> Callable[[Any], Awaitable[bool]]:
     """A raw-message callback that decodes against ``channel`` before calling ``handler``:
     a message that fails its contract is counted and logged (rate-limited), a handler that
-    raises is logged with its traceback; neither stops the subscription."""
+    raises is logged with its traceback; neither stops the subscription. It returns whether
+    the message kept its contract."""
 
-    async def on_message(msg: Delivery) -> None:
+    async def on_message(msg: Delivery) -> bool:
         try:
             message = channel.decode(msg.data)
         except ContractError as exc:
@@ -297,7 +363,7 @@ def decoding(
                 reason=exc.reason,
                 detail=exc.detail[:300],
             )
-            return
+            return False
         with processing(channel.name, msg.subject, msg.headers):
             try:
                 await handler(message, msg)
@@ -305,5 +371,20 @@ def decoding(
                 raise
             except Exception:
                 log.exception("handler failed", extra={"channel": channel.name})
+        return True
+
+    return on_message
+
+
+def guarded(subject: str, handler: RawHandler) -> RawHandler:
+    """``handler`` that logs what it raises instead of ending the subscription."""
+
+    async def on_message(delivery: Any) -> None:
+        try:
+            await handler(delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handler failed", extra={"subject": subject})
 
     return on_message

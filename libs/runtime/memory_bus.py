@@ -6,7 +6,8 @@ channel, so a handler sees exactly what it would over the wire, and a malformed 
 rejected the same way. Each subscription has its own queue and task, so delivery is
 asynchronous and in order, as on NATS; ``settle()`` waits until every queue is empty and
 every handler has returned. Durable publishes are kept for a subscriber that comes later (as
-JetStream keeps them). Nothing here touches the network.
+JetStream keeps them), and a durable consumer (``consume``) gets what was published while it
+was away. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from libs.contracts import Channel
-from libs.runtime.bus import Handler, Rejected, decoding
+from libs.runtime.bus import Handler, RawHandler, Rejected, decoding, guarded
 
 M = TypeVar("M", bound=BaseModel)
 N = TypeVar("N", bound=BaseModel)
@@ -51,7 +52,9 @@ class MemorySubscription:
     bus: MemoryBus
     pattern: str
     queue_group: str
-    callback: Callable[[Any], Awaitable[None]]
+    callback: Callable[[Any], Awaitable[object]]
+    #: The durable consumer it takes messages for ("" for a plain subscription).
+    consumer: str = ""
     inbox: asyncio.Queue[MemoryDelivery] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     #: Deliveries queued or being handled.
@@ -78,9 +81,25 @@ class MemorySubscription:
                 await self.task
 
 
+@dataclass(eq=False)
+class MemoryConsumer:
+    """A durable consumer: while nobody takes its messages, they wait in ``backlog``."""
+
+    pattern: str
+    backlog: list[MemoryDelivery] = field(default_factory=list)
+    sub: MemorySubscription | None = None
+
+    def take(self, delivery: MemoryDelivery) -> None:
+        if self.sub is not None and self.sub in self.sub.bus.subscriptions:
+            self.sub.push(delivery)
+        else:
+            self.backlog.append(delivery)
+
+
 class MemoryBus:
     def __init__(self) -> None:
         self.subscriptions: list[MemorySubscription] = []
+        self.consumers: dict[str, MemoryConsumer] = {}
         #: Every subject published, in order (what a test asserts was sent).
         self.published: list[MemoryDelivery] = []
         self._durable: list[MemoryDelivery] = []
@@ -113,6 +132,31 @@ class MemoryBus:
             if matches(sub.pattern, delivery.subject):
                 sub.push(delivery)
         return sub
+
+    async def consume(
+        self,
+        channel: Channel[M],
+        handler: Handler[M],
+        *,
+        durable: str,
+        subject: str | None = None,
+        rejected: Rejected | None = None,
+    ) -> MemorySubscription:
+        pattern = subject or channel.wildcard
+        consumer = self.consumers.setdefault(durable, MemoryConsumer(pattern))
+        consumer.sub = self._add(pattern, "", decoding(channel, handler, rejected), durable)
+        for delivery in consumer.backlog:
+            consumer.sub.push(delivery)
+        consumer.backlog.clear()
+        return consumer.sub
+
+    async def publish_bytes(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.deliver(MemoryDelivery(subject, data, "", headers))
+
+    async def subscribe_bytes(self, subject: str, handler: RawHandler) -> MemorySubscription:
+        return self._add(subject, "", guarded(subject, handler))
 
     async def request(
         self, channel: Channel[M], message: M, answer: Channel[N], timeout_s: float, **tokens: str
@@ -174,6 +218,8 @@ class MemoryBus:
         plain: list[MemorySubscription] = []
         groups: dict[str, list[MemorySubscription]] = {}
         for sub in self.subscriptions:
+            if sub.consumer:
+                continue  # taken below, through its consumer
             if matches(sub.pattern, delivery.subject):
                 if sub.queue_group:
                     groups.setdefault(sub.queue_group, []).append(sub)
@@ -182,7 +228,10 @@ class MemoryBus:
         chosen = plain + [members[next(self._turn) % len(members)] for members in groups.values()]
         for sub in chosen:
             sub.push(delivery)
-        return bool(chosen)
+        consumers = [c for c in self.consumers.values() if matches(c.pattern, delivery.subject)]
+        for consumer in consumers:
+            consumer.take(delivery)
+        return bool(chosen or consumers)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait until nothing is queued or being handled (handlers may publish more)."""
@@ -195,9 +244,13 @@ class MemoryBus:
             await sub.unsubscribe()
 
     def _add(
-        self, pattern: str, queue_group: str, callback: Callable[[Any], Awaitable[None]]
+        self,
+        pattern: str,
+        queue_group: str,
+        callback: Callable[[Any], Awaitable[object]],
+        consumer: str = "",
     ) -> MemorySubscription:
-        sub = MemorySubscription(self, pattern, queue_group, callback)
+        sub = MemorySubscription(self, pattern, queue_group, callback, consumer)
         sub.task = asyncio.create_task(sub.run())
         self.subscriptions.append(sub)
         return sub

@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from nats.aio.client import Client as NatsClient
 
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.models.store import prepare
-from libs.runtime.bus import NatsBus, close_nats, connect_nats
+from libs.runtime.bus import Bus, NatsBus, close_nats, connect_nats, ensure_streams
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
@@ -52,7 +51,7 @@ def make_device(
 
 
 def make_worker(
-    nc: NatsClient,
+    bus: Bus,
     device: EmulatedDevice,
     folder: Path,
     settings: WorkerSettings,
@@ -70,7 +69,7 @@ def make_worker(
             eager=settings.vllm_eager,
         )
         return VllmWorker(
-            nc,
+            bus,
             device,
             make_server,
             max_active=settings.max_active,
@@ -79,7 +78,7 @@ def make_worker(
             metrics=metrics,
         )
     return Worker(
-        nc, device, folder, max_active=settings.max_active, park_s=settings.park_s, metrics=metrics
+        bus, device, folder, max_active=settings.max_active, park_s=settings.park_s, metrics=metrics
     )
 
 
@@ -97,11 +96,13 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     nc = await connect_nats(
         settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca
     )
-    worker = make_worker(nc, device, folder, settings, metrics)
+    bus = NatsBus(nc)
+    await ensure_streams(nc)
+    worker = make_worker(bus, device, folder, settings, metrics)
     await worker.start()
     if settings.preload and isinstance(worker, Worker):
         await worker.preload()
-    agent = FleetAgent(NatsBus(nc), [device], settings.interval_s, seed=settings.seed)
+    agent = FleetAgent(bus, [device], settings.interval_s, seed=settings.seed)
     telemetry = asyncio.create_task(agent.run(stop))
     background = Background("worker")
 

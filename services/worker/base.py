@@ -1,7 +1,7 @@
 """What every worker engine shares: its device, the shard-task consumer, status and token replies.
 
 A worker stands in for one device. Whatever runs the model (layer shards in PyTorch, a vLLM
-server), it takes ``SHARD_TASK`` from its durable JetStream consumer, answers on
+server), it takes ``SHARD_TASK`` from its durable consumer on the ``Bus``, answers on
 ``SHARD_STATUS``, takes new requests on ``GENERATION`` and cancels on ``CANCEL``, streams
 ``TokenChunk``s on ``TOKENS``, and measures the tokens per second it really delivers.
 """
@@ -13,10 +13,6 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from libs.contracts import (
     CANCEL,
@@ -32,8 +28,7 @@ from libs.contracts import (
     TokenChunk,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import RateLimitedLog, ensure_streams, subscribe
-from libs.runtime.tracing import carried
+from libs.runtime.bus import Bus, Delivery, RateLimitedLog, Unsubscribe
 from services.worker.metrics import WorkerMetrics
 
 _refusals = RateLimitedLog()
@@ -44,18 +39,18 @@ RATE_WINDOW_S = 10.0
 class DeviceWorker(ABC):
     def __init__(
         self,
-        nc: NatsClient,
+        bus: Bus,
         device: EmulatedDevice,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.device = device
         self.device_id = device.device_id
         self.metrics = metrics or WorkerMetrics()
         self.clock = clock
         self.token_times: collections.deque[float] = collections.deque()
-        self._subs: list[object] = []
+        self._subs: list[Unsubscribe] = []
 
     # -- what an engine provides ---------------------------------------------------------------
     @abstractmethod
@@ -63,11 +58,11 @@ class DeviceWorker(ABC):
         """Load or unload the shard a task names (on this device)."""
 
     @abstractmethod
-    async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+    async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
         """A new request for a deployment whose first shard runs here."""
 
     @abstractmethod
-    async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
+    async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         """Drop a request."""
 
     async def expire(self, idle_s: float) -> None:
@@ -78,55 +73,47 @@ class DeviceWorker(ABC):
         """Readings an engine takes once per telemetry interval (the vLLM one reads NVML)."""
         return None
 
-    async def subscribe_more(self) -> list[object]:
+    async def subscribe_more(self) -> list[Unsubscribe]:
         """Extra subscriptions of an engine (the torch one takes hidden-state frames)."""
         return []
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
+        """Take this device's shard tasks (a durable consumer: tasks sent while the process
+        was away arrive when it is back), new requests and cancels. The task stream must exist
+        (``ensure_streams``)."""
         me = self.device_id
-        await ensure_streams(self.nc)
         self._subs = [
-            await self.nc.jetstream().subscribe(
-                SHARD_TASK.subject(device_id=me),
+            await self.bus.consume(
+                SHARD_TASK,
+                self._on_task,
                 durable=f"worker-{me}",
-                cb=self._on_task_msg,
-                manual_ack=True,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+                subject=SHARD_TASK.subject(device_id=me),
+                rejected=self.on_rejected,
             ),
-            await subscribe(
-                self.nc,
+            await self.bus.subscribe(
                 GENERATION,
                 self._on_generate,
                 subject=GENERATION.pattern(device_id=me),
                 rejected=self.on_rejected,
             ),
-            await subscribe(self.nc, CANCEL, self.on_cancel, rejected=self.on_rejected),
+            await self.bus.subscribe(CANCEL, self.on_cancel, rejected=self.on_rejected),
             *await self.subscribe_more(),
         ]
 
     async def close(self) -> None:
         for sub in self._subs:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()  # type: ignore[attr-defined]
+                await sub.unsubscribe()
 
-    async def _on_generate(self, request: GenerationRequest, msg: Msg) -> None:
-        if msg.reply:
-            await msg.respond(b"")  # taken: the owner stops asking
-        await self.on_generate(request, msg)
+    async def _on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
+        if delivery.reply:
+            await self.bus.publish_bytes(delivery.reply, b"")  # taken: the owner stops asking
+        await self.on_generate(request, delivery)
 
-    async def _on_task_msg(self, msg: Msg) -> None:
-        try:
-            task = SHARD_TASK.decode(msg.data)
-        except ContractError as exc:
-            self.refuse(SHARD_TASK.name, exc)
-            await msg.term()
-            return
-        try:
-            if task.device_id == self.device_id:
-                await self.on_task(task)
-        finally:
-            await msg.ack()
+    async def _on_task(self, task: ShardTask, delivery: Delivery) -> None:
+        if task.device_id == self.device_id:
+            await self.on_task(task)
 
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
         """A message that broke its contract: counted by channel and reason (the bus logs it,
@@ -134,7 +121,7 @@ class DeviceWorker(ABC):
         self.metrics.rejected.labels(channel, reason).inc()
 
     def refuse(self, channel: str, exc: ContractError) -> None:
-        """``on_rejected`` for what arrives outside the bus's decoding (JetStream, frames)."""
+        """``on_rejected`` for what arrives outside the bus's decoding (hidden-state frames)."""
         self.on_rejected(channel, exc.reason, exc.detail)
         _refusals.warning((channel, exc.reason), "rejected message", detail=exc.detail[:300])
 
@@ -152,15 +139,13 @@ class DeviceWorker(ABC):
             load_s=load_s,
             ts=self.clock(),
         )
-        subject = SHARD_STATUS.subject(device_id=self.device_id)
-        await self.nc.publish(subject, SHARD_STATUS.encode(status))
+        await self.bus.publish(SHARD_STATUS, status, device_id=self.device_id)
 
     async def emit(self, chunk: TokenChunk) -> None:
         if chunk.token_id is not None:
             self.token_times.append(time.monotonic())
             self.metrics.tokens.inc()
-        subject = TOKENS.subject(request_id=chunk.request_id)
-        await self.nc.publish(subject, TOKENS.encode(chunk), headers=carried())
+        await self.bus.publish(TOKENS, chunk, request_id=chunk.request_id)
 
     # -- measurements --------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:

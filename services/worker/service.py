@@ -1,8 +1,8 @@
 """The CPU shard worker: loads the shards the scheduler sends it and runs them over NATS.
 
-One process stands in for one device. It listens on its device's subjects:
+One process stands in for one device. It listens on its device's subjects, through the ``Bus``:
 
-- ``SHARD_TASK`` (JetStream): load or unload a shard; answers on ``SHARD_STATUS``.
+- ``SHARD_TASK`` (a durable consumer): load or unload a shard; answers on ``SHARD_STATUS``.
 - ``GENERATION``: a new request, when this device holds a deployment's first shard.
 - ``HIDDEN``: binary frames from the previous shard (or sampled tokens from the last).
 - ``CANCEL``: drop a request everywhere.
@@ -28,9 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import (
     CANCEL,
@@ -46,6 +43,7 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import ShardModel, shard_bytes
+from libs.runtime.bus import Bus, Delivery, Unsubscribe
 from libs.runtime.tracing import carried, step
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine import Action, Emit, Send, ShardEngine
@@ -75,9 +73,11 @@ class Item:
 
 
 class Worker(DeviceWorker):
+    """The torch engine: layer shards of the prepared model in ``folder``."""
+
     def __init__(
         self,
-        nc: NatsClient,
+        bus: Bus,
         device: EmulatedDevice,
         folder: Path,
         *,
@@ -88,7 +88,7 @@ class Worker(DeviceWorker):
     ) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
-        super().__init__(nc, device, metrics, clock)
+        super().__init__(bus, device, metrics, clock)
         self.folder = folder
         self.max_active = max_active
         self.park_s = park_s
@@ -109,11 +109,10 @@ class Worker(DeviceWorker):
         self.steps: collections.deque[tuple[int, float]] = collections.deque(maxlen=STEPS_KEPT)
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def subscribe_more(self) -> list[object]:
+    async def subscribe_more(self) -> list[Unsubscribe]:
         self._task = asyncio.create_task(self._run())
-        return [
-            await self.nc.subscribe(HIDDEN.pattern(device_id=self.device_id), cb=self.on_hidden)
-        ]
+        subject = HIDDEN.pattern(device_id=self.device_id)
+        return [await self.bus.subscribe_bytes(subject, self.on_hidden)]
 
     async def close(self) -> None:
         await super().close()
@@ -221,7 +220,7 @@ class Worker(DeviceWorker):
             self.device.measured_gflops = sum(f for f, _ in self.steps) / total_s / 1e9
 
     # -- incoming work ----------------------------------------------------------------------
-    async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+    async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
         engine = self.engines.get(request.deployment_id)
         if engine is not None and engine.epoch == request.epoch:
             if not engine.first:
@@ -235,17 +234,18 @@ class Worker(DeviceWorker):
                 return
         self._accept(Item(request.deployment_id, request.epoch, request=request, headers=carried()))
 
-    async def on_hidden(self, msg: Msg) -> None:
+    async def on_hidden(self, delivery: Delivery) -> None:
         try:
-            frame = decode_frame(msg.data)
-            deployment_id = HIDDEN.token_of(msg.subject, "deployment_id")
+            frame = decode_frame(delivery.data)
+            deployment_id = HIDDEN.token_of(delivery.subject, "deployment_id")
         except ContractError as exc:
             self.refuse(HIDDEN.name, exc)
             return
-        self._accept(Item(deployment_id, frame.epoch, frame=frame, headers=msg.headers))
+        headers = dict(delivery.headers) if delivery.headers else None
+        self._accept(Item(deployment_id, frame.epoch, frame=frame, headers=headers))
 
-    async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
-        deployment_id = CANCEL.token_of(msg.subject, "deployment_id")
+    async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
+        deployment_id = CANCEL.token_of(delivery.subject, "deployment_id")
         self.cancelled[cancel.request_id] = time.monotonic()
         engine = self.engines.get(deployment_id)
         if engine is not None and engine.cancel(cancel.request_id):
@@ -344,7 +344,7 @@ class Worker(DeviceWorker):
                     # Only a request's prefill carries its trace on: decode steps stay untraced.
                     prefill = action.frame.kind == FrameKind.PREFILL
                     headers = carried() if prefill else None
-                    await self.nc.publish(subject, action.frame.encode(), headers=headers)
+                    await self.bus.publish_bytes(subject, action.frame.encode(), headers)
 
     def _update_gauges(self) -> None:
         depth = self.queue.qsize() + len(self.parked)

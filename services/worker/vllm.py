@@ -16,12 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import GenerationCancel, GenerationRequest, ShardTask, TokenChunk
 from libs.devices.emulated import EmulatedDevice
+from libs.runtime.bus import Bus, Delivery
 from services.worker.base import DeviceWorker, failure
 from services.worker.gpu import read_gpu
 from services.worker.metrics import WorkerMetrics
@@ -35,7 +33,7 @@ FINISH = {"stop": "stop", "length": "length"}
 class VllmWorker(DeviceWorker):
     def __init__(
         self,
-        nc: NatsClient,
+        bus: Bus,
         device: EmulatedDevice,
         make_server: Callable[[ShardTask], VllmServer],
         *,
@@ -45,7 +43,7 @@ class VllmWorker(DeviceWorker):
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(nc, device, metrics, clock)
+        super().__init__(bus, device, metrics, clock)
         self.make_server = make_server
         self.max_active, self.park_s, self.start_s = max_active, park_s, start_s
         self.task: ShardTask | None = None
@@ -109,7 +107,7 @@ class VllmWorker(DeviceWorker):
             await server.stop()
 
     # -- requests ------------------------------------------------------------------------------
-    async def on_generate(self, request: GenerationRequest, msg: Msg) -> None:
+    async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
         if len(self.running) >= self.max_active:
             self.metrics.refused.inc()
             await self.emit(
@@ -123,7 +121,7 @@ class VllmWorker(DeviceWorker):
         self.running[request.request_id] = job
         job.add_done_callback(lambda _: self._finished(request.request_id, job))
 
-    async def on_cancel(self, cancel: GenerationCancel, msg: Msg) -> None:
+    async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         job = self.running.get(cancel.request_id)
         if job is not None:
             job.cancel()

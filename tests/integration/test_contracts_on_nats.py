@@ -9,9 +9,19 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from libs.contracts import SHARD_TASK, STREAMS, TELEMETRY, TelemetrySample
-from libs.runtime.bus import ensure_streams, publish, subscribe
+from libs.contracts import SHARD_TASK, STREAMS, TELEMETRY, ShardTask, TelemetrySample
+from libs.runtime.bus import (
+    Bus,
+    Delivery,
+    NatsBus,
+    Unsubscribe,
+    ensure_streams,
+    publish,
+    subscribe,
+)
+from libs.runtime.memory_bus import MemoryBus
 from tests.builders import make_telemetry, sample_messages
+from tests.waiting import wait_until, wait_until_async
 
 
 async def test_every_channel_round_trips_through_nats(nc: NatsClient, uid: str) -> None:
@@ -100,3 +110,62 @@ async def test_the_server_refuses_oversized_payloads(nc: NatsClient, size: int) 
 
     with pytest.raises(MaxPayloadError):
         await nc.publish("tessera-test.big", b"x" * size)
+
+
+async def unbound(nc: NatsClient, stream: str, durable: str) -> bool:
+    info = await nc.jetstream().consumer_info(stream, durable)
+    return not info.push_bound
+
+
+@pytest.mark.parametrize("kind", ["nats", "memory"])
+async def test_a_durable_consumer_and_raw_frames_behave_alike_on_both_buses(
+    kind: str, nc: NatsClient, uid: str
+) -> None:
+    """What the worker relies on: a durable consumer gets what was sent while it was away and
+    drops what breaks the contract for good; bytes and their headers arrive as sent."""
+    await ensure_streams(nc)
+    bus: Bus = NatsBus(nc) if kind == "nats" else MemoryBus()
+    _, task, tokens = next(s for s in sample_messages(device_id=uid) if s[0] is SHARD_TASK)
+    subject = SHARD_TASK.subject(**tokens)
+    taken: list[ShardTask] = []
+    rejected: list[str] = []
+
+    async def on_task(message: ShardTask, delivery: Delivery) -> None:
+        taken.append(message)
+
+    def on_rejected(channel: str, reason: str, detail: str) -> None:
+        rejected.append(reason)
+
+    async def consume() -> Unsubscribe:
+        return await bus.consume(
+            SHARD_TASK, on_task, durable=f"c-{uid}", subject=subject, rejected=on_rejected
+        )
+
+    await (await consume()).unsubscribe()  # the consumer exists, its process goes away
+    if kind == "nats":  # the server delivers to a subscriber until it sees the interest gone
+        stream = next(name for name, subjects in STREAMS.items() if SHARD_TASK.wildcard in subjects)
+        await wait_until_async(lambda: unbound(nc, stream, f"c-{uid}"), timeout_s=10)
+    await bus.publish_durable(SHARD_TASK, task, **tokens)
+    if isinstance(bus, MemoryBus):
+        bus.send_raw(subject, b"{}")
+    else:
+        await nc.jetstream().publish(subject, b"{}")
+    sub = await consume()
+    await wait_until(lambda: len(taken) == 1 and len(rejected) == 1, timeout_s=10)
+
+    frames: list[tuple[bytes, dict[str, str] | None]] = []
+
+    async def on_frame(delivery: Delivery) -> None:
+        frames.append((delivery.data, dict(delivery.headers) if delivery.headers else None))
+
+    raw = await bus.subscribe_bytes(f"raw.{uid}", on_frame)
+    await bus.flush()
+    await bus.publish_bytes(f"raw.{uid}", b"\x00\x01", {"traceparent": "x"})
+    await bus.publish_bytes(f"raw.{uid}", b"\x02")
+    await wait_until(lambda: len(frames) == 2, timeout_s=10)
+    await sub.unsubscribe()
+    await raw.unsubscribe()
+    await asyncio.sleep(0.3 if kind == "nats" else 0)  # a redelivery would come within this
+
+    assert taken == [task] and rejected == ["wrong_fields"]
+    assert frames == [(b"\x00\x01", {"traceparent": "x"}), (b"\x02", None)]

@@ -83,6 +83,23 @@ def test_only_benchmarks_tests_and_the_cli_use_the_harness() -> None:
     assert wrong_way("services", allowed) == []
 
 
+def test_services_reach_nats_only_through_the_bus() -> None:
+    """Handlers are tested on the in-memory bus; what only NATS has stays in two named files
+    (the scheduler's checkpoints and leader lease live in JetStream key-value buckets)."""
+    allowed = {
+        ROOT / "services" / "scheduler" / "checkpoints.py",
+        ROOT / "services" / "scheduler" / "leader.py",
+    }
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "services").rglob("*.py"))
+        if path not in allowed
+        for name in imports_of(path)
+        if name.split(".")[0] == "nats"
+    ]
+    assert offenders == []
+
+
 @pytest.mark.parametrize("package", PURE_PACKAGES)
 def test_pure_packages_import_no_io_library_directly(package: str) -> None:
     offenders = []
