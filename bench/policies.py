@@ -28,13 +28,13 @@ from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.fleets import BUILTIN
-from libs.sim.jobs import JOB_POLICIES, JobSimulation, read_itp, read_profile
+from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
+from libs.sim.jobs import JOB_POLICIES, JobSimulation, read_itp, read_profiles
 from libs.sim.metrics import summarise
 from libs.sim.serving import ServingSimulation
 from libs.sim.workloads import poisson, read_azure
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "results"
 MODEL = "llama-3.2-1b-instruct"
 BASELINES = [
@@ -55,7 +55,7 @@ def seed_fleet(seed: int):  # type: ignore[no-untyped-def]
 
 
 def inference(seeds: int, limit: int | None) -> dict[str, dict[str, list[float]]]:
-    requests = read_azure((DATA / "traces/azure-llm-2023/code.csv").open(), limit=limit)
+    requests = read_azure(AZURE_CODE.open(), limit=limit)
     runs = {f"dwps-{m.value}": ("dwps", m) for m in Mode} | {
         b: (b, Mode.BALANCED) for b in BASELINES
     }
@@ -77,11 +77,10 @@ def inference(seeds: int, limit: int | None) -> dict[str, dict[str, list[float]]
 
 
 def jobs(seeds: int) -> dict[str, dict[str, list[float]]]:
-    folder = DATA / "profiles/elasticflow-throughputs/A100"
-    profiles = {p.stem: read_profile(p.open()) for p in folder.glob("*.csv")}
+    profiles = read_profiles(A100_PROFILES)
     out: dict[str, dict[str, list[float]]] = {}
     for trace_name, gpus in (("195job", 128), ("cluster01", 64)):
-        trace = read_itp((DATA / f"traces/elasticflow-itp/{trace_name}.csv").open())
+        trace = read_itp((ITP_TRACES / f"{trace_name}.csv").open())
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
             edge = [

@@ -10,6 +10,7 @@ import typer
 from libs.contracts import Mode
 from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
+from libs.sim.data import A100_PROFILES, AZURE_CODE
 
 app = typer.Typer(
     name="tessera",
@@ -172,7 +173,13 @@ Seed = Annotated[int, typer.Option(help="Random seed.")]
 Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N requests.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
-DEFAULT_TRACE = Path("../shared/data/traces/azure-llm-2023/code.csv")
+Profiles = Annotated[
+    Path | None,
+    typer.Option(help="Throughput profiles for --kind jobs (default: data/'s A100 profiles)."),
+]
+DEFAULT_TRACE = AZURE_CODE
+REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
+JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias"
 
 
 @simulate_app.callback()
@@ -181,27 +188,46 @@ def simulate(
     workload: Workload = DEFAULT_TRACE,
     kind: Kind = "requests",
     fleet: Fleet = "seed",
-    policy: Annotated[str, typer.Option(help="Policy name.")] = "dwps",
+    policy: Annotated[
+        str | None, typer.Option(help="Policy name (default: dwps; edgeflow for jobs).")
+    ] = None,
     mode: ModeOption = Mode.BALANCED,
     load: Load = 1.0,
     seed: Seed = 0,
     limit: Limit = None,
     json_output: Json = False,
     model: Model = "llama-3.2-1b-instruct",
+    profiles: Profiles = None,
 ) -> None:
     """Simulate one policy and print its metrics (or use `compare`)."""
     if ctx.invoked_subcommand is not None:
         return
     from libs.cli.simulate import run_one
 
-    run_one(workload, kind, fleet, policy, mode, load, seed, limit, json_output, model)
+    run_one(
+        workload,
+        kind,
+        fleet,
+        policy or ("edgeflow" if kind == "jobs" else "dwps"),
+        mode,
+        load,
+        seed,
+        limit,
+        json_output,
+        model,
+        profiles or A100_PROFILES,
+    )
 
 
 @simulate_app.command("compare")
 def simulate_compare(
-    policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = (
-        "dwps,random,round_robin,least_connections"
-    ),
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated policy names (default: dwps,random,round_robin,"
+            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias)."
+        ),
+    ] = None,
     workload: Workload = DEFAULT_TRACE,
     kind: Kind = "requests",
     fleet: Fleet = "seed",
@@ -213,12 +239,29 @@ def simulate_compare(
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts here.")] = None,
     model: Model = "llama-3.2-1b-instruct",
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
+    profiles: Profiles = None,
 ) -> None:
     """Run several policies on the same workload and seed; a table, JSON or charts."""
     from libs.cli.simulate import compare
 
+    if policies is None:
+        policies = JOB_DEFAULTS if kind == "jobs" else REQUEST_DEFAULTS
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    compare(workload, kind, fleet, names, mode, load, seed, limit, json_output, plot, model, wide)
+    compare(
+        workload,
+        kind,
+        fleet,
+        names,
+        mode,
+        load,
+        seed,
+        limit,
+        json_output,
+        plot,
+        model,
+        wide,
+        profiles or A100_PROFILES,
+    )
 
 
 @app.command()

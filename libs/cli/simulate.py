@@ -14,6 +14,7 @@ from libs.contracts import Mode
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import FleetSpec, build, load_fleet
+from libs.sim.data import A100_PROFILES
 from libs.sim.fleets import builtin
 from libs.sim.metrics import summarise
 from libs.sim.serving import ServingSimulation, SimResult
@@ -63,18 +64,28 @@ def simulate(
 
 
 def run_jobs(
-    workload: Path, fleet: str, policy: str, load: float, limit: int | None
+    workload: Path,
+    fleet: str,
+    policy: str,
+    load: float,
+    limit: int | None,
+    profiles_dir: Path = A100_PROFILES,
 ) -> dict[str, float | int]:
-    """The deep-learning job simulator on a cloud + edge fleet (A100 throughput profiles)."""
+    """The deep-learning job simulator on a cloud + edge fleet (throughput profiles from
+    ``profiles_dir``: one ``<model>.csv`` per model a job names)."""
     import math
 
     from libs.core.edgeflow import EdgeServer
-    from libs.sim.jobs import JobSimulation, read_itp, read_profile
+    from libs.sim.jobs import JobSimulation, MissingProfile, read_itp, read_profiles
 
     if not workload.exists():
         raise SystemExit(f"workload {workload} not found")
-    folder = workload.parents[2] / "profiles" / "elasticflow-throughputs" / "A100"
-    profiles = {p.stem: read_profile(p.open()) for p in folder.glob("*.csv")}
+    if not profiles_dir.is_dir():
+        raise SystemExit(f"profiles folder {profiles_dir} not found")
+    try:
+        profiles = read_profiles(profiles_dir)
+    except WorkloadError as exc:
+        raise SystemExit(str(exc)) from None
     devices = build(fleet_spec(fleet))
     gpus = sum(d.capabilities.gpu_count for d in devices if d.device_class == "cloud_gpu")
     edge = [
@@ -91,6 +102,12 @@ def run_jobs(
             raise SystemExit(f"{workload}: {exc}") from None
     try:
         result = JobSimulation(policy, gpus, edge).run(trace, profiles)
+    except MissingProfile as exc:
+        raise SystemExit(
+            f"{workload}: no throughput profile for {', '.join(exc.models)} in {profiles_dir} "
+            f"(it has: {', '.join(exc.known) or 'none'}); add <model>.csv there or pass "
+            "--profiles DIR"
+        ) from None
     except (ValueError, KeyError) as exc:
         raise SystemExit(f"jobs simulation: {exc}") from None
     done = [j for j in result.jobs if not math.isnan(j.finished_s)]
@@ -118,9 +135,10 @@ def run_one(
     limit: int | None,
     as_json: bool,
     model: str,
+    profiles_dir: Path = A100_PROFILES,
 ) -> None:
     if kind == "jobs":
-        metrics = run_jobs(workload, fleet, policy, load, limit)
+        metrics = run_jobs(workload, fleet, policy, load, limit, profiles_dir)
     else:
         reqs = requests(workload, kind, limit, load)
         metrics = summarise(simulate(policy, fleet_spec(fleet), reqs, mode, seed, model))
@@ -180,9 +198,12 @@ def compare(
     plot: Path | None,
     model: str,
     wide: bool = False,
+    profiles_dir: Path = A100_PROFILES,
 ) -> None:
     if kind == "jobs":
-        runs_jobs = {name: run_jobs(workload, fleet, name, load, limit) for name in policies}
+        runs_jobs = {
+            name: run_jobs(workload, fleet, name, load, limit, profiles_dir) for name in policies
+        }
         if as_json:
             print(json.dumps({"runs": runs_jobs}))
             return

@@ -18,6 +18,7 @@ import csv
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from libs.core.edgeflow import DlJob, EdgeServer, allocate
 from libs.sim.workloads import WorkloadError
@@ -91,19 +92,44 @@ def read_itp(
 Profile = dict[int, dict[int, float]]  # batch size → GPU count → iterations/s
 
 
+class MissingProfile(ValueError):
+    """Jobs of the trace name models that have no throughput profile."""
+
+    def __init__(self, models: list[str], known: list[str]) -> None:
+        self.models, self.known = models, known
+        have = ", ".join(known) or "none"
+        super().__init__(f"no throughput profile for {', '.join(models)} (profiles: {have})")
+
+
 def read_profile(lines: Iterable[str]) -> Profile:
+    """A throughput profile: a header ``global_batch_size, 1, 2, 4, …`` (GPU counts), then one
+    row per batch size of iterations/s (blank or 0 where not measured)."""
     reader = csv.reader(lines)
-    header = next(reader)
-    counts = [int(c) for c in header[1:]]
-    profile: Profile = {}
-    for row in reader:
-        if row:
-            profile[int(row[0])] = {
-                g: float(v)
-                for g, v in zip(counts, row[1:], strict=False)
-                if v.strip() and float(v) > 0
-            }
+    try:
+        counts = [int(c) for c in next(reader)[1:]]
+        profile: Profile = {}
+        for row in reader:
+            if row:
+                profile[int(row[0])] = {
+                    g: float(v)
+                    for g, v in zip(counts, row[1:], strict=False)
+                    if v.strip() and float(v) > 0
+                }
+    except (StopIteration, ValueError) as exc:
+        raise WorkloadError(f"not a throughput profile (line {reader.line_num}): {exc}") from None
     return profile
+
+
+def read_profiles(folder: Path) -> dict[str, Profile]:
+    """Every ``<model>.csv`` throughput profile in ``folder``, by model name."""
+    profiles = {}
+    for path in sorted(folder.glob("*.csv")):
+        with path.open() as lines:
+            try:
+                profiles[path.stem] = read_profile(lines)
+            except WorkloadError as exc:
+                raise WorkloadError(f"{path}: {exc}") from None
+    return profiles
 
 
 def curve(profile: Profile, batch_size: int) -> dict[int, float]:
@@ -190,6 +216,11 @@ class JobSimulation:
         return out
 
     def run(self, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]) -> JobResult:
+        """Run ``trace`` to the end. Raises ``MissingProfile`` when a job's model has no
+        throughput profile in ``profiles``."""
+        missing = sorted({t.model for t in trace} - set(profiles))
+        if missing:
+            raise MissingProfile(missing, sorted(profiles))
         states = [JobState(t, curve(profiles[t.model], t.batch_size)) for t in trace]
         pending = sorted(states, key=lambda s: s.trace.submit_s)
         active: list[JobState] = []

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from libs.core.edgeflow import EdgeServer
-from libs.sim.jobs import JobSimulation, read_itp, read_profile
+from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
+from libs.sim.jobs import JobSimulation, MissingProfile, read_itp, read_profile
 from libs.sim.workloads import WorkloadError
 
 PROFILE = read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))
@@ -42,3 +47,44 @@ def test_bad_traces_and_policies_are_refused() -> None:
         read_itp(io.StringIO("a,b\n1,2\n"))
     with pytest.raises(ValueError, match="unknown job policy"):
         JobSimulation("teleport", 1)
+
+
+def test_a_model_without_a_profile_is_named_with_the_folder(tmp_path: Path) -> None:
+    jobs = trace("a,0,300,bert,100,64,1,30\n", "b,0,300,gpt2,100,64,1,30\n")
+    with pytest.raises(MissingProfile) as caught:
+        JobSimulation("edgeflow", 4).run(jobs, {"bert": PROFILE})
+    assert caught.value.models == ["gpt2"]
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "bert.csv").write_text("global_batch_size,1,2,4\n64,10,18,30\n")
+    workload = tmp_path / "trace.csv"
+    workload.write_text(HEADER + "a,0,300,bert,100,64,1,30\nb,0,300,gpt2,100,64,1,30\n")
+    command = [sys.executable, "-m", "libs.cli.main", "simulate", "--kind", "jobs"]
+    command += ["--fleet", "cloud-edge", "--workload", str(workload), "--profiles", str(folder)]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0
+    assert f"no throughput profile for gpt2 in {folder}" in out.stderr
+    assert "(it has: bert)" in out.stderr
+
+    (folder / "gpt2.csv").write_text("global_batch_size,1,2,4\n64,5,9,15\n")
+    out = subprocess.run([*command, "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["completed"] == 2
+
+    (folder / "broken.csv").write_text("global_batch_size,one\n")
+    out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert (
+        out.returncode != 0 and f"{folder / 'broken.csv'}: not a throughput profile" in out.stderr
+    )
+
+
+def test_the_shipped_data_runs_from_any_folder(tmp_path: Path) -> None:
+    """A fresh clone simulates with no ../shared: the traces and profiles are in data/."""
+    command = [sys.executable, "-m", "libs.cli.main", "simulate", "--kind", "jobs", "--json"]
+    command += ["--fleet", "cloud-edge", "--workload", str(ITP_TRACES / "195job.csv")]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["completed"] > 150
+    for folder in (AZURE_CODE.parent, ITP_TRACES, A100_PROFILES.parent):
+        assert (folder / "LICENSE").is_file()

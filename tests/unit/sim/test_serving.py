@@ -6,7 +6,6 @@ import io
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from libs.core.catalogue import CATALOGUE
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import build, load_fleet
+from libs.sim.data import AZURE_CODE
 from libs.sim.fleets import BUILTIN, builtin
 from libs.sim.metrics import jain_index, summarise
 from libs.sim.serving import ServingSimulation
@@ -21,14 +21,7 @@ from libs.sim.speed import SpeedModel
 from libs.sim.workloads import Request, WorkloadError, poisson, read_azure
 
 MODEL = "llama-3.2-1b-instruct"
-TRACE = (
-    Path(__file__).resolve().parents[4]
-    / "shared"
-    / "data"
-    / "traces"
-    / "azure-llm-2023"
-    / "code.csv"
-)
+TRACE = AZURE_CODE
 KEYS = {
     "completed",
     "failed",
@@ -128,7 +121,6 @@ def test_builtin_fleets() -> None:
         builtin("mars")
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the shared Azure trace is not beside the repo")
 def test_cli_json_has_the_documented_keys() -> None:
     out = subprocess.run(
         [
