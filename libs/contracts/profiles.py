@@ -1,7 +1,8 @@
 """Scheduling profiles: the weights of each mode, as configuration rather than code.
 
 A profile names its mode, the task-priority weights (α urgency, β complexity), the score
-plugin weights (γ device_match, δ load, and the capability total), the dimension weights
+plugin weights (γ device_match, δ completion — the load in time units — and the capability
+total), the dimension weights
 w1–w5 used for the capability total, and the plugin lists. It travels in ``PUT /policy`` and
 in checkpoints, and is validated once. The built-in profiles are in ``libs/core/profiles.py``.
 """
@@ -48,7 +49,7 @@ class Profile(BaseModel):
     dimensions: DimensionWeights
     filters: tuple[str, ...] = ("alive", "memory", "power", "thermal", "battery_floor")
     scores: dict[str, Weight] = Field(
-        default_factory=lambda: {"device_match": 0.5, "capability": 0.3, "load": 0.2}
+        default_factory=lambda: {"device_match": 0.2, "capability": 0.1, "completion": 0.7}
     )
     multipliers: tuple[str, ...] = ("battery", "thermal_backoff")
 
@@ -57,8 +58,8 @@ class Profile(BaseModel):
         return self.scores.get("device_match", 0.0)
 
     @property
-    def load_weight(self) -> float:  # δ
-        return self.scores.get("load", 0.0)
+    def load_weight(self) -> float:  # δ: the load in time units, or the seed's queue length
+        return self.scores.get("completion", 0.0) + self.scores.get("load", 0.0)
 
 
 def load_profile(data: dict[str, Any]) -> Profile:

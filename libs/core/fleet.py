@@ -20,6 +20,13 @@ F64 = npt.NDArray[np.float64]
 Bool = npt.NDArray[np.bool_]
 
 
+def wait_by_load(load: float, slots: float, speed: float) -> float:
+    """The wait for a slot when a device does not report it: the tasks beyond its slots, each
+    a unit of work at its speed, shared by its slots."""
+    beyond = max(0.0, load * slots - slots + 1.0)
+    return beyond / speed / slots
+
+
 class FleetState:
     """Struct of arrays over devices. Index ``i`` is ``ids[i]``."""
 
@@ -60,10 +67,36 @@ class FleetState:
         self.alive = np.array([not d.failed for d in devices], dtype=bool)
         self.network_rtt_ms = arr([d.network_rtt_ms for d in devices])
         self.mobile = np.array([DeviceClass(c).is_mobile for c in self.classes], dtype=bool)
+        self.prefill_tps = arr([d.prefill_tokens_per_s for d in devices])
+        self.decode_tps = arr([d.decode_tokens_per_s for d in devices])
+        self.backlog_s = arr(
+            [
+                d.backlog_s if d.backlog_s is not None else wait_by_load(d.load, d.slots, d.speed)
+                for d in devices
+            ]
+        )
         self._derive(slice(None))
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    # -- time estimates ---------------------------------------------------------------------
+    def service_s(self, task: Task, at: slice | int = slice(None)) -> F64:
+        """Seconds ``task`` takes on each device once started: its prefill and decode at the
+        device's token rates where known, else ``work / speed``."""
+        by_work = task.work / self.speed[at]
+        if task.output_tokens <= 0:
+            return np.asarray(by_work)
+        prefill, decode = self.prefill_tps[at], self.decode_tps[at]
+        known = (prefill > 0) & (decode > 0)
+        with np.errstate(divide="ignore"):
+            by_tokens = task.prompt_tokens / prefill + task.output_tokens / decode
+        return np.asarray(np.where(known, by_tokens, by_work))
+
+    def completion_s(self, task: Task, at: slice | int = slice(None)) -> F64:
+        """Expected seconds from now until ``task`` would finish on each device: the wait for
+        a slot plus its own service time (what HEFT-style list scheduling minimises)."""
+        return np.asarray(self.backlog_s[at] + self.service_s(task, at))
 
     def _derive(self, where: slice | int) -> None:
         """Recompute the values derived from live state (all devices, or one)."""
@@ -84,7 +117,11 @@ class FleetState:
         )
 
     def assign(self, i: int, task: Task) -> None:
-        """Account for ``task`` starting on device ``i``: memory, power, heat and load."""
+        """Account for ``task`` starting on device ``i``: memory, power, heat, load and the
+        wait it adds (its time shared by the slots, once it fills the last free one)."""
+        full_after = self.load[i] + 1.0 / self.slots[i] >= 1.0 - 1e-9
+        if full_after:
+            self.backlog_s[i] += float(self.service_s(task, i)) / self.slots[i]
         self.memory_free_gb[i] -= task.memory_gb
         self.power_now_w[i] += energy.estimated_power_w(
             float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
@@ -103,9 +140,19 @@ class FleetState:
         temperature_c: float,
         battery: float | None,
         alive: bool,
+        backlog_s: float | None = None,
+        prefill_tokens_per_s: float | None = None,
+        decode_tokens_per_s: float | None = None,
     ) -> None:
         """Overwrite device ``i``'s live state (a simulator or a fresh reading)."""
         self.load[i] = load
+        if prefill_tokens_per_s is not None:
+            self.prefill_tps[i] = prefill_tokens_per_s
+        if decode_tokens_per_s is not None:
+            self.decode_tps[i] = decode_tokens_per_s
+        if backlog_s is None:
+            backlog_s = wait_by_load(load, float(self.slots[i]), float(self.speed[i]))
+        self.backlog_s[i] = backlog_s
         self.memory_free_gb[i] = memory_free_gb
         self.power_now_w[i] = power_now_w
         self.temperature_c[i] = temperature_c

@@ -35,6 +35,11 @@ class Device:
     ``speed`` is the device's relative processing rate (work units per second) used to
     estimate durations; ``slots`` is how many tasks it runs at once; ``load`` is the number of
     tasks it is running or has queued, divided by ``slots``.
+
+    Where they are known (measured, or modelled by the simulator), ``prefill_tokens_per_s`` and
+    ``decode_tokens_per_s`` (one stream's rates at the device's current batch) give an LLM
+    request's own time there, and ``backlog_s`` the seconds a new task waits for a slot; 0 and
+    None mean unknown: durations then come from ``work / speed`` and the wait from ``load``.
     """
 
     device_id: str
@@ -56,9 +61,16 @@ class Device:
     network_rtt_ms: float = 1.0
     network_bandwidth_mbps: float = 1000.0
     failed: bool = False
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    backlog_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_fraction_vector("capability", self.capability)
+        if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:
+            raise ValueError(f"{self.device_id}: token rates must not be negative")
+        if self.backlog_s is not None and self.backlog_s < 0:
+            raise ValueError(f"{self.device_id}: backlog_s must not be negative")
         if self.memory_total_gb <= 0 or not 0 <= self.memory_free_gb <= self.memory_total_gb:
             raise ValueError(f"{self.device_id}: memory_free_gb must be in [0, memory_total_gb]")
         if not 0 < self.power_idle_w <= self.power_max_w or self.power_now_w < 0:
@@ -80,7 +92,8 @@ class Task:
     ``demand`` is what the task needs along the five dimensions (its direction is what counts
     for the cosine match); ``intensity`` in (0, 1] is the share of a device's compute it keeps
     busy (drives the power and thermal predictions); ``work`` is in the same units as
-    ``Device.speed`` × seconds; ``release`` and ``deadline`` are absolute seconds.
+    ``Device.speed`` × seconds; ``release`` and ``deadline`` are absolute seconds. An LLM
+    request also gives its ``prompt_tokens`` and ``output_tokens`` (0: not an LLM request).
     """
 
     task_id: str
@@ -96,9 +109,13 @@ class Task:
     source: str = ""
     priority: int = 0
     bid: float = 1.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_fraction_vector("demand", self.demand)
+        if self.prompt_tokens < 0 or self.output_tokens < 0:
+            raise ValueError(f"{self.task_id}: token counts must not be negative")
         if sum(self.demand) == 0:
             raise ValueError(f"{self.task_id}: demand must not be all zero")
         if not (0 <= self.urgency <= 1 and 0 <= self.complexity <= 1):

@@ -164,6 +164,26 @@ class Idle:
         return np.asarray(1.0 / (1.0 + fleet.load[at]))
 
 
+@dataclass(frozen=True)
+class Completion:
+    """The load term in time: fastest expected completion ÷ this device's (1 for the device
+    that would finish the task first; 0.5 for one that would take twice as long). Completion
+    is the wait for a slot plus the task's own prefill and decode there (``FleetState``)."""
+
+    name: str = "completion"
+    static: bool = False
+    volatile: bool = False
+
+    def values(
+        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
+    ) -> F64:
+        assert task is not None
+        finish = fleet.completion_s(task)
+        usable = finish[fleet.alive] if fleet.alive.any() else finish
+        best = max(float(usable.min()), 1e-9) if len(usable) else 1.0
+        return np.asarray(best / np.maximum(finish[at], 1e-9))
+
+
 # -- multipliers ----------------------------------------------------------------------------
 
 
@@ -208,6 +228,7 @@ SCORES: dict[str, Score] = {
     "device_match": DeviceMatch(),
     "capability": Capability(),
     "load": Idle(),
+    "completion": Completion(),
 }
 MULTIPLIERS: dict[str, Score] = {"battery": Battery(), "thermal_backoff": ThermalBackoff()}
 

@@ -17,7 +17,10 @@ def _profile(mode: Mode, **kw: Any) -> Profile:
 
 
 #: The built-in profiles. Performance raises α and β (urgent, complex work first) and weighs
-#: compute; energy raises γ (fit) and weighs efficiency; balanced sits between.
+#: compute; energy raises γ (fit) and weighs efficiency; balanced sits between. The load term
+#: (δ) is ``completion``, the load in time units: the seed's queue-length form (``load``) lost
+#: the tail to least-connections (p99 1.37× on the Azure trace, seed fleet) because a queue
+#: on a fast device and one on a watch counted the same; docs/scheduling.md has the figures.
 BUILTIN_PROFILES: dict[Mode, Profile] = {
     Mode.BALANCED: _profile(
         Mode.BALANCED,
@@ -26,7 +29,7 @@ BUILTIN_PROFILES: dict[Mode, Profile] = {
         dimensions=DimensionWeights(
             compute=0.3, memory=0.2, efficiency=0.2, network=0.15, stability=0.15
         ),
-        scores={"device_match": 0.45, "capability": 0.3, "load": 0.25},
+        scores={"device_match": 0.2, "capability": 0.1, "completion": 0.7},
     ),
     Mode.PERFORMANCE: _profile(
         Mode.PERFORMANCE,
@@ -35,7 +38,7 @@ BUILTIN_PROFILES: dict[Mode, Profile] = {
         dimensions=DimensionWeights(
             compute=0.5, memory=0.2, efficiency=0.0, network=0.15, stability=0.15
         ),
-        scores={"device_match": 0.35, "capability": 0.4, "load": 0.25},
+        scores={"device_match": 0.05, "capability": 0.1, "completion": 0.85},
     ),
     Mode.ENERGY: _profile(
         Mode.ENERGY,

@@ -21,6 +21,10 @@ class TaskQueue(Protocol):
     def push(self, task: Task, now: float) -> None: ...
     def pop(self, now: float) -> tuple[Task, float | None] | None: ...
     def requeue(self, task: Task, used_s: float, now: float) -> None: ...
+    def tasks(self) -> list[Task]:
+        """The waiting tasks in the order they would run (a time estimate reads them)."""
+        ...
+
     def __len__(self) -> int: ...
 
 
@@ -40,6 +44,9 @@ class KeyedQueue:
 
     def requeue(self, task: Task, used_s: float, now: float) -> None:
         self.push(task, now)
+
+    def tasks(self) -> list[Task]:
+        return [task for _, _, task in sorted(self._heap, key=lambda e: (e[0], e[1]))]
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -76,6 +83,9 @@ class RoundRobinQueue:
 
     def requeue(self, task: Task, used_s: float, now: float) -> None:
         self._queue.append(task)
+
+    def tasks(self) -> list[Task]:
+        return list(self._queue)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -134,6 +144,9 @@ class MlfqQueue:
                 task = queue.popleft()
                 self._level[task.task_id] = 0
                 self._queues[0].append(task)
+
+    def tasks(self) -> list[Task]:
+        return [task for queue in self._queues for task in queue]
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues)

@@ -50,6 +50,7 @@ class SimDevice:
     slots: int
     queue: TaskQueue
     active: dict[str, float] = field(default_factory=dict)  # request id → KV GB
+    finish: dict[str, float] = field(default_factory=dict)  # request id → when it ends
     busy_s: float = 0.0
     last_s: float = 0.0
     failed: bool = False
@@ -158,12 +159,16 @@ class ServingSimulation:
             plugged=e.plugged,
             network_rtt_ms=e.base_rtt_ms,
             network_bandwidth_mbps=caps.network_bandwidth_mbps,
+            prefill_tokens_per_s=1.0 / self.speed.prefill_s(caps, 1, 1.0),
+            decode_tokens_per_s=1.0 / self.speed.step_s(caps, 1, 1.0),
+            backlog_s=0.0,
         )
 
     def _sync(self, i: int, now: float) -> None:
         sd = self.devices[i]
         sd.advance(now)
-        e = sd.emulated
+        e, caps = sd.emulated, sd.emulated.capabilities
+        batch = min(sd.slots, len(sd.active) + 1)
         self.fleet.set_live_state(
             i,
             load=(len(sd.active) + len(sd.queue)) / sd.slots,
@@ -172,7 +177,27 @@ class ServingSimulation:
             temperature_c=e.temperature_c,
             battery=None if e.battery_percent is None else e.battery_percent / 100.0,
             alive=not sd.failed,
+            backlog_s=self._wait_s(sd, now),
+            prefill_tokens_per_s=1.0 / self.speed.prefill_s(caps, 1, sd.clock),
+            decode_tokens_per_s=1.0 / self.speed.step_s(caps, batch, sd.clock),
         )
+
+    def _wait_s(self, sd: SimDevice, now: float) -> float:
+        """When a new request would get a slot on ``sd``: its running requests end when they
+        end; the queued ones (in queue order) take the slots as they free."""
+        if len(sd.active) + len(sd.queue) < sd.slots:
+            return 0.0
+        free_at = sorted(max(now, t) for t in sd.finish.values())
+        free_at += [now] * (sd.slots - len(free_at))
+        heapq.heapify(free_at)
+        caps = sd.emulated.capabilities
+        for task in sd.queue.tasks():
+            start = heapq.heappop(free_at)
+            _, total = self.speed.service_s(
+                caps, task.prompt_tokens, task.output_tokens, sd.slots, sd.clock
+            )
+            heapq.heappush(free_at, start + total)
+        return free_at[0] - now
 
     def run(self, requests: Sequence[Request]) -> SimResult:
         started = time.perf_counter()
@@ -205,6 +230,8 @@ class ServingSimulation:
                     work=float(r.output_tokens),
                     release=r.arrival_s,
                     source=r.source,
+                    prompt_tokens=r.prompt_tokens,
+                    output_tokens=r.output_tokens,
                 )
                 pending.append(request_id)
             elif kind == "cycle":
@@ -232,6 +259,7 @@ class ServingSimulation:
                 if request_id in sd.active and not sd.failed:
                     sd.advance(now)
                     del sd.active[request_id]
+                    del sd.finish[request_id]
                     outcomes[request_id].done_s = now
                     self._start(i, now, outcomes, events, seq)
                     dirty.add(i)
@@ -243,6 +271,7 @@ class ServingSimulation:
                 while (item := sd.queue.pop(now)) is not None:
                     lost.append(item[0].task_id)
                 sd.active.clear()
+                sd.finish.clear()
                 dirty.add(i)
                 for request_id_lost in lost:
                     outcomes[request_id_lost].device = None
@@ -280,5 +309,6 @@ class ServingSimulation:
                 sd.clock,
             )
             sd.active[task.task_id] = task.memory_gb
+            sd.finish[task.task_id] = now + total
             o.device, o.start_s, o.first_token_s = sd.emulated.device_id, now, now + first
             heapq.heappush(events, (now + total, next(seq), "done", task.task_id, i))

@@ -75,17 +75,36 @@ def test_desktop_limit_is_95_degrees() -> None:
     assert ws.reason == "thermal"
 
 
-def test_match_prefers_the_best_fit_not_the_strongest_device() -> None:
+def test_match_prefers_the_best_fit_when_the_devices_finish_alike() -> None:
+    # The same speed and no queue anywhere: the completion term ties, the match decides.
+    fleet = [
+        make_device(d.device_id, d.device_class, speed=1.0, memory_free_gb=1.0)
+        for d in mixed_fleet()
+    ]
     efficient_work = make_task(demand=(0.1, 0.1, 0.95, 0.1, 0.2), memory_gb=0.1)
     compute_work = make_task(demand=(0.95, 0.5, 0.05, 0.3, 0.3), memory_gb=0.1)
     policy = Dwps()
-    assert policy.place(FleetState(mixed_fleet()), [efficient_work], 0, RNG)[0].device_id in {
+    assert policy.place(FleetState(fleet), [efficient_work], 0, RNG)[0].device_id in {
         "watch",
         "phone",
     }
-    assert policy.place(FleetState(mixed_fleet()), [compute_work], 0, RNG)[0].device_id == (
-        "workstation"
-    )
+    assert policy.place(FleetState(fleet), [compute_work], 0, RNG)[0].device_id == "workstation"
+
+
+def test_balanced_does_not_trade_time_for_fit() -> None:
+    """A fast busy device against a slow idle one: the task goes where it finishes first."""
+    efficient_work = make_task(demand=(0.1, 0.1, 0.95, 0.1, 0.2), work=10.0)
+    slow_idle = make_device("slow-idle", DeviceClass.PHONE, speed=1.0)
+    fast_busy = make_device("fast-busy", DeviceClass.WORKSTATION, speed=10.0, backlog_s=5.0)
+    # slow: 0 s wait + 10 s; fast: 5 s wait + 1 s.
+    assert Dwps().place(FleetState([slow_idle, fast_busy]), [efficient_work], 0, RNG)[
+        0
+    ].device_id == ("fast-busy")
+    fast_busier = make_device("fast-busy", DeviceClass.WORKSTATION, speed=10.0, backlog_s=12.0)
+    # slow: 10 s; fast: 12 s + 1 s.
+    assert Dwps().place(FleetState([slow_idle, fast_busier]), [efficient_work], 0, RNG)[
+        0
+    ].device_id == ("slow-idle")
 
 
 def test_urgent_tasks_of_one_cycle_do_not_pile_onto_one_device() -> None:
@@ -130,3 +149,20 @@ def test_profiles_are_configuration_and_validated() -> None:
     data = BUILTIN_PROFILES[Mode.ENERGY].model_dump() | {"filters": ("memory", "teleport")}
     with pytest.raises(KeyError, match="teleport"):
         Pipeline(load_profile(data))
+
+
+def test_completion_counts_a_requests_prefill_decode_and_the_wait_it_adds() -> None:
+    fleet = FleetState(
+        [
+            make_device("a", slots=2, prefill_tokens_per_s=1000.0, decode_tokens_per_s=10.0),
+            make_device("b", slots=1, speed=2.0),  # token rates unknown: work / speed
+        ]
+    )
+    request = make_task(work=8.0, prompt_tokens=500, output_tokens=20)
+    assert fleet.completion_s(request).tolist() == [0.5 + 2.0, 4.0]
+    fleet.assign(0, request)  # one of a's two slots: no wait yet
+    assert fleet.completion_s(request).tolist() == [2.5, 4.0]
+    fleet.assign(0, request)  # its last slot: the next request waits about 2.5 s ÷ 2
+    assert fleet.completion_s(request).tolist() == [1.25 + 2.5, 4.0]
+    assert Dwps().place(fleet, [request], 0, RNG)[0].device_id == "a"  # 3.75 s < 4 s
+    assert Dwps().place(fleet, [request], 0, RNG)[0].device_id == "b"  # a: 5 s now
