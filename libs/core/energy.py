@@ -1,4 +1,10 @@
-"""Energy-aware formulas of seed 000 §4: power budget, heat, battery, DVFS hints.
+"""Energy-aware formulas of seed 000 §4: power budget, heat, battery, DVFS hints, and the
+device power physics the emulated devices, the simulator and the energy mode share.
+
+Power of a device at clock share f, busy a share ``busy`` of the time: idle + (max − idle) ×
+busy × f³ (dynamic power goes with f·V², and the voltage with f), so at a lower clock one
+token costs f² of the dynamic energy while taking 1/f of the time. A device given no work for
+``SLEEP_AFTER_S`` falls to ``SLEEP_SHARE`` of its idle power and takes ``WAKE_S`` to wake.
 
 Each function works on floats or numpy arrays.
 """
@@ -25,6 +31,31 @@ BATTERY_FLOOR = 0.05
 THERMAL_BACKOFF_C = 10.0
 #: Fixed overhead a task adds on top of its compute power, as a share of the dynamic range.
 TASK_OVERHEAD_SHARE = 0.01
+#: A device with no work this long sleeps (suspend, deep C-states, a phone's screen-off idle).
+SLEEP_AFTER_S = 30.0
+#: Sleep power as a share of idle power.
+SLEEP_SHARE = 0.1
+#: Seconds a sleeping device takes before it serves new work.
+WAKE_S = 1.0
+
+
+def device_power_w(
+    idle_w: Num, max_w: Num, busy: npt.ArrayLike, frequency_scale: npt.ArrayLike
+) -> Num:
+    """Power of a device busy a share ``busy`` of the time at clock share ``frequency_scale``."""
+    dynamic = np.maximum(np.asarray(max_w) - idle_w, 0.0)
+    return idle_w + dynamic * np.asarray(busy) * np.asarray(frequency_scale) ** 3  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def marginal_joules(
+    service_s: Num, idle_w: Num, max_w: Num, slots: Num, busy: npt.ArrayLike, asleep: npt.ArrayLike
+) -> Num:
+    """The energy a task adds to each device: its share of the dynamic power while it runs,
+    plus the idle power it keeps on when the device had nothing else to do (and, for a
+    sleeping device, the idle time it stays awake after)."""
+    dynamic = np.maximum(np.asarray(max_w) - idle_w, 0.0) / np.asarray(slots)
+    kept_on = np.where(busy, 0.0, np.asarray(service_s) + np.where(asleep, SLEEP_AFTER_S, 0.0))
+    return np.asarray(service_s) * dynamic + np.asarray(idle_w) * kept_on  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def estimated_power_w(power_idle_w: Num, power_max_w: Num, intensity: float) -> Num:

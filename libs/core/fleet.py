@@ -67,6 +67,7 @@ class FleetState:
         self.alive = np.array([not d.failed for d in devices], dtype=bool)
         self.network_rtt_ms = arr([d.network_rtt_ms for d in devices])
         self.mobile = np.array([DeviceClass(c).is_mobile for c in self.classes], dtype=bool)
+        self.asleep = np.array([d.asleep for d in devices], dtype=bool)
         self.prefill_tps = arr([d.prefill_tokens_per_s for d in devices])
         self.decode_tps = arr([d.decode_tokens_per_s for d in devices])
         self.backlog_s = arr(
@@ -92,6 +93,19 @@ class FleetState:
         with np.errstate(divide="ignore"):
             by_tokens = task.prompt_tokens / prefill + task.output_tokens / decode
         return np.asarray(np.where(known, by_tokens, by_work))
+
+    def marginal_j(self, task: Task) -> F64:
+        """Joules ``task`` would add on each device (``energy.marginal_joules``)."""
+        return np.asarray(
+            energy.marginal_joules(
+                self.service_s(task),
+                self.power_idle_w,
+                self.power_max_w,
+                self.slots,
+                self.load > 0,
+                self.asleep,
+            )
+        )
 
     def completion_s(self, task: Task, at: slice | int = slice(None)) -> F64:
         """Expected seconds from now until ``task`` would finish on each device: the wait for
@@ -128,6 +142,7 @@ class FleetState:
         )
         self.temperature_c[i] += self.delta_t_c[i] * task.intensity
         self.load[i] += 1.0 / self.slots[i]
+        self.asleep[i] = False
         self._derive(i)
 
     def set_live_state(
@@ -143,9 +158,11 @@ class FleetState:
         backlog_s: float | None = None,
         prefill_tokens_per_s: float | None = None,
         decode_tokens_per_s: float | None = None,
+        asleep: bool = False,
     ) -> None:
         """Overwrite device ``i``'s live state (a simulator or a fresh reading)."""
         self.load[i] = load
+        self.asleep[i] = asleep
         if prefill_tokens_per_s is not None:
             self.prefill_tps[i] = prefill_tokens_per_s
         if decode_tokens_per_s is not None:

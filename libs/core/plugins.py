@@ -23,6 +23,9 @@ from libs.core.capability import total_score
 from libs.core.fleet import F64, Bool, FleetState
 from libs.core.model import Task
 
+#: How much later than the earliest expected completion ``completion_slack`` lets a task end.
+COMPLETION_SLACK = 1.5
+
 
 class Filter(Protocol):
     @property
@@ -114,6 +117,23 @@ class BatteryFloor:
         return np.asarray(~fleet.on_battery[at] | (fleet.battery[at] >= energy.BATTERY_FLOOR))
 
 
+@dataclass(frozen=True)
+class CompletionSlack:
+    """Only devices that would finish the task within ``SLACK`` × the earliest expected
+    completion (energy mode saves joules inside this bound, never by a long tail)."""
+
+    name: str = "completion_slack"
+    static: bool = False
+    volatile: bool = False
+
+    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+        assert task is not None
+        finish = fleet.completion_s(task)
+        usable = finish[fleet.alive] if fleet.alive.any() else finish
+        best = float(usable.min()) if len(usable) else 0.0
+        return np.asarray(finish[at] <= COMPLETION_SLACK * best + 1e-9)
+
+
 # -- scores ---------------------------------------------------------------------------------
 
 
@@ -184,6 +204,26 @@ class Completion:
         return np.asarray(best / np.maximum(finish[at], 1e-9))
 
 
+@dataclass(frozen=True)
+class Energy:
+    """Fewest joules ÷ this device's joules for the task (1 for the cheapest): its share of
+    dynamic power while it runs, plus idle power it keeps on — so work gathers on devices that
+    are awake and efficient, and the others can sleep (``energy.marginal_joules``)."""
+
+    name: str = "energy"
+    static: bool = False
+    volatile: bool = False
+
+    def values(
+        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
+    ) -> F64:
+        assert task is not None
+        joules = fleet.marginal_j(task)
+        usable = joules[fleet.alive] if fleet.alive.any() else joules
+        best = max(float(usable.min()), 1e-12) if len(usable) else 1.0
+        return np.asarray(best / np.maximum(joules[at], 1e-12))
+
+
 # -- multipliers ----------------------------------------------------------------------------
 
 
@@ -223,12 +263,14 @@ FILTERS: dict[str, Filter] = {
     "power": PowerBudget(),
     "thermal": Thermal(),
     "battery_floor": BatteryFloor(),
+    "completion_slack": CompletionSlack(),
 }
 SCORES: dict[str, Score] = {
     "device_match": DeviceMatch(),
     "capability": Capability(),
     "load": Idle(),
     "completion": Completion(),
+    "energy": Energy(),
 }
 MULTIPLIERS: dict[str, Score] = {"battery": Battery(), "thermal_backoff": ThermalBackoff()}
 

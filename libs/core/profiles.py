@@ -47,6 +47,7 @@ BUILTIN_PROFILES: dict[Mode, Profile] = {
         dimensions=DimensionWeights(
             compute=0.05, memory=0.15, efficiency=0.6, network=0.05, stability=0.15
         ),
-        scores={"device_match": 0.5, "capability": 0.35, "load": 0.15},
+        filters=("alive", "memory", "power", "thermal", "battery_floor", "completion_slack"),
+        scores={"energy": 0.8, "device_match": 0.1, "completion": 0.1},
     ),
 }

@@ -5,7 +5,8 @@ Models (``step`` advances them by ``dt`` seconds):
 * the work assigned is a demand (share of full-clock capacity); at clock share f the device is
   busy min(1, demand / f) of the time and serves min(demand, f) of its full-clock throughput,
   so a lower clock saves power while it keeps up and caps throughput when it cannot;
-* power = idle + (max − idle) × busy × f² (dynamic power falls with DVFS);
+* power = idle + (max − idle) × busy × f³ (``libs/core/energy.py``: dynamic power falls with
+  DVFS); a device with no work for ``SLEEP_AFTER_S`` sleeps at a tenth of its idle power;
 * temperature follows ambient + idle rise + ΔT × busy × f with time constant τ (first order);
 * battery drains by power × dt (Wh) when unplugged and charges at a fixed rate when plugged;
 * network round trip and bandwidth jitter around the device's base values (log-normal);
@@ -21,6 +22,7 @@ from enum import StrEnum
 import numpy as np
 
 from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetrySample
+from libs.core.energy import SLEEP_AFTER_S, SLEEP_SHARE, device_power_w
 from libs.devices.classes import CLASS_PROFILES
 
 AMBIENT_C = 25.0
@@ -74,6 +76,8 @@ class EmulatedDevice:
     work: dict[str, float] = field(default_factory=dict)  # task id → intensity
     reserved_memory_gb: float = 0.0
     energy_j: float = 0.0
+    #: Seconds since the device last had work (it sleeps after ``SLEEP_AFTER_S``).
+    idle_s: float = 0.0
     #: Worker engines that run model shards on this device (empty: none).
     engines: tuple[str, ...] = ()
     #: Set by a real worker: its measured rate replaces the emulated one.
@@ -133,9 +137,21 @@ class EmulatedDevice:
         return self.capabilities.typical_power_w * IDLE_SHARE
 
     @property
+    def asleep(self) -> bool:
+        return not self.work and self.idle_s >= SLEEP_AFTER_S
+
+    @property
     def power_w(self) -> float:
-        dynamic = self.capabilities.max_power_w - self.idle_power_w
-        return self.idle_power_w + dynamic * self.utilisation * self.frequency_scale**2
+        if self.asleep:
+            return self.idle_power_w * SLEEP_SHARE
+        return float(
+            device_power_w(
+                self.idle_power_w,
+                self.capabilities.max_power_w,
+                self.utilisation,
+                self.frequency_scale,
+            )
+        )
 
     def power_at(self, now: float) -> float:
         """Power including an active power-surge fault."""
@@ -187,6 +203,13 @@ class EmulatedDevice:
             1 - math.exp(-dt / self.thermal_tau_s)
         )
         power = self.power_at(now)
+        if not self.work:  # awake until SLEEP_AFTER_S without work, asleep after
+            awake_s = min(dt, max(0.0, SLEEP_AFTER_S - self.idle_s))
+            self.idle_s += awake_s
+            power = (power * awake_s + self.power_at(now) * (dt - awake_s)) / dt
+            self.idle_s += dt - awake_s
+        else:
+            self.idle_s = 0.0
         self.energy_j += power * dt
         if self.battery_percent is not None and self.battery_wh > 0:
             watts = CHARGE_W if self.plugged else -power

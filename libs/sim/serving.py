@@ -3,7 +3,8 @@
 Event-driven. Arrivals wait for the next decision cycle; the policy places the cycle's batch on
 a ``FleetState`` kept in step with the devices; each device runs up to ``slots`` requests at
 once (continuous batching) from its own queue, ordered by the policy's queue discipline when it
-has one (FCFS otherwise). A request's time is prefill + one decode step per output token for
+has one (FCFS otherwise). A device left without work sleeps and wakes for its next request
+(``libs/core/energy.py``). A request's time is prefill + one decode step per output token for
 the batch it joins (``speed.SpeedModel``); power, heat and battery advance with the emulated
 device's models between events; a hot device runs at half clock. Devices may drop out
 (scripted faults); their requests are placed again, or counted failed if none can take them.
@@ -27,6 +28,7 @@ from libs.core.capability import (
     network_score,
 )
 from libs.core.catalogue import CATALOGUE
+from libs.core.energy import WAKE_S
 from libs.core.fleet import FleetState
 from libs.core.model import Device, Task, TaskKind
 from libs.core.policy import Policy
@@ -169,9 +171,10 @@ class ServingSimulation:
         sd.advance(now)
         e, caps = sd.emulated, sd.emulated.capabilities
         batch = min(sd.slots, len(sd.active) + 1)
+        load = (len(sd.active) + len(sd.queue)) / sd.slots
         self.fleet.set_live_state(
             i,
-            load=(len(sd.active) + len(sd.queue)) / sd.slots,
+            load=load,
             memory_free_gb=max(0.0, self.free_base[i] - sum(sd.active.values())),
             power_now_w=min(e.power_at(now), e.capabilities.max_power_w),
             temperature_c=e.temperature_c,
@@ -180,6 +183,7 @@ class ServingSimulation:
             backlog_s=self._wait_s(sd, now),
             prefill_tokens_per_s=1.0 / self.speed.prefill_s(caps, 1, sd.clock),
             decode_tokens_per_s=1.0 / self.speed.step_s(caps, batch, sd.clock),
+            asleep=e.asleep,
         )
 
     def _wait_s(self, sd: SimDevice, now: float) -> float:
@@ -308,7 +312,10 @@ class ServingSimulation:
                 len(sd.active) + 1,
                 sd.clock,
             )
+            if sd.emulated.asleep:  # it wakes first
+                first, total = first + WAKE_S, total + WAKE_S
             sd.active[task.task_id] = task.memory_gb
+            sd.emulated.work = {"batch": len(sd.active) / sd.slots}
             sd.finish[task.task_id] = now + total
             o.device, o.start_s, o.first_token_s = sd.emulated.device_id, now, now + first
             heapq.heappush(events, (now + total, next(seq), "done", task.task_id, i))

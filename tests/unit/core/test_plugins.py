@@ -10,6 +10,7 @@ from libs.contracts.profiles import load_profile
 from libs.core.dwps import Dwps
 from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
+from libs.core.model import Device
 from libs.core.pipeline import Pipeline
 from libs.core.profiles import BUILTIN_PROFILES
 from tests.builders import make_device, make_task, mixed_fleet
@@ -166,3 +167,22 @@ def test_completion_counts_a_requests_prefill_decode_and_the_wait_it_adds() -> N
     assert fleet.completion_s(request).tolist() == [1.25 + 2.5, 4.0]
     assert Dwps().place(fleet, [request], 0, RNG)[0].device_id == "a"  # 3.75 s < 4 s
     assert Dwps().place(fleet, [request], 0, RNG)[0].device_id == "b"  # a: 5 s now
+
+
+def test_energy_mode_keeps_work_on_awake_devices_within_the_slack() -> None:
+    energy = Dwps(BUILTIN_PROFILES[Mode.ENERGY])
+    task = make_task(work=10.0, memory_gb=0.1)
+    power = dict(power_idle_w=40.0, power_max_w=160.0, power_now_w=60.0, slots=4)
+    asleep = make_device("asleep", DeviceClass.WORKSTATION, speed=2.0, asleep=True, **power)
+
+    def awake(speed: float) -> Device:
+        return make_device("awake", DeviceClass.WORKSTATION, speed=speed, load=0.25, **power)
+
+    # Both take 5 s. Awake and busy: its dynamic share, 5 s × 120 W / 4 slots = 150 J.
+    # Asleep: the same 150 J + its idle power for 5 s and the 30 s sleep window = 1550 J.
+    fleet = FleetState([awake(2.0), asleep])
+    assert fleet.marginal_j(task).tolist() == [150.0, 150.0 + 40.0 * 35.0]
+    assert energy.place(fleet, [task], 0, RNG)[0].device_id == "awake"
+    # An awake device that would take 10 s against 5 s is past the 1.5× slack: the
+    # sleeping one is woken.
+    assert energy.place(FleetState([awake(1.0), asleep]), [task], 0, RNG)[0].device_id == ("asleep")

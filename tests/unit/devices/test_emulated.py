@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from libs.contracts import DeviceClass
+from libs.core.energy import SLEEP_AFTER_S, SLEEP_SHARE
 from libs.devices.classes import CLASS_PROFILES
 from libs.devices.emulated import AMBIENT_C, IDLE_RISE_C, EmulatedDevice, Fault, FaultKind
 from libs.devices.fleetfile import build, device_ids, load_fleet, mixed
@@ -52,6 +53,36 @@ def test_work_raises_power_and_heat_and_dvfs_lowers_power() -> None:
     for t in range(600, 1200):
         d.step(1.0, float(t))
     assert d.temperature_c == pytest.approx(AMBIENT_C + IDLE_RISE_C, abs=0.5)
+
+
+def test_dvfs_energy_per_token_falls_with_the_clock() -> None:
+    """A fully busy device: dynamic power ∝ f³ while its rate ∝ f, so the dynamic joules
+    of a token fall as f² (0.5 clock: a quarter)."""
+    d = device(DeviceClass.WORKSTATION)
+    d.assign("job", 1.0)
+    per_token = {}
+    for f in (1.0, 0.8, 0.5):
+        d.frequency_scale = f
+        per_token[f] = (d.power_w - d.idle_power_w) / (d.tokens_per_s or 1.0)
+    assert per_token[1.0] > per_token[0.8] > per_token[0.5]
+    assert per_token[0.5] == pytest.approx(per_token[1.0] / 4)
+
+
+def test_a_device_without_work_sleeps_after_the_window() -> None:
+    d = device(DeviceClass.WORKSTATION)
+    idle = d.idle_power_w
+    d.step(SLEEP_AFTER_S / 2, 1.0)
+    assert not d.asleep and d.power_w == pytest.approx(idle)
+    d.step(SLEEP_AFTER_S, 2.0)  # half awake at idle power, half asleep
+    assert d.asleep and d.power_w == pytest.approx(idle * SLEEP_SHARE)
+    expected = idle * SLEEP_AFTER_S + idle * SLEEP_SHARE * SLEEP_AFTER_S / 2
+    assert d.energy_j == pytest.approx(expected)
+    d.assign("job", 0.5)  # work wakes it
+    assert not d.asleep and d.power_w > idle
+    d.step(1.0, 3.0)
+    d.unassign("job")
+    d.step(1.0, 4.0)
+    assert not d.asleep  # the window starts again
 
 
 def test_battery_drains_unplugged_and_charges_plugged() -> None:
