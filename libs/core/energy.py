@@ -48,13 +48,15 @@ def device_power_w(
 
 
 def marginal_joules(
-    service_s: Num, idle_w: Num, max_w: Num, slots: Num, busy: npt.ArrayLike, asleep: npt.ArrayLike
+    service_s: Num, idle_w: Num, max_w: Num, slots: Num, busy: npt.ArrayLike, idle_s: Num
 ) -> Num:
     """The energy a task adds to each device: its share of the dynamic power while it runs,
-    plus the idle power it keeps on when the device had nothing else to do (and, for a
-    sleeping device, the idle time it stays awake after)."""
+    plus, on a device without other work, the idle power of the extra time it stays awake —
+    it would have slept ``SLEEP_AFTER_S`` after its last work, and now sleeps that long after
+    this task: ``min(idle_s, SLEEP_AFTER_S) + service_s`` more seconds."""
     dynamic = np.maximum(np.asarray(max_w) - idle_w, 0.0) / np.asarray(slots)
-    kept_on = np.where(busy, 0.0, np.asarray(service_s) + np.where(asleep, SLEEP_AFTER_S, 0.0))
+    extra_awake = np.minimum(np.asarray(idle_s), SLEEP_AFTER_S) + service_s
+    kept_on = np.where(busy, 0.0, extra_awake)
     return np.asarray(service_s) * dynamic + np.asarray(idle_w) * kept_on  # type: ignore[no-any-return, return-value, unused-ignore]
 
 

@@ -67,7 +67,7 @@ class FleetState:
         self.alive = np.array([not d.failed for d in devices], dtype=bool)
         self.network_rtt_ms = arr([d.network_rtt_ms for d in devices])
         self.mobile = np.array([DeviceClass(c).is_mobile for c in self.classes], dtype=bool)
-        self.asleep = np.array([d.asleep for d in devices], dtype=bool)
+        self.idle_s = arr([d.idle_s for d in devices])
         self.prefill_tps = arr([d.prefill_tokens_per_s for d in devices])
         self.decode_tps = arr([d.decode_tokens_per_s for d in devices])
         self.backlog_s = arr(
@@ -103,7 +103,7 @@ class FleetState:
                 self.power_max_w,
                 self.slots,
                 self.load > 0,
-                self.asleep,
+                self.idle_s,
             )
         )
 
@@ -142,7 +142,7 @@ class FleetState:
         )
         self.temperature_c[i] += self.delta_t_c[i] * task.intensity
         self.load[i] += 1.0 / self.slots[i]
-        self.asleep[i] = False
+        self.idle_s[i] = 0.0
         self._derive(i)
 
     def set_live_state(
@@ -158,11 +158,11 @@ class FleetState:
         backlog_s: float | None = None,
         prefill_tokens_per_s: float | None = None,
         decode_tokens_per_s: float | None = None,
-        asleep: bool = False,
+        idle_s: float = 0.0,
     ) -> None:
         """Overwrite device ``i``'s live state (a simulator or a fresh reading)."""
         self.load[i] = load
-        self.asleep[i] = asleep
+        self.idle_s[i] = idle_s
         if prefill_tokens_per_s is not None:
             self.prefill_tps[i] = prefill_tokens_per_s
         if decode_tokens_per_s is not None:

@@ -64,8 +64,8 @@ class Device:
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     backlog_s: float | None = None
-    #: Sleeping for want of work: waking it costs its idle power again (``energy.py``).
-    asleep: bool = False
+    #: Seconds since it last had work (it sleeps after ``energy.SLEEP_AFTER_S``).
+    idle_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_fraction_vector("capability", self.capability)

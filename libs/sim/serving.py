@@ -183,7 +183,7 @@ class ServingSimulation:
             backlog_s=self._wait_s(sd, now),
             prefill_tokens_per_s=1.0 / self.speed.prefill_s(caps, 1, sd.clock),
             decode_tokens_per_s=1.0 / self.speed.step_s(caps, batch, sd.clock),
-            asleep=e.asleep,
+            idle_s=e.idle_s,
         )
 
     def _wait_s(self, sd: SimDevice, now: float) -> float:

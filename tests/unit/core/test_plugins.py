@@ -173,7 +173,7 @@ def test_energy_mode_keeps_work_on_awake_devices_within_the_slack() -> None:
     energy = Dwps(BUILTIN_PROFILES[Mode.ENERGY])
     task = make_task(work=10.0, memory_gb=0.1)
     power = dict(power_idle_w=40.0, power_max_w=160.0, power_now_w=60.0, slots=4)
-    asleep = make_device("asleep", DeviceClass.WORKSTATION, speed=2.0, asleep=True, **power)
+    asleep = make_device("asleep", DeviceClass.WORKSTATION, speed=2.0, idle_s=600.0, **power)
 
     def awake(speed: float) -> Device:
         return make_device("awake", DeviceClass.WORKSTATION, speed=speed, load=0.25, **power)
