@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.core.edgeflow import DlJob, EdgeServer, allocate
+from libs.core.edgeflow import MIGRATE_EDGE_S, DlJob, EdgeServer, allocate
 from libs.sim.workloads import WorkloadError
 
 ITP_COLUMNS = (
@@ -43,7 +43,6 @@ MODEL_MEMORY_GB = {
     "deepspeech2": 8.0,
 }
 MIGRATE_CLOUD_S = 5.0
-MIGRATE_EDGE_S = 30.0
 JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias")
 
 
@@ -194,11 +193,11 @@ class JobSimulation:
                     s.trace.deadline_s,
                     s.curve,
                     MODEL_MEMORY_GB.get(s.trace.model, 8.0),
-                    s.placement[0].startswith("edge:"),
+                    s.placement[0][5:] if s.placement[0].startswith("edge:") else None,
                 )
                 for s in active
             ]
-            result = allocate(jobs, self.cloud_gpus, edge, now)
+            result = allocate(jobs, self.cloud_gpus, edge, now, MIGRATE_EDGE_S)
             out = {j: ("cloud", g) for j, g in result.cloud_gpus.items()}
             out |= {j: (f"edge:{e}", 1) for j, e in result.edge.items()}
             return out

@@ -35,36 +35,46 @@ def test_leftover_gpus_go_to_the_largest_gain_per_extra_gpu() -> None:
     assert "largest gain" in result.reasons["a"]
 
 
-def test_rule_1_jobs_already_on_the_edge_stay() -> None:
-    edge = [EdgeServer("e1", memory_gb=16.0, speed=0.5)]
-    result = allocate([job("a", 100.0, on_edge=True)], 4, edge, 0.0)
+def test_rule_1_a_job_on_the_edge_stays_even_when_gpus_are_free() -> None:
+    edge = [EdgeServer("e1", memory_gb=16.0, speed=0.5)]  # 300 iterations at 5/s: 60 s
+    result = allocate([job("a", 100.0, edge_server="e1")], 4, edge, 0.0)
     assert result.edge == {"a": "e1"} and result.cloud_gpus == {}
     assert "rule 1" in result.reasons["a"]
 
 
-def test_rule_2_only_when_the_cloud_is_full_and_only_if_the_deadline_holds() -> None:
-    edge = [EdgeServer("e1", memory_gb=16.0, speed=0.5)]  # 300 iterations at 5/s: 60 s
-    relaxed, tight = job("relaxed", 100.0), job("tight", 20.0)
-    full = allocate([relaxed, tight], 3, edge, 0.0)  # shares 1 + 2 use all 3 GPUs
-    assert full.edge == {"relaxed": "e1"}
-    assert full.cloud_gpus["tight"] >= 2
-    roomy = allocate([relaxed, tight], 8, edge, 0.0)  # spare GPUs: nothing moves
-    assert roomy.edge == {}
-
-
-def test_rule_3_hopeless_jobs_go_to_the_edge_and_free_gpus_for_savable_ones() -> None:
+def test_rule_1_a_job_missing_its_deadline_on_the_edge_returns_if_the_cloud_saves_it() -> None:
     edge = [EdgeServer("e1", memory_gb=16.0, speed=0.5)]
-    hopeless = job("hopeless", 5.0)  # cannot finish by 5 s even on 4 GPUs
-    savable = job("savable", 12.0)  # needs all 4 GPUs
-    result = allocate([hopeless, savable], 4, edge, 0.0)
-    assert result.edge == {"hopeless": "e1"}
-    assert result.cloud_gpus == {"savable": 4}
-    assert "rule 3" in result.reasons["hopeless"]
+    # Edge: 60 s > 50 s. Cloud after a 30 s move: 4 GPUs end at 40 s, 2 GPUs at 46.7 s.
+    back = allocate([job("a", 50.0, edge_server="e1")], 4, edge, 0.0, migrate_s=30.0)
+    assert back.cloud_gpus == {"a": 4} and back.edge == {}  # 2 GPUs, then the 2 left over
+    # With only 1 GPU it would end at 60 s in the cloud too: it stays where it runs.
+    stays = allocate([job("a", 50.0, edge_server="e1")], 1, edge, 0.0, migrate_s=30.0)
+    assert stays.edge == {"a": "e1"}
+
+
+def test_no_job_holding_gpus_is_moved_to_the_edge() -> None:
+    """The seed's rule 2, measured harmful (see the module): a waiting job does not take the
+    GPUs of jobs that would meet their deadlines on the edge."""
+    edge = [EdgeServer(f"e{i}", memory_gb=16.0, speed=1.0) for i in (1, 2)]  # 300 it: 30 s
+    a, b = job("a", 35.0), job("b", 100.0)  # 1 GPU each, both meet their deadline on the edge
+    wide = job("wide", 40.0, iterations=600.0)  # needs 2 GPUs (33.3 s), 60 s on the edge
+    result = allocate([a, wide, b], 2, edge, 0.0, migrate_s=0.0)
+    assert result.cloud_gpus == {"a": 1, "b": 1} and result.edge == {}
+    assert result.waiting == ("wide",)
+
+
+def test_rule_3_a_waiting_job_runs_on_the_edge_only_where_it_meets_its_deadline() -> None:
+    edge = [EdgeServer("e1", memory_gb=16.0, speed=0.5)]  # 300 iterations: 60 s
+    busy = job("busy", 10.0, iterations=100.0)  # 1 GPU: 10 s, takes the only one
+    result = allocate([busy, job("can", 80.0), job("cannot", 40.0)], 1, edge, 0.0)
+    assert result.edge == {"can": "e1"}
+    assert "rule 3" in result.reasons["can"]
+    assert result.waiting == ("cannot",)  # it waits for a GPU, as ElasticFlow would
 
 
 def test_only_jobs_whose_memory_fits_move_to_the_edge() -> None:
     edge = [EdgeServer("e1", memory_gb=8.0, speed=0.5)]
-    big = job("big", 5.0, memory_gb=32.0)
-    result = allocate([big], 4, edge, 0.0)
+    big = job("big", 200.0, memory_gb=32.0)
+    result = allocate([job("busy", 10.0, iterations=100.0), big], 1, edge, 0.0)
     assert result.edge == {}
-    assert result.cloud_gpus == {"big": 4}  # best effort with what the cloud has
+    assert result.waiting == ("big",)
