@@ -103,16 +103,24 @@ def split_layers(
 
 def plan(model: ModelSpec, devices: Sequence[Device], context_length: int = 2048) -> Preview:
     """The shards of ``model`` over exactly ``devices`` (in pipeline order)."""
-    ids = tuple(d.device_id for d in devices)
     counts, reason = split_layers(model, devices, context_length)
     if counts is None:
+        ids = tuple(d.device_id for d in devices)
         return Preview(model.name, ids, (), False, reason, None)
+    return _preview(model, devices, counts, context_length)
+
+
+def _preview(
+    model: ModelSpec, devices: Sequence[Device], counts: Sequence[int], context_length: int
+) -> Preview:
+    """The feasible preview of ``counts`` layers on ``devices``, in pipeline order."""
     shards, start = [], 0
     for index, (device, layers) in enumerate(zip(devices, counts, strict=True)):
         first, last = index == 0, index == len(devices) - 1
         memory = model.shard_gb(layers, first, last, context_length)
         shards.append(ShardPlan(device.device_id, index, start, start + layers, round(memory, 4)))
         start += layers
+    ids = tuple(d.device_id for d in devices)
     return Preview(model.name, ids, tuple(shards), True, None, step_ms(model, devices, counts))
 
 
@@ -142,6 +150,31 @@ def previews(
         return [Preview(model.name, (), (), False, "no live devices", None)]
     top = min(max_shards, len(ranked), model.layers)
     return [plan(model, ranked[:k], context_length) for k in range(1, top + 1)]
+
+
+def memory_proportional(
+    model: ModelSpec, devices: Sequence[Device], context_length: int = 2048
+) -> Preview:
+    """exo's placement, as a baseline: the devices with the most free memory, as few as hold
+    the model, with layers in proportion to memory alone (speed is not considered)."""
+    ranked = sorted(
+        (d for d in devices if not d.failed), key=lambda d: (-d.memory_free_gb, d.device_id)
+    )
+    need = model.shard_gb(model.layers, True, True, context_length)
+    chosen: list[Device] = []
+    for device in ranked:
+        chosen.append(device)
+        if sum(d.memory_free_gb for d in chosen) >= need and len(chosen) <= model.layers:
+            break
+    ids = tuple(d.device_id for d in chosen)
+    limits = [
+        _max_layers(model, d, i == 0, i == len(chosen) - 1, context_length)
+        for i, d in enumerate(chosen)
+    ]
+    if not chosen or sum(limits) < model.layers:
+        return Preview(model.name, ids, (), False, "memory: the fleet cannot hold it", None)
+    counts = largest_remainder(model.layers, [d.memory_free_gb for d in chosen])
+    return _preview(model, chosen, counts, context_length)
 
 
 def whole_models_only(option: Preview, devices: Collection[str]) -> Preview:

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from libs.contracts import DeviceClass
 from libs.core.catalogue import CATALOGUE
 from libs.core.migration import replan_deployment
-from libs.core.partition import choose, largest_remainder, plan, previews, whole_models_only
+from libs.core.partition import (
+    choose,
+    largest_remainder,
+    memory_proportional,
+    plan,
+    previews,
+    whole_models_only,
+)
 from tests.builders import make_device
 
 SMOL = CATALOGUE["smollm2-135m-instruct"]
@@ -130,3 +137,37 @@ def test_a_whole_model_engine_takes_whole_models_but_never_one_shard_of_several(
     assert whole_models_only(whole, {"big"}) == whole
     best = choose([whole_models_only(o, {"big"}) for o in options])
     assert best.feasible and ("big" not in best.devices or len(best.shards) == 1)
+
+
+def test_exo_splits_by_memory_alone_on_the_largest_memory_devices() -> None:
+    seventy = CATALOGUE["llama-3.1-70b-instruct"]  # about 141 GB in fp16
+    devices = [
+        make_device(
+            "slow-big",
+            DeviceClass.WORKSTATION,
+            memory_free_gb=80.0,
+            memory_total_gb=128.0,
+            speed=1000.0,
+        ),
+        make_device(
+            "fast-mid",
+            DeviceClass.WORKSTATION,
+            memory_free_gb=60.0,
+            memory_total_gb=128.0,
+            speed=8000.0,
+        ),
+        make_device(
+            "fast-small",
+            DeviceClass.WORKSTATION,
+            memory_free_gb=40.0,
+            memory_total_gb=128.0,
+            speed=8000.0,
+        ),
+        make_device("tiny", DeviceClass.PHONE, memory_free_gb=4.0, speed=8000.0),
+    ]
+    exo = memory_proportional(seventy, devices)
+    assert exo.devices == ("slow-big", "fast-mid", "fast-small")  # the fewest that hold it
+    assert [s.layers for s in exo.shards] == [35, 27, 18]  # 80 layers ∝ 80 : 60 : 40 GB
+    ours = choose(previews(seventy, devices))
+    assert ours.feasible and ours.step_ms is not None and exo.step_ms is not None
+    assert ours.step_ms < exo.step_ms  # fewer layers on the slow device

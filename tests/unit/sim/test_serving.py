@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from libs.core.catalogue import CATALOGUE
+from libs.core.energy import SLEEP_AFTER_S, WAKE_S
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.data import AZURE_CODE
 from libs.sim.fleets import BUILTIN, builtin
-from libs.sim.metrics import jain_index, summarise
-from libs.sim.serving import ServingSimulation
+from libs.sim.metrics import jain_index, slo_s, summarise
+from libs.sim.serving import Outcome, ServingSimulation, SimResult
 from libs.sim.speed import SpeedModel
 from libs.sim.workloads import Request, WorkloadError, poisson, read_azure
 
@@ -159,3 +160,28 @@ def test_cli_json_has_the_documented_keys() -> None:
         check=True,
     )
     assert set(json.loads(out.stdout)["runs"]) == {"dwps", "random"}
+
+
+def test_a_sleeping_device_wakes_before_it_serves() -> None:
+    [device] = fleet(workstation=1)
+    late = Request("r0", SLEEP_AFTER_S * 10, prompt_tokens=500, output_tokens=50)
+    result = ServingSimulation([device], make_policy("dwps"), model=MODEL, cycle_s=0.2).run([late])
+    [outcome] = result.outcomes
+    speed, caps = SpeedModel(CATALOGUE[MODEL]), device.capabilities
+    expected = speed.prefill_s(caps, 500, 1.0) + 50 * speed.step_s(caps, 1, 1.0)
+    assert outcome.done_s - outcome.start_s == pytest.approx(WAKE_S + expected)
+    # Asleep most of the run: less than a third of what idling throughout would draw.
+    assert result.devices[0].emulated.energy_j < device.idle_power_w * result.makespan_s / 3
+
+
+def test_slo_attainment_counts_requests_within_their_length_scaled_slo() -> None:
+    # SLO of a 50-token request: 2 s + 50 × 0.1 s = 7 s.
+    outcomes = [
+        Outcome(Request("fast", 0.0, 100, 50), "d", 0.0, 0.5, 6.9),
+        Outcome(Request("slow", 0.0, 100, 50), "d", 0.0, 0.5, 7.1),
+        Outcome(Request("short", 1.0, 100, 10), "d", 1.0, 1.5, 3.9),  # 3 s SLO, took 2.9 s
+        Outcome(Request("lost", 0.0, 100, 10)),
+    ]
+    result = SimResult(outcomes, [], 10.0, [], 0.0)
+    assert slo_s(50) == pytest.approx(7.0)
+    assert summarise(result)["slo_attainment"] == 0.5  # 2 of 4: a lost request misses it
