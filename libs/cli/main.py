@@ -108,12 +108,15 @@ def deploy(
     model: str,
     deployment_id: Annotated[str | None, typer.Option("--id", help="Deployment id.")] = None,
     max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    replicas: Annotated[
+        int, typer.Option(min=1, max=16, help="Copies; each request goes to one of them.")
+    ] = 1,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
     """Deploy MODEL across the fleet (split into shards where needed)."""
     from libs.cli.scheduling import deploy as run
 
-    run(_scheduler(scheduler_url), model, deployment_id, max_shards)
+    run(_scheduler(scheduler_url), model, deployment_id, max_shards, replicas)
 
 
 @app.command()

@@ -70,16 +70,29 @@ def show_previews(base: str, model: str, max_shards: int) -> None:
             console.print(f"[red]{n} device(s): infeasible[/red] — {option['reason']}")
 
 
-def deploy(base: str, model: str, deployment_id: str | None, max_shards: int) -> None:
-    body: dict[str, Any] = {"model": model, "max_shards": max_shards}
+def deploy(
+    base: str, model: str, deployment_id: str | None, max_shards: int, replicas: int = 1
+) -> None:
+    body: dict[str, Any] = {"model": model, "max_shards": max_shards, "replicas": replicas}
     if deployment_id:
         body["deployment_id"] = deployment_id
     decision = call("POST", f"{base}/placements", json=body)
-    Console().print(
+    console = Console()
+    console.print(
         shards_table(
             f"deployed {decision['task_id']} (epoch {decision['epoch']})", decision["assignments"]
         )
     )
+    if replicas > 1:
+        placed = [
+            d
+            for d in call("GET", f"{base}/placements")
+            if d.get("replica_of") == decision["task_id"]
+        ]
+        for d in placed:
+            console.print(shards_table(f"replica {d['deployment_id']}", d["assignments"]))
+        if len(placed) < replicas - 1:
+            console.print(f"{1 + len(placed)} of {replicas} replicas placed: the fleet is full")
 
 
 def show_placements(base: str) -> None:

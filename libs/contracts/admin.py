@@ -40,6 +40,8 @@ class DeployBody(BaseModel):
     deployment_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+    #: Copies of the model; each request goes to one, chosen by the active policy.
+    replicas: Annotated[int, Field(ge=1, le=16)] = 1
 
 
 class ModeBody(BaseModel):

@@ -31,6 +31,8 @@ class DeploymentState(WireModel):
     epoch: Annotated[int, Field(ge=0)]
     context_length: Annotated[int, Field(ge=1)]
     assignments: tuple[Assignment, ...]
+    #: The deployment this one is a replica of (None: the first, or the only one).
+    replica_of: str | None = None
 
 
 class SchedulerCheckpoint(WireModel):

@@ -61,6 +61,9 @@ class ModelDeployment(WireModel):
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
     urgency: Fraction = 0.5
+    #: Copies of the model, each placed on its own devices where the fleet allows; each
+    #: request goes to one of them, chosen by the active policy (``<id>``, ``<id>-r2``, …).
+    replicas: Annotated[int, Field(ge=1, le=16)] = 1
 
 
 class BatchJob(WireModel):
@@ -124,6 +127,8 @@ class PlacementDecision(WireModel):
     mode: Mode
     epoch: Annotated[int, Field(ge=0)] = 0
     ts: Timestamp
+    #: The deployment (replica) an inference request was routed to.
+    deployment_id: DeploymentId | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> PlacementDecision:

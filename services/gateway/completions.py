@@ -72,6 +72,8 @@ class Deployments:
     routes: RouteBook
     scheduler_urls: list[str]
     models: dict[str, str] = field(default_factory=dict)  #: deployment id → model
+    #: Deployments that are replicas of another (routed to by the scheduler, not listed).
+    replicas: set[str] = field(default_factory=set)
     context: dict[str, int] = field(default_factory=dict)
     #: Called with each deployed model's name at every refresh (the gateway warms its tokenizer).
     on_model: Callable[[str], None] = lambda model: None
@@ -94,6 +96,8 @@ class Deployments:
             seen.add(deployment)
             self.models[deployment] = row["model"]
             self.context[deployment] = int(row["context_length"])
+            if row.get("replica_of"):
+                self.replicas.add(deployment)
             devices = tuple(
                 a["device_id"] for a in sorted(row["assignments"], key=lambda a: a["shard_index"])
             )
@@ -101,7 +105,13 @@ class Deployments:
             self.on_model(row["model"])
         for gone in set(self.models) - seen:
             self.models.pop(gone, None)
+            self.replicas.discard(gone)
             self.routes.forget(gone)
+
+    @property
+    def listed(self) -> list[str]:
+        """The deployments a user names (replicas are chosen per request, not named)."""
+        return sorted(set(self.models) - self.replicas)
 
     def resolve(self, model: str) -> str:
         """The deployment serving ``model`` (by deployment id, then by model name)."""

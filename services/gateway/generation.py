@@ -193,6 +193,8 @@ class GenerationClient:
             message = f"no capacity: {placed.reason}"
             yield TokenChunk.failure(request_id, 0, placed.epoch, message, time.time())
             return
+        if placed is not None and placed.deployment_id is not None:
+            deployment_id = placed.deployment_id  # the replica the scheduler chose
         route = self.routes.get(deployment_id)
         if route is None:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
@@ -296,8 +298,9 @@ class GenerationClient:
         self, deployment_id: str, request_id: str, prompt_tokens: int, sampling: Sampling
     ) -> PlacementDecision | None:
         """Ask the scheduler where this request runs (a placement request on NATS). For a
-        deployed model it answers at once with the deployment's current placement, which the
-        route book learns. ``None`` when it does not answer in time: the known route is used."""
+        deployed model it answers at once with the placement of the replica it chose for this
+        request, which the route book learns. ``None`` when it does not answer in time: the
+        known route is used."""
         task = InferenceRequest(
             request_id=request_id,
             model=deployment_id,
@@ -315,7 +318,7 @@ class GenerationClient:
             log.warning("no placement answer; using the known route", extra={"error": str(exc)})
             return None
         if decision.placed:
-            self.routes.set(Route.of(decision, deployment_id))
+            self.routes.set(Route.of(decision, decision.deployment_id or deployment_id))
         return decision
 
     async def cancel(self, deployment_id: str, request_id: str) -> None:

@@ -52,7 +52,7 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
         deployments = request.app.state.deployments
         with contextlib.suppress(httpx.HTTPError):
             await deployments.refresh()  # the list a user sees right after a deploy is current
-        return ModelList(data=[ModelCard(id=d, created=0) for d in sorted(deployments.models)])
+        return ModelList(data=[ModelCard(id=d, created=0) for d in deployments.listed])
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response | ChatCompletion:

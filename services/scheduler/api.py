@@ -72,6 +72,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             model=body.model,
             context_length=body.context_length,
             max_shards=body.max_shards,
+            replicas=body.replicas,
         )
         decision = await scheduler.submit(PlacementRequest(task=task, ts=scheduler.clock()))
         if not decision.placed:

@@ -1,4 +1,5 @@
-"""Deployments and migration: the part of the scheduler that keeps models placed.
+"""Deployments, their replicas and migration: the part of the scheduler that keeps models
+placed and routes each request to a replica.
 
 ``Deployments`` is handed what it needs by the ``Scheduler`` (service.py) that owns it: the
 cluster view, the bus for the shard tasks, metrics, the clock, and three of the scheduler's own
@@ -11,9 +12,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+import numpy as np
+
 from libs.contracts import (
     SHARD_TASK,
     DeploymentState,
+    InferenceRequest,
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
@@ -23,8 +27,10 @@ from libs.core.catalogue import CATALOGUE
 from libs.core.migration import replan_deployment
 from libs.core.model import Device
 from libs.core.partition import Preview, choose, previews, whole_models_only
+from libs.core.policy import Policy
 from libs.runtime.bus import Bus
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.replicas import Running, choose_replica, replica_device
 from services.scheduler.state import SchedulerState, replace_assignments
 from services.scheduler.tasks import assignments_of
 from services.scheduler.view import ClusterView
@@ -44,17 +50,30 @@ class Deployments:
         devices: Callable[[float, str | None], list[Device]],
         save: Callable[[], Awaitable[None]],
         announce: Callable[[PlacementDecision], Awaitable[None]],
+        policy: Callable[[], Policy],
+        rng: np.random.Generator,
     ) -> None:
         #: The scheduler's state; the scheduler sets it again when it restores a checkpoint.
         self.state = state
         self.view, self.bus, self.metrics, self.clock = view, bus, metrics, clock
         self.devices, self.save, self.announce = devices, save, announce
+        #: The scheduler's active policy (it changes with ``PUT /policy`` and the mode).
+        self.policy, self.rng = policy, rng
+        #: Requests routed to replicas, until they are expected to end.
+        self.running: list[Running] = []
 
     # -- deployments --------------------------------------------------------------------------
     def preview(
-        self, model: str, context_length: int, max_shards: int, now: float
+        self,
+        model: str,
+        context_length: int,
+        max_shards: int,
+        now: float,
+        without: set[str] | frozenset[str] = frozenset(),
     ) -> list[Preview]:
-        options = previews(CATALOGUE[model], self.model_devices(now), context_length, max_shards)
+        """Candidate placements of ``model`` (on devices other than ``without``)."""
+        devices = [d for d in self.model_devices(now) if d.device_id not in without]
+        options = previews(CATALOGUE[model], devices, context_length, max_shards)
         whole_only = {
             d for d, a in self.view.announces.items() if a.engines and "torch" not in a.engines
         }
@@ -74,51 +93,78 @@ class Deployments:
         return [d for d in devices if d.device_id in serving]
 
     async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
+        """Place a model (and its replicas, each on devices of its own where the fleet has
+        room); the decision is the first replica's."""
         task = request.task
         assert isinstance(task, ModelDeployment)
         existing = self.state.deployments.get(task.deployment_id)
         if existing is not None:  # idempotent: a repeated request gets the live placement
             return self.decision(existing, now)
         if task.model not in CATALOGUE:
-            return PlacementDecision(
-                task_id=task.deployment_id,
-                kind="deployment",
-                placed=False,
-                reason=f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
-                policy="partition",
-                mode=self.state.mode,
-                ts=now,
+            return self.refusal(
+                task.deployment_id,
+                f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
+                now,
             )
-        chosen = choose(self.preview(task.model, task.context_length, task.max_shards, now))
-        if not chosen.feasible:
-            return PlacementDecision(
-                task_id=task.deployment_id,
-                kind="deployment",
-                placed=False,
-                reason=chosen.reason or "infeasible",
-                policy="partition",
-                mode=self.state.mode,
-                ts=now,
+        first: DeploymentState | None = None
+        for k in range(1, task.replicas + 1):
+            replica_id = task.deployment_id if k == 1 else f"{task.deployment_id}-r{k}"
+            taken = {a.device_id for d in self.group(task.deployment_id) for a in d.assignments}
+            size = (task.model, task.context_length, task.max_shards, now)
+            chosen = choose(self.preview(*size, without=taken))
+            if not chosen.feasible and taken:  # no room apart: share devices
+                chosen = choose(self.preview(*size))
+            if not chosen.feasible:
+                if first is None:
+                    return self.refusal(task.deployment_id, chosen.reason or "infeasible", now)
+                log.warning(
+                    "replica not placed",
+                    extra={"deployment_id": replica_id, "reason": chosen.reason},
+                )
+                break
+            deployment = DeploymentState(
+                deployment_id=replica_id,
+                model=task.model,
+                epoch=1,
+                context_length=task.context_length,
+                assignments=assignments_of(chosen),
+                replica_of=None if k == 1 else task.deployment_id,
             )
-        deployment = DeploymentState(
-            deployment_id=task.deployment_id,
-            model=task.model,
-            epoch=1,
-            context_length=task.context_length,
-            assignments=assignments_of(chosen),
-        )
-        self.state.deployments[task.deployment_id] = deployment
-        await self._shard_tasks(deployment, "load", now)
-        log.info(
-            "deployed",
-            extra={
-                "deployment_id": task.deployment_id,
-                "model": task.model,
-                "devices": [a.device_id for a in deployment.assignments],
-            },
-        )
+            self.state.deployments[replica_id] = deployment
+            first = first or deployment
+            await self._shard_tasks(deployment, "load", now)
+            log.info(
+                "deployed",
+                extra={
+                    "deployment_id": replica_id,
+                    "model": task.model,
+                    "devices": [a.device_id for a in deployment.assignments],
+                },
+            )
+            if k > 1:
+                await self.announce(self.decision(deployment, now))
         await self.save()
-        return self.decision(deployment, now)
+        assert first is not None
+        return self.decision(first, now)
+
+    def refusal(self, deployment_id: str, reason: str, now: float) -> PlacementDecision:
+        return PlacementDecision(
+            task_id=deployment_id,
+            kind="deployment",
+            placed=False,
+            reason=reason,
+            policy="partition",
+            mode=self.state.mode,
+            ts=now,
+        )
+
+    def group(self, deployment_id: str) -> list[DeploymentState]:
+        """A deployment and its replicas."""
+        return [
+            d
+            for d in self.state.deployments.values()
+            if deployment_id in (d.deployment_id, d.replica_of)
+        ]
 
     def decision(self, deployment: DeploymentState, now: float) -> PlacementDecision:
         return PlacementDecision(
@@ -140,29 +186,61 @@ class Deployments:
         return min(named, key=lambda d: d.deployment_id) if named else None
 
     def route_decision(
-        self, request_id: str, deployment: DeploymentState, now: float
+        self, request: PlacementRequest, deployment: DeploymentState, now: float
     ) -> PlacementDecision:
-        """An inference request for a deployed model goes where its deployment runs now."""
-        failed = [a.device_id for a in deployment.assignments if a.device_id in self.view.failed]
-        if failed:
+        """An inference request for a deployed model goes to the replica the active policy
+        chooses on live state (``replicas.py``), or where the only one runs now."""
+        task = request.task
+        assert isinstance(task, InferenceRequest)
+        base = deployment.replica_of or deployment.deployment_id
+        group = self.group(base)
+        self.running = [r for r in self.running if r.until > now]
+        devices = {d.device_id: d for d in self.devices(now, None)}
+        candidates = []
+        for replica in group:
+            engines = self.engines_of(replica)
+            device = replica_device(replica, devices, engines, self.running, now)
+            if device is not None:
+                candidates.append(device)
+        chosen = choose_replica(self.policy(), candidates, request, now, self.rng)
+        if chosen is None:
+            failed = sorted({a.device_id for d in group for a in d.assignments} & self.view.failed)
             return PlacementDecision(
-                task_id=request_id,
+                task_id=task.request_id,
                 kind="inference",
                 placed=False,
-                reason=f"no_capacity: {deployment.deployment_id} waits on failed {failed}",
+                reason=f"no_capacity: {base} waits on failed {failed}",
                 policy="route",
                 mode=self.state.mode,
                 epoch=deployment.epoch,
                 ts=now,
             )
-        decision = self.decision(deployment, now)
-        return decision.model_copy(update={"task_id": request_id, "kind": "inference"})
+        replica_id, seconds = chosen
+        self.running.append(Running(replica_id, now + seconds))
+        decision = self.decision(self.state.deployments[replica_id], now)
+        return decision.model_copy(
+            update={
+                "task_id": task.request_id,
+                "kind": "inference",
+                "deployment_id": replica_id,
+                "policy": self.state.policy,
+            }
+        )
+
+    def engines_of(self, deployment: DeploymentState) -> tuple[str, ...]:
+        engines: tuple[str, ...] = ()
+        for a in deployment.assignments:
+            announce = self.view.announces.get(a.device_id)
+            engines += announce.engines if announce else ()
+        return engines
 
     async def undeploy(self, deployment_id: str) -> bool:
-        deployment = self.state.deployments.pop(deployment_id, None)
-        if deployment is None:
+        """Remove a deployment and its replicas (one replica alone: just that one)."""
+        if deployment_id not in self.state.deployments:
             return False
-        await self._shard_tasks(deployment, "unload", self.clock())
+        for deployment in self.group(deployment_id):
+            del self.state.deployments[deployment.deployment_id]
+            await self._shard_tasks(deployment, "unload", self.clock())
         await self.save()
         return True
 

@@ -96,6 +96,8 @@ class Scheduler:
             devices=self.devices,
             save=self.save,
             announce=lambda decision: self._announce(decision, None, None),
+            policy=lambda: self.policy,
+            rng=self.rng,
         )
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
@@ -160,7 +162,7 @@ class Scheduler:
             if deployment is not None:  # routed at once: no need to wait for the next cycle
                 started = time.perf_counter()
                 now = self.clock()
-                decision = self.deployments.route_decision(task.request_id, deployment, now)
+                decision = self.deployments.route_decision(request, deployment, now)
                 self.metrics.decision_seconds.observe(time.perf_counter() - started)
                 await self._announce(decision, msg.reply or None, None)
                 return

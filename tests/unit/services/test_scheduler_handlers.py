@@ -41,18 +41,22 @@ MODEL = "smollm2-135m-instruct"
 DEVICES = ("ws-a", "ws-b", "ws-c")
 
 
-async def seed(redis: Any, keys: Keys, device_id: str) -> None:
+async def seed(
+    redis: Any, keys: Keys, device_id: str, memory_gb: float = 1.0, tflops: float = 1.0
+) -> None:
     """What the scorer would have written for a scored workstation with a torch worker."""
     announce = DeviceAnnounce(
         device_id=device_id,
         device_class=DeviceClass.WORKSTATION,
-        capabilities=make_capabilities(memory_total_gb=1.0),
+        capabilities=make_capabilities(memory_total_gb=memory_gb, fp32_tflops=tflops),
         emulated=True,
         interval_s=1.0,
         engines=("torch",),
         ts=NOW,
     )
-    sample = make_telemetry(device_id, memory_total_gb=1.0, memory_available_gb=0.75)
+    sample = make_telemetry(
+        device_id, memory_total_gb=memory_gb, memory_available_gb=memory_gb * 0.75
+    )
     scores = dict.fromkeys(("compute", "memory", "efficiency", "network", "stability"), 0.5)
     row = scored_fields(scores | {"total": 0.5}, DeviceClass.WORKSTATION, NOW, Mode.BALANCED, 1.0)
     await redis.set(keys.caps(device_id), announce.model_dump_json())
@@ -62,15 +66,21 @@ async def seed(redis: Any, keys: Keys, device_id: str) -> None:
     await redis.zadd(keys.rank("total"), {device_id: 0.5})
 
 
-@pytest.fixture
-async def scheduler() -> AsyncIterator[tuple[Scheduler, MemoryBus]]:
+async def start(devices: dict[str, tuple[float, float]]) -> tuple[Scheduler, MemoryBus]:
+    """A scheduler over ``devices`` (id → memory GB, FP32 TFLOP/s) on in-memory servers."""
     bus, redis, keys = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Keys("u")
-    for device_id in DEVICES:
-        await seed(redis, keys, device_id)
+    for device_id, (memory_gb, tflops) in devices.items():
+        await seed(redis, keys, device_id, memory_gb, tflops)
     settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
     checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)
     service = Scheduler(settings, bus, redis, checkpoints, SchedulerMetrics.create(), lambda: NOW)
     await service.start()
+    return service, bus
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[tuple[Scheduler, MemoryBus]]:
+    service, bus = await start(dict.fromkeys(DEVICES, (1.0, 1.0)))
     yield service, bus
     await service.background.close()
     await bus.close()
@@ -158,3 +168,36 @@ async def test_a_custom_profile_reaches_the_scorer_and_a_scorer_started_later(
     await service.set_mode(Mode.ENERGY, "test", manual=True)  # a mode brings its own weights
     assert bus.sent(MODE_CHANGE)[-1].weights is None
     assert await service.redis.get(Keys("u").weights) is None
+
+
+async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None:
+    # Two workstations that hold the model whole, one four times as fast as the other.
+    service, bus = await start({"fast": (4.0, 4.0), "slow": (4.0, 1.0)})
+    task = ModelDeployment(deployment_id="smol", model=MODEL, replicas=2)
+    deployed = await bus.request(
+        PLACEMENT_REQUEST, PlacementRequest(task=task, ts=NOW), PLACEMENT_DECISION, 10
+    )
+    assert deployed.placed, deployed.reason
+    replicas = {d.deployment_id: d for d in service.state.deployments.values()}
+    assert set(replicas) == {"smol", "smol-r2"} and replicas["smol-r2"].replica_of == "smol"
+    on = {r: replicas[r].assignments[0].device_id for r in replicas}
+    assert set(on.values()) == {"fast", "slow"}  # each replica on a device of its own
+
+    async def route(i: int) -> str:
+        request = InferenceRequest(request_id=f"r{i}", model="smol", prompt_tokens=8, max_tokens=64)
+        decision = await bus.request(
+            PLACEMENT_REQUEST, PlacementRequest(task=request, ts=NOW), PLACEMENT_DECISION, 10
+        )
+        assert decision.placed and decision.deployment_id in replicas
+        assert decision.assignments == replicas[decision.deployment_id].assignments
+        return on[decision.deployment_id]
+
+    # The clock stands still, so every request is still running when the next comes. With t
+    # a request's time on the fast replica (4t on the slow one), requests 1–4 end at t..4t
+    # on the fast one; the 5th would end at 5t there, 4t on the slow one: it goes there.
+    # Requests 6–9 end at 5t..8t on the fast one (at 8t both tie: the more capable device
+    # wins); the 10th would end at 9t there, 8t on the slow one.
+    chosen = [await route(i) for i in range(10)]
+    assert chosen == ["fast"] * 4 + ["slow"] + ["fast"] * 4 + ["slow"]
+    await service.background.close()
+    await bus.close()

@@ -1,0 +1,85 @@
+"""Which replica of a deployed model serves a request: the active policy, on live state.
+
+Each replica is one device to the core: its speed is the tokens/s one stream gets through its
+shards (the partitioner's step time on the devices it holds), its backlog the seconds its
+running requests still need, its other figures those of its first device. The active policy
+(DWPS: earliest expected completion first, then fit) picks one when the placement request
+arrives — the gateway asks once per request already, so no round trip is added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from libs.contracts import DeploymentState, PlacementRequest
+from libs.core.catalogue import CATALOGUE
+from libs.core.fleet import FleetState
+from libs.core.model import Device, TaskKind
+from libs.core.partition import step_ms
+from libs.core.policy import Policy
+from services.scheduler.tasks import to_task
+
+#: Requests a replica runs at once: a vLLM engine batches; the torch shard engine steps one
+#: request at a time, so its requests share its speed.
+SLOTS = {"vllm": 8, "torch": 1}
+
+
+@dataclass(frozen=True)
+class Running:
+    """A request routed to a replica, until it is expected to end."""
+
+    replica: str
+    until: float
+
+
+def replica_device(
+    deployment: DeploymentState,
+    devices: Mapping[str, Device],
+    engines: Sequence[str],
+    running: Sequence[Running],
+    now: float,
+) -> Device | None:
+    """The replica as one device, or None when one of its devices is unknown or failed."""
+    shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
+    held = [devices.get(a.device_id) for a in shards]
+    if any(d is None or d.failed for d in held):
+        return None
+    chain = [d for d in held if d is not None]
+    counts = [a.layer_end - a.layer_start for a in shards]
+    tokens_per_s = 1000.0 / max(step_ms(CATALOGUE[deployment.model], chain, counts), 1e-6)
+    slots = max((SLOTS.get(e, 1) for e in engines), default=1)
+    # Each running request's expected end counts its own wait: a new one gets a slot when
+    # the earliest of the last ``slots`` ends.
+    left = sorted(r.until - now for r in running if r.replica == deployment.deployment_id)
+    backlog = left[len(left) - slots] if len(left) >= slots else 0.0
+    return dataclasses.replace(
+        chain[0],
+        device_id=deployment.deployment_id,
+        speed=tokens_per_s,
+        slots=slots,
+        load=len(left) / slots,
+        backlog_s=backlog,
+        prefill_tokens_per_s=0.0,
+        decode_tokens_per_s=0.0,
+    )
+
+
+def choose_replica(
+    policy: Policy,
+    candidates: Sequence[Device],
+    request: PlacementRequest,
+    now: float,
+    rng: np.random.Generator,
+) -> tuple[str, float] | None:
+    """The replica ``policy`` places ``request`` on and the seconds it should take there."""
+    task = dataclasses.replace(to_task(request), memory_gb=0.0, kind=TaskKind.INFERENCE)
+    fleet = FleetState(candidates)
+    finish = fleet.completion_s(task)
+    [placement] = policy.place(fleet, [task], now, rng)
+    if placement.device_id is None:
+        return None
+    return placement.device_id, float(finish[fleet.index[placement.device_id]])
