@@ -304,3 +304,41 @@ async def test_request_reply_callers_get_their_decision(
     decision = PLACEMENT_DECISION.decode(reply.data)
     assert decision.task_id == f"{cluster.uid}q" and decision.placed
     assert decision.assignments[0].device_id.startswith(f"{cluster.uid}a-laptop-")
+
+
+async def test_requests_go_to_the_replica_that_finishes_first_and_spread_under_load(
+    cluster: Cluster, redis: Redis, nc: NatsClient
+) -> None:
+    cluster.fleet("r", {"seed": 3, "devices": {"workstation": 1, "laptop": 1}})
+    await cluster.wait_scored(redis, 2)
+    cluster.start_scheduler()
+    async with httpx.AsyncClient(base_url=cluster.api) as client:
+        body = {"model": SMOL, "deployment_id": "smol", "replicas": 2}
+        assert (await client.post("/placements", json=body)).status_code == 201
+        listed = {d["deployment_id"]: d for d in (await client.get("/placements")).json()}
+    assert set(listed) == {"smol", "smol-r2"}
+    on = {r: listed[r]["assignments"][0]["device_id"] for r in listed}
+    fast = next(d for d in on.values() if "workstation" in d)
+    assert set(on.values()) == {fast, next(d for d in on.values() if "laptop" in d)}
+
+    async def route(i: int, max_tokens: int) -> str:
+        request = InferenceRequest(
+            request_id=f"{cluster.uid}q{i}", model="smol", prompt_tokens=16, max_tokens=max_tokens
+        )
+        reply = await nc.request(
+            PLACEMENT_REQUEST.subject(),
+            PLACEMENT_REQUEST.encode(PlacementRequest(task=request, ts=0.0)),
+            timeout=5,
+        )
+        decision = PLACEMENT_DECISION.decode(reply.data)
+        assert decision.placed and decision.deployment_id in on, decision
+        return on[decision.deployment_id]
+
+    # One short request at a time: each has ended before the next, so the earliest
+    # completion is always on the faster device.
+    light = [await route(i, max_tokens=1) for i in range(5)]
+    assert light == [fast] * 5
+    # Forty long requests at once: the fast replica's queue grows until the slow one would
+    # finish a request sooner, and it takes some; the fast one still takes more.
+    heavy = Counter(await asyncio.gather(*(route(100 + i, 512) for i in range(40))))
+    assert heavy[fast] > 40 - heavy[fast] > 0, heavy

@@ -14,12 +14,14 @@ from libs.contracts import (
     DEVICE_FAILED,
     GENERATION,
     PLACEMENT_DECISION,
+    PLACEMENT_REQUEST,
     TOKENS,
     Assignment,
     DeviceFailed,
     GenerationRequest,
     Mode,
     PlacementDecision,
+    PlacementRequest,
     Sampling,
     TokenChunk,
 )
@@ -121,3 +123,32 @@ async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
     assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].epoch == 2
     [resumed] = second.requests
     assert resumed.epoch == 2 and list(resumed.generated_token_ids) == ANSWER[:2]
+
+
+async def test_a_stream_goes_to_the_replica_the_scheduler_chose(bus: MemoryBus) -> None:
+    routes = RouteBook()
+    routes.set(Route("smol", 1, ("dev-a",)))
+    routes.set(Route("smol-r2", 1, ("dev-b",)))
+    base, replica = Shard(bus, "dev-a"), Shard(bus, "dev-b")
+    await base.serve("smol")
+    await replica.serve("smol-r2")
+
+    async def scheduler(request: PlacementRequest, delivery: MemoryDelivery) -> None:
+        decision = PlacementDecision(
+            task_id=request.task.request_id,  # type: ignore[union-attr]
+            kind="inference",
+            placed=True,
+            assignments=(Assignment(device_id="dev-b"),),
+            policy="dwps",
+            mode=Mode.BALANCED,
+            epoch=1,
+            ts=time.time(),
+            deployment_id="smol-r2",
+        )
+        await bus.reply(delivery.reply, PLACEMENT_DECISION, decision)
+
+    await bus.subscribe(PLACEMENT_REQUEST, scheduler)
+    chunks = await collect(GenerationClient(bus, routes, place_s=1.0), "r3")
+    assert [c.token_id for c in chunks if c.token_id is not None] == ANSWER
+    assert [r.request_id for r in replica.requests] == ["r3"] and base.requests == []
+    assert [r.deployment_id for r in replica.requests] == ["smol-r2"]
