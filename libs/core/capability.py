@@ -9,7 +9,10 @@ joins the fleet):
   the model type (float-heavy: α up; quantised: β up).
 * MBS = min(1, available memory / model memory need) × memory bandwidth score, the latter by
   memory type (HBM > GDDR6 > LPDDR5 > DDR5 > DDR4 > LPDDR4).
-* PER = CCI / typical power (W), log-scaled between 0.001 and 0.1 per watt.
+* PER = FP32 GFLOP/s per watt of typical power, log-scaled between 1 and 1000 (a watch about
+  20, phones, laptops and workstations 100–300, the best accelerators toward 1000). The seed's
+  CCI ÷ watts divided a log-scaled score by watts, which ranked a 1 W watch the most efficient
+  device of any fleet; FLOP/s per watt is what a device really delivers per joule.
 * NLB = log(bandwidth Mbit/s) × exp(−latency / 10 ms).
 * DSS = uptime ratio × (1 − failure rate), both already fractions.
 * Total = w1·CCI + w2·MBS + w3·PER + w4·NLB + w5·DSS with Σw = 1 (weights from the mode).
@@ -40,7 +43,7 @@ FP32_TFLOPS_RANGE = (0.005, 200.0)
 INT8_TOPS_RANGE = (0.01, 2000.0)
 BANDWIDTH_GBPS_RANGE = (5.0, 5000.0)
 NETWORK_MBPS_RANGE = (1.0, 10_000.0)
-PER_RANGE = (0.001, 0.1)
+PER_RANGE = (1.0, 1000.0)  # GFLOP/s per watt
 LATENCY_SCALE_MS = 10.0
 
 MEMORY_TYPE_SCORE: dict[MemoryType, float] = {
@@ -78,9 +81,10 @@ def memory_score(available_gb: Num, need_gb: float, memory_type: MemoryType) -> 
     return np.minimum(1.0, np.maximum(available_gb, 0.0) / need_gb) * MEMORY_TYPE_SCORE[memory_type]  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
-def efficiency_score(cci: Num, typical_power_w: Num) -> Num:
-    """PER in [0, 1]: CCI per watt of typical power, log-scaled."""
-    return log_scale(np.asarray(cci) / np.maximum(typical_power_w, 1e-9), *PER_RANGE)  # type: ignore[no-any-return, return-value, unused-ignore]
+def efficiency_score(fp32_tflops: Num, typical_power_w: Num) -> Num:
+    """PER in [0, 1]: FP32 GFLOP/s per watt of typical power, log-scaled."""
+    per_watt = np.asarray(fp32_tflops) * 1000.0 / np.maximum(typical_power_w, 1e-9)
+    return log_scale(per_watt, *PER_RANGE)  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def network_score(bandwidth_mbps: Num, latency_ms: Num) -> Num:

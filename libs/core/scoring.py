@@ -45,6 +45,7 @@ def uptime_and_failure_rate(observed_s: F64, down_s: F64, failures: F64) -> tupl
 def score_batch(
     *,
     compute: F64,
+    fp32_tflops: F64,
     memory_type_score: F64,
     typical_power_w: F64,
     memory_available_gb: F64,
@@ -55,12 +56,13 @@ def score_batch(
     weights: tuple[float, float, float, float, float],
     reference_need_gb: float = 2.0,
 ) -> Dimensions:
-    """``compute`` is CCI (already in [0, 1], static per device); the memory dimension is the
+    """``compute`` is CCI (already in [0, 1], static per device) and ``fp32_tflops`` the speed
+    behind it (for efficiency, FLOP/s per watt); the memory dimension is the
     device part of MBS against ``reference_need_gb`` (the model's own need applies at
     placement)."""
     memory = np.minimum(1.0, np.maximum(memory_available_gb, 0.0) / reference_need_gb)
     memory = memory * memory_type_score
-    efficiency = cap.efficiency_score(compute, typical_power_w)
+    efficiency = cap.efficiency_score(fp32_tflops, typical_power_w)
     network = cap.network_score(network_bandwidth_mbps, network_rtt_ms)
     stability = cap.stability_score(uptime_ratio, failure_rate)
     dims = np.stack([compute, memory, efficiency, network, stability], axis=-1)

@@ -105,7 +105,7 @@ def device_scores(d: EmulatedDevice, need_gb: float) -> tuple[float, float, floa
     return (
         compute,
         memory,
-        float(efficiency_score(compute, caps.typical_power_w)),
+        float(efficiency_score(caps.fp32_tflops, caps.typical_power_w)),
         float(network_score(caps.network_bandwidth_mbps, d.base_rtt_ms)),
         1.0,
     )

@@ -276,6 +276,7 @@ class Scorer:
         )
         dims = score_batch(
             compute=column([r.compute for r in due]),
+            fp32_tflops=column([r.claimed.fp32_tflops * r.speed_scale for r in due]),
             memory_type_score=column([r.memory_type_score for r in due]),
             typical_power_w=column([r.typical_power_w for r in due]),
             memory_available_gb=column([s.memory_available_gb for s in samples]),  # type: ignore[union-attr]

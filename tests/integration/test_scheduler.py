@@ -130,7 +130,7 @@ async def test_a_deployment_lands_where_the_core_would_choose(
         assert (await client.put("/mode", json={"mode": "fastest"})).status_code == 422
 
 
-async def test_100_requests_in_one_cycle_spread_by_fit(
+async def test_100_requests_in_one_cycle_spread_over_the_devices_that_finish_first(
     cluster: Cluster, redis: Redis, nc: NatsClient
 ) -> None:
     cluster.fleet(
@@ -174,11 +174,10 @@ async def test_100_requests_in_one_cycle_spread_by_fit(
     assert len({d.ts for d in got}) < len(got) / 10  # decided together, many in each cycle
     devices = Counter(d.assignments[0].device_id for d in got)
     assert len(devices) >= 4 and max(devices.values()) <= 50
-    kind = {d.task_id: d.assignments[0].device_id.split("-")[1] for d in got}
-    heavy_on = Counter(kind[f"{cluster.uid}r{i}"] for i in range(0, 100, 2))
-    light_on = Counter(kind[f"{cluster.uid}r{i}"] for i in range(1, 100, 2))
-    mobile = {"watch", "phone"}
-    assert sum(light_on[c] for c in mobile) > sum(heavy_on[c] for c in mobile)
+    # Time first: no request waits on a watch or a phone while faster devices have room
+    # (which of similar devices a request gets, fit decides: tests/unit/core/test_plugins.py).
+    kinds = Counter(d.assignments[0].device_id.split("-")[1] for d in got)
+    assert kinds["watch"] == kinds["phone"] == 0, kinds
 
 
 async def test_a_silent_device_has_its_shards_moved_and_the_deployment_keeps_serving(

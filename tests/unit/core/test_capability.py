@@ -43,8 +43,10 @@ def test_memory_score_hand_values() -> None:
 
 
 def test_efficiency_network_stability_hand_values() -> None:
-    # CCI 0.5 at 50 W = 0.01 per watt, the geometric middle of [0.001, 0.1].
-    assert cap.efficiency_score(0.5, 50.0) == pytest.approx(0.5)
+    # 1.581 TFLOP/s at 50 W = 31.6 GFLOP/s per watt, the geometric middle of [1, 1000].
+    assert cap.efficiency_score(50.0 * math.sqrt(1000.0) / 1000.0, 50.0) == pytest.approx(0.5)
+    # A watch (0.03 TFLOP/s, 1 W) is less efficient than a workstation (40 TFLOP/s, 180 W).
+    assert cap.efficiency_score(0.03, 1.0) < cap.efficiency_score(40.0, 180.0)
     # 100 Mbit/s is the middle of [1, 10 000]; 10 ms latency costs a factor e.
     assert cap.network_score(100.0, 10.0) == pytest.approx(0.5 / math.e)
     assert cap.network_score(10_000.0, 0.0) == pytest.approx(1.0)
@@ -76,9 +78,10 @@ def test_memory_score_bounded_and_monotone(a: float, b: float, need: float, t: M
     assert 0.0 <= cap.memory_score(low, need, t) <= cap.memory_score(high, need, t) <= 1.0
 
 
-@given(fraction, positive, positive)
-def test_efficiency_bounded_and_falls_with_power(cci: float, watts: float, more: float) -> None:
-    assert 0.0 <= cap.efficiency_score(cci, watts + more) <= cap.efficiency_score(cci, watts) <= 1.0
+@given(positive, positive, positive)
+def test_efficiency_bounded_and_falls_with_power(tflops: float, watts: float, more: float) -> None:
+    low, high = cap.efficiency_score(tflops, watts + more), cap.efficiency_score(tflops, watts)
+    assert 0.0 <= low <= high <= 1.0
 
 
 @given(positive, st.floats(0, 1e4), st.floats(0, 1e4))

@@ -13,6 +13,7 @@ from libs.core.scoring import score_batch, uptime_and_failure_rate
 def test_batch_scores_match_hand_values() -> None:
     dims = score_batch(
         compute=np.array([0.5, 1.0]),
+        fp32_tflops=np.array([50.0 * math.sqrt(1000.0) / 1000.0, 50.0]),
         memory_type_score=np.array([0.85, 0.55]),
         typical_power_w=np.array([50.0, 500.0]),
         memory_available_gb=np.array([1.0, 8.0]),
@@ -25,7 +26,8 @@ def test_batch_scores_match_hand_values() -> None:
     )
     assert dims.memory[0] == pytest.approx(0.5 * 0.85)  # 1 GB of 2 GB needed
     assert dims.memory[1] == pytest.approx(0.55)
-    assert dims.efficiency[0] == pytest.approx(0.5)  # 0.5 / 50 W = 0.01 per W
+    assert dims.efficiency[0] == pytest.approx(0.5)  # 31.6 GFLOP/s per W of [1, 1000]
+    assert dims.efficiency[1] == pytest.approx(2 / 3)  # 50 TFLOP/s at 500 W: 100 per W
     assert dims.network[0] == pytest.approx(0.5 / math.e)
     assert dims.stability[1] == pytest.approx(0.81)
     row = dims.row(0)
