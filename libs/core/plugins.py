@@ -51,6 +51,18 @@ class Score(Protocol):
     ) -> F64: ...
 
 
+def lowest(costs: F64, alive: Bool) -> float:
+    """The least of ``costs`` among live devices (all, when none is alive; 0 for no device)."""
+    usable = costs[alive] if alive.any() else costs
+    return float(usable.min()) if len(usable) else 0.0
+
+
+def best_over(costs: F64, alive: Bool, at: slice | int) -> F64:
+    """Lowest cost ÷ each device's cost: 1 for the cheapest live device, ½ at twice its cost."""
+    best = max(lowest(costs, alive), 1e-12)
+    return np.asarray(best / np.maximum(costs[at], 1e-12))
+
+
 # -- filters --------------------------------------------------------------------------------
 
 
@@ -129,9 +141,7 @@ class CompletionSlack:
     def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
         assert task is not None
         finish = fleet.completion_s(task)
-        usable = finish[fleet.alive] if fleet.alive.any() else finish
-        best = float(usable.min()) if len(usable) else 0.0
-        return np.asarray(finish[at] <= COMPLETION_SLACK * best + 1e-9)
+        return np.asarray(finish[at] <= COMPLETION_SLACK * lowest(finish, fleet.alive) + 1e-9)
 
 
 # -- scores ---------------------------------------------------------------------------------
@@ -198,10 +208,7 @@ class Completion:
         self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
     ) -> F64:
         assert task is not None
-        finish = fleet.completion_s(task)
-        usable = finish[fleet.alive] if fleet.alive.any() else finish
-        best = max(float(usable.min()), 1e-9) if len(usable) else 1.0
-        return np.asarray(best / np.maximum(finish[at], 1e-9))
+        return best_over(fleet.completion_s(task), fleet.alive, at)
 
 
 @dataclass(frozen=True)
@@ -218,10 +225,7 @@ class Energy:
         self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
     ) -> F64:
         assert task is not None
-        joules = fleet.marginal_j(task)
-        usable = joules[fleet.alive] if fleet.alive.any() else joules
-        best = max(float(usable.min()), 1e-12) if len(usable) else 1.0
-        return np.asarray(best / np.maximum(joules[at], 1e-12))
+        return best_over(fleet.marginal_j(task), fleet.alive, at)
 
 
 # -- multipliers ----------------------------------------------------------------------------
