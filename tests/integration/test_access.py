@@ -4,6 +4,7 @@ publish, subscription and write a service was not granted, and anyone without a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -54,8 +55,10 @@ async def admin(server: NatsServer) -> AsyncIterator[NatsClient]:
 
 async def heard(admin: NatsClient, subject: str, send: object, within_s: float = 0.5) -> bool:
     """Whether a message published by ``send()`` on ``subject`` reaches a subscriber within
-    ``within_s`` (a refusal can only be shown by a window passing quietly; where it must
-    arrive, ``within_s`` is generous, so a busy machine does not fail the test)."""
+    ``within_s``. A refusal can only be shown by a window passing quietly; where a message
+    must arrive, ``within_s`` is generous and ``send()`` repeats every half second: the
+    first message right after the server starts went unheard in about 1 run in 12 here
+    (cause not found; a repeat a moment later always arrived)."""
     got = asyncio.Event()
 
     async def on_msg(msg: object) -> None:
@@ -63,11 +66,15 @@ async def heard(admin: NatsClient, subject: str, send: object, within_s: float =
 
     sub = await admin.subscribe(subject, cb=on_msg)
     await admin.flush()
-    await send()  # type: ignore[operator]
+    deadline = asyncio.get_running_loop().time() + within_s
     try:
-        await asyncio.wait_for(got.wait(), within_s)
-    except TimeoutError:
-        return False
+        while not got.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            await send()  # type: ignore[operator]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(got.wait(), min(0.5, left))
     finally:
         await sub.unsubscribe()
     return True
