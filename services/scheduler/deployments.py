@@ -199,7 +199,7 @@ class Deployments:
         candidates = []
         for replica in group:
             engines = self.engines_of(replica)
-            device = replica_device(replica, devices, engines, self.running, now)
+            device = replica_device(replica, devices, engines, self.running, now, self.view.failed)
             if device is not None:
                 candidates.append(device)
         chosen = choose_replica(self.policy(), candidates, request, now, self.rng)

@@ -10,7 +10,7 @@ arrives — the gateway asks once per request already, so no round trip is added
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,11 +42,12 @@ def replica_device(
     engines: Sequence[str],
     running: Sequence[Running],
     now: float,
+    failed: Collection[str] = (),
 ) -> Device | None:
     """The replica as one device, or None when one of its devices is unknown or failed."""
     shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
     held = [devices.get(a.device_id) for a in shards]
-    if any(d is None or d.failed for d in held):
+    if any(d is None or d.failed or d.device_id in failed for d in held):
         return None
     chain = [d for d in held if d is not None]
     counts = [a.layer_end - a.layer_start for a in shards]
@@ -75,11 +76,15 @@ def choose_replica(
     now: float,
     rng: np.random.Generator,
 ) -> tuple[str, float] | None:
-    """The replica ``policy`` places ``request`` on and the seconds it should take there."""
+    """The replica ``policy`` places ``request`` on and the seconds it should take there;
+    None when no replica can serve (every one has a failed device)."""
+    if not candidates:
+        return None
     task = dataclasses.replace(to_task(request), memory_gb=0.0, kind=TaskKind.INFERENCE)
     fleet = FleetState(candidates)
     finish = fleet.completion_s(task)
     [placement] = policy.place(fleet, [task], now, rng)
-    if placement.device_id is None:
-        return None
-    return placement.device_id, float(finish[fleet.index[placement.device_id]])
+    # A copy that a filter refuses (hot, at its power budget) still serves rather than
+    # fail the request: the one that would finish first.
+    i = fleet.index[placement.device_id] if placement.device_id else int(np.argmin(finish))
+    return fleet.ids[i], float(finish[i])
