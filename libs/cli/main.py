@@ -177,8 +177,7 @@ Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N requests
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
 Profiles = Annotated[
-    Path | None,
-    typer.Option(help="Throughput profiles for --kind jobs (default: data/'s A100 profiles)."),
+    Path, typer.Option(help="Throughput profiles for --kind jobs: one <model>.csv per model.")
 ]
 DEFAULT_TRACE = AZURE_CODE
 REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
@@ -200,7 +199,7 @@ def simulate(
     limit: Limit = None,
     json_output: Json = False,
     model: Model = "llama-3.2-1b-instruct",
-    profiles: Profiles = None,
+    profiles: Profiles = A100_PROFILES,
 ) -> None:
     """Simulate one policy and print its metrics (or use `compare`)."""
     if ctx.invoked_subcommand is not None:
@@ -218,7 +217,7 @@ def simulate(
         limit,
         json_output,
         model,
-        profiles or A100_PROFILES,
+        profiles,
     )
 
 
@@ -242,7 +241,7 @@ def simulate_compare(
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts here.")] = None,
     model: Model = "llama-3.2-1b-instruct",
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
-    profiles: Profiles = None,
+    profiles: Profiles = A100_PROFILES,
 ) -> None:
     """Run several policies on the same workload and seed; a table, JSON or charts."""
     from libs.cli.simulate import compare
@@ -263,7 +262,7 @@ def simulate_compare(
         plot,
         model,
         wide,
-        profiles or A100_PROFILES,
+        profiles,
     )
 
 

@@ -14,7 +14,6 @@ from libs.contracts import Mode
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import FleetSpec, build, load_fleet
-from libs.sim.data import A100_PROFILES
 from libs.sim.fleets import builtin
 from libs.sim.metrics import summarise
 from libs.sim.serving import ServingSimulation, SimResult
@@ -69,7 +68,7 @@ def run_jobs(
     policy: str,
     load: float,
     limit: int | None,
-    profiles_dir: Path = A100_PROFILES,
+    profiles_dir: Path,
 ) -> dict[str, float | int]:
     """The deep-learning job simulator on a cloud + edge fleet (throughput profiles from
     ``profiles_dir``: one ``<model>.csv`` per model a job names)."""
@@ -135,7 +134,7 @@ def run_one(
     limit: int | None,
     as_json: bool,
     model: str,
-    profiles_dir: Path = A100_PROFILES,
+    profiles_dir: Path,
 ) -> None:
     if kind == "jobs":
         metrics = run_jobs(workload, fleet, policy, load, limit, profiles_dir)
@@ -197,8 +196,8 @@ def compare(
     as_json: bool,
     plot: Path | None,
     model: str,
-    wide: bool = False,
-    profiles_dir: Path = A100_PROFILES,
+    wide: bool,
+    profiles_dir: Path,
 ) -> None:
     if kind == "jobs":
         runs_jobs = {

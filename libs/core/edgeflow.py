@@ -165,9 +165,9 @@ def allocate(
         share[best] += best_step
         free -= best_step
         reasons[best] = f"elastic share {share[best]} (largest gain per extra GPU)"
-    waiting_ids = tuple(
+    waiting = tuple(
         j.job_id for j in by_deadline if j.job_id not in share and j.job_id not in on_edge
     )
-    for job_id in waiting_ids:
+    for job_id in waiting:
         reasons[job_id] = "waiting: no GPU or edge server free"
-    return Allocation(share, on_edge, waiting_ids, reasons)
+    return Allocation(share, on_edge, waiting, reasons)

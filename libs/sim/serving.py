@@ -62,10 +62,14 @@ class SimDevice:
         """Power, heat, battery and busy time up to ``now``."""
         dt = now - self.last_s
         if dt > 0:
-            self.emulated.work = {"batch": len(self.active) / self.slots} if self.active else {}
+            self.set_work()
             self.emulated.step(dt, now)
             self.busy_s += dt * min(1.0, len(self.active) / self.slots)
             self.last_s = now
+
+    def set_work(self) -> None:
+        """The emulated device's work: the share of its slots its requests fill."""
+        self.emulated.work = {"batch": len(self.active) / self.slots} if self.active else {}
 
     @property
     def clock(self) -> float:
@@ -315,7 +319,7 @@ class ServingSimulation:
             if sd.emulated.asleep:  # it wakes first
                 first, total = first + WAKE_S, total + WAKE_S
             sd.active[task.task_id] = task.memory_gb
-            sd.emulated.work = {"batch": len(sd.active) / sd.slots}
+            sd.set_work()  # awake now: requests started with it pay no second wake
             sd.finish[task.task_id] = now + total
             o.device, o.start_s, o.first_token_s = sd.emulated.device_id, now, now + first
             heapq.heappush(events, (now + total, next(seq), "done", task.task_id, i))

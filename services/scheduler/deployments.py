@@ -195,16 +195,18 @@ class Deployments:
         base = deployment.replica_of or deployment.deployment_id
         group = self.group(base)
         self.running = [r for r in self.running if r.until > now]
-        devices = {d.device_id: d for d in self.devices(now, None)}
+        held = {a.device_id for d in group for a in d.assignments}
+        # Only the copies' devices: their speed and state (load and memory do not count here).
+        devices = {d.device_id: d for d in self.view.devices({}, {}, only=held)}
         candidates = []
         for replica in group:
             engines = self.engines_of(replica)
-            device = replica_device(replica, devices, engines, self.running, now, self.view.failed)
+            device = replica_device(replica, devices, engines, self.running, now)
             if device is not None:
                 candidates.append(device)
         chosen = choose_replica(self.policy(), candidates, request, now, self.rng)
         if chosen is None:
-            failed = sorted({a.device_id for d in group for a in d.assignments} & self.view.failed)
+            failed = sorted(held & self.view.failed)
             return PlacementDecision(
                 task_id=task.request_id,
                 kind="inference",

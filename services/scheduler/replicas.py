@@ -10,7 +10,7 @@ arrives — the gateway asks once per request already, so no round trip is added
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,12 +42,11 @@ def replica_device(
     engines: Sequence[str],
     running: Sequence[Running],
     now: float,
-    failed: Collection[str] = (),
 ) -> Device | None:
     """The replica as one device, or None when one of its devices is unknown or failed."""
     shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
     held = [devices.get(a.device_id) for a in shards]
-    if any(d is None or d.failed or d.device_id in failed for d in held):
+    if any(d is None or d.failed for d in held):
         return None
     chain = [d for d in held if d is not None]
     counts = [a.layer_end - a.layer_start for a in shards]

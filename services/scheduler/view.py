@@ -7,7 +7,7 @@ Nothing scans Redis per decision.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from redis.asyncio import Redis
@@ -104,9 +104,17 @@ class ClusterView:
                 update={"state": DeviceState.ALIVE}
             )
 
-    def devices(self, load: Mapping[str, int], reserved: Mapping[str, float]) -> list[Device]:
+    def devices(
+        self,
+        load: Mapping[str, int],
+        reserved: Mapping[str, float],
+        only: Collection[str] | None = None,
+    ) -> list[Device]:
+        """The core's devices (all, or those of ``only``); the failed ones marked failed."""
         devices = []
         for device_id, row in self.rows.items():
+            if only is not None and device_id not in only:
+                continue
             device = to_device(
                 row,
                 self.announces[device_id],
