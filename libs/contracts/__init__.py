@@ -57,7 +57,7 @@ from libs.contracts.device import (
     TelemetrySample,
 )
 from libs.contracts.errors import ContractError
-from libs.contracts.frames import Frame, FrameKind, decode_frame
+from libs.contracts.frames import Frame, FrameKind, decode_frame, step_frame, step_rows
 from libs.contracts.work import (
     Assignment,
     BatchJob,
@@ -71,6 +71,7 @@ from libs.contracts.work import (
     Sampling,
     ShardStatus,
     ShardTask,
+    StepRow,
     TokenChunk,
     shard_ring,
 )
@@ -133,10 +134,13 @@ __all__ = [
     "ScoreUpdate",
     "ShardStatus",
     "ShardTask",
+    "StepRow",
     "Subject",
     "TelemetrySample",
     "TokenChunk",
     "WireModel",
     "decode_frame",
     "shard_ring",
+    "step_frame",
+    "step_rows",
 ]

@@ -6,7 +6,10 @@ Layout (all little-endian)::
     token u32 | meta_len u32 | data_len u32 | id_len u16 | request_id | shape u32×ndim |
     meta | data
 
-``kind`` is what the frame does (see ``FrameKind``); ``position`` is the sequence position of
+Between shards every frame is a ``STEP``: the rows of one batched step of several requests
+(``meta``: a JSON list of ``StepRow``, each naming its request, what its rows are — PREFILL,
+DECODE, TOKEN, END — and how many of ``data``'s rows are its own). ``kind`` is what the frame
+does (see ``FrameKind``); ``position`` is the sequence position of
 the first row of ``data``; ``token`` is a sampled token id (``TOKEN`` frames only); ``meta`` is
 the ``GenerationRequest`` JSON on the first prefill chunk (later shards need its sampling and
 the tokens already streamed) and empty otherwise. A frame is at most ``MAX_MESSAGE_BYTES``:
@@ -20,8 +23,11 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from pydantic import TypeAdapter, ValidationError
+
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.errors import ContractError
+from libs.contracts.work import StepRow
 
 MAGIC = b"TSF1"
 _HEAD = struct.Struct("<4sBBBBIIIIIH")
@@ -32,6 +38,7 @@ _NO_DTYPE = 0
 MAX_FRAME_BYTES = 1024 * 1024
 MAX_NDIM = 4
 _ID = re.compile(TOKEN_PATTERN)
+_STEP_ROWS = TypeAdapter(list[StepRow])
 
 
 class FrameKind(IntEnum):
@@ -39,6 +46,7 @@ class FrameKind(IntEnum):
     DECODE = 2  #: hidden state of the one newest token
     TOKEN = 3  #: the last shard's sampled token, sent back to the first shard
     END = 4  #: the request is over: free its KV cache (meta: the reason)
+    STEP = 5  #: one batched step: ``meta`` lists its ``StepRow``s, ``data`` stacks their rows
 
 
 FINAL = 0x01
@@ -138,3 +146,28 @@ def _check_data(dtype: str | None, shape: tuple[int, ...], size: int) -> None:
 
 def _valid_id(value: str) -> bool:
     return _ID.fullmatch(value) is not None
+
+
+def step_rows(frame: Frame) -> list[StepRow]:
+    """The rows a ``STEP`` frame carries, checked against its data; raises ``ContractError``."""
+    if frame.kind != FrameKind.STEP:
+        raise ContractError("malformed_frame", f"a {frame.kind.name} frame where a STEP belongs")
+    try:
+        rows = _STEP_ROWS.validate_json(frame.meta)
+    except ValidationError as exc:
+        raise ContractError("malformed_frame", f"step rows: {exc}") from None
+    count = sum(r.rows for r in rows)
+    if count != (frame.shape[0] if frame.shape else 0):
+        raise ContractError("malformed_frame", f"rows add to {count}, data has {frame.shape}")
+    return rows
+
+
+def step_frame(
+    epoch: int, rows: list[StepRow], data: bytes = b"", shape: tuple[int, ...] = ()
+) -> Frame:
+    """A ``STEP`` frame of ``rows`` (float32 ``data`` of ``shape`` when they carry states)."""
+    meta = _STEP_ROWS.dump_json(rows, exclude_none=True)
+    dtype = "float32" if shape else None
+    return Frame(
+        FrameKind.STEP, rows[0].request_id, epoch, meta=meta, dtype=dtype, shape=shape, data=data
+    )

@@ -223,6 +223,23 @@ class GenerationRequest(WireModel):
     ts: Timestamp
 
 
+class StepRow(WireModel):
+    """One request's part of a batched step between shards (a ``STEP`` frame's meta).
+
+    ``kind`` is a ``FrameKind``: PREFILL (``rows`` prompt states from ``position``; ``final``
+    on the prompt's last chunk; ``request`` on its first), DECODE (the newest token's state),
+    TOKEN (the last shard's sampled ``token``, back to the first) or END (``reason``)."""
+
+    request_id: RequestId
+    kind: Annotated[int, Field(ge=1, le=4)]
+    position: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    rows: Annotated[int, Field(ge=0, le=4096)] = 0
+    final: bool = False
+    token: Annotated[int, Field(ge=0)] | None = None
+    request: GenerationRequest | None = None
+    reason: Annotated[str, Field(max_length=64)] | None = None
+
+
 class TokenChunk(WireModel):
     """One streamed token (``index`` counts from 0 per request) or the final chunk."""
 

@@ -24,6 +24,8 @@ class ModelSpec:
     bytes_per_param: float
     kv_bytes_per_token_layer: float
     runtime_overhead_gb: float = 0.25
+    #: The LM head is the embedding matrix: a shard holding both ends holds it once.
+    tied: bool = False
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.params_per_layer <= 0 or self.bytes_per_param <= 0:
@@ -35,6 +37,8 @@ class ModelSpec:
 
     def shard_gb(self, layers: int, first: bool, last: bool, context_length: int) -> float:
         extra = (self.embedding_params if first else 0.0) + (self.head_params if last else 0.0)
+        if first and last and self.tied:
+            extra = self.embedding_params
         return (
             layers * self.layer_gb(context_length)
             + extra * self.bytes_per_param / GB
@@ -55,10 +59,19 @@ class ModelSpec:
 
 
 CATALOGUE: dict[str, ModelSpec] = {
-    # SmolLM2-135M-Instruct as the CPU worker runs it: fp32, 30 layers, tied embeddings (the
-    # last shard holds its own copy of the embedding matrix as LM head), 3 KV heads × 64.
+    # SmolLM2-135M-Instruct as the CPU worker runs it by default: int8 weights (one byte per
+    # weight; the per-row scales and float32 norms add 0.4 %), a float32 KV cache, 30 layers,
+    # tied embeddings (the last shard holds its own copy of the embedding matrix as LM head),
+    # 3 KV heads × 64. A worker set to float32 (TESSERA_WORKER_PRECISION) needs 4 bytes.
     "smollm2-135m-instruct": ModelSpec(
-        "smollm2-135m-instruct", 30, 3_540_096, 28_311_552, 28_311_552, 4.0, 2 * 3 * 64 * 4
+        "smollm2-135m-instruct",
+        30,
+        3_540_096,
+        28_311_552,
+        28_311_552,
+        1.0,
+        2 * 3 * 64 * 4,
+        tied=True,
     ),
     # Llama 3.2 1B in fp16: 16 layers, tied embeddings, 8 KV heads × 64.
     "llama-3.2-1b-instruct": ModelSpec(

@@ -334,8 +334,8 @@ class Chaos:
 
     def _seen_through(self, device_id: str) -> bool:
         """The lie is seen through: what the scorer now believes of the device's speed is
-        within 2× of the truth (the devices' measurements differ that much: one serves, the
-        other measured its warm-up)."""
+        within 2× of the truth (both devices measure one-row steps, so they differ by little
+        more than the noise of a shared machine)."""
         try:
             scale = self._row(device_id).speed_scale
         except (redis.RedisError, ContractError):

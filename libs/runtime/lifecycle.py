@@ -20,7 +20,8 @@ READY_MESSAGE = "ready"
 
 
 def announce_ready(service: str, **details: object) -> None:
-    """Log the readiness line the launcher and the tests wait for."""
+    """Log the readiness line the launcher and the tests wait for. Flush the NATS connection
+    first: a subscription not yet at the server would miss what is sent right after."""
     log.info(READY_MESSAGE, extra={"ready_service": service, **details})
 
 

@@ -59,7 +59,8 @@ class LauncherSettings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     devices: int = Field(6, ge=0, le=100_000)
     workers: int = Field(2, ge=0, le=64)
-    vllm_workers: int = Field(0, ge=0, le=16)
+    #: Unset: one when this machine has an NVIDIA GPU and the vLLM virtualenv, else none.
+    vllm_workers: int | None = Field(None, ge=0, le=16)
     scheduler_replicas: int = Field(1, ge=1, le=5)
     #: Unset: a free port (the run file records it).
     scheduler_http_port: int | None = Field(None, ge=1, le=65535)

@@ -54,6 +54,7 @@ async def main(stop: asyncio.Event, settings: BatchSettings) -> None:
         await bus.subscribe(PLACEMENT_REQUEST, on_request),
         await bus.subscribe(PLACEMENT_DECISION, on_decision),
     ]
+    await nc.flush()  # the server holds our subscriptions before we say ready
     announce_ready("batch")
     await stop.wait()
     for sub in subs:

@@ -60,6 +60,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         watch = await routes.watch(bus, metrics.on_rejected)
         hub = EventHub(app.state.redis, Keys(settings.key_prefix), metrics.recent_ttft)
         watch += await hub.watch(bus, metrics.on_rejected)
+        await nc.flush()  # the server holds our subscriptions before the app serves
         app.state.events = hub
         client = GenerationClient(
             bus, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected

@@ -62,6 +62,7 @@ async def main(stop: asyncio.Event, settings: SchedulerSettings) -> None:
         if following:
             log.warning("took over as leader", extra={"replica": settings.replica, "url": url})
         else:
+            await nc.flush()  # the server holds our subscriptions before we say ready
             announce_ready("scheduler", url=url, role="leader", replica=settings.replica)
         waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,7 @@ async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
     async with connected(settings, "scorer") as (nc, redis):
         scorer = Scorer(settings, NatsBus(nc), redis, metrics)
         await scorer.start()
+        await nc.flush()  # the server holds our subscriptions before we say ready
         announce_ready("scorer", metrics_port=port)
         await stop.wait()
         await scorer.stop()

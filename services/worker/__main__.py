@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ def make_worker(
     folder: Path,
     settings: WorkerSettings,
     metrics: WorkerMetrics,
+    compute: ThreadPoolExecutor | None = None,
 ) -> DeviceWorker:
     """The worker of the configured engine (each imports only what it needs)."""
     if settings.engine == "vllm":
@@ -78,7 +80,14 @@ def make_worker(
             metrics=metrics,
         )
     return Worker(
-        bus, device, folder, max_active=settings.max_active, park_s=settings.park_s, metrics=metrics
+        bus,
+        device,
+        folder,
+        precision=settings.precision,
+        max_active=settings.max_active,
+        park_s=settings.park_s,
+        metrics=metrics,
+        compute=compute,
     )
 
 
@@ -88,17 +97,20 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()
     serve_metrics(metrics.registry, settings.metrics_port)
-    folder = await asyncio.to_thread(prepare, cache_dir=settings.model_dir)
+    # One thread runs every torch call of this process (see Worker.compute).
+    torch_thread = ThreadPoolExecutor(1, thread_name_prefix="torch")
+    loop = asyncio.get_running_loop()
+    folder = await loop.run_in_executor(torch_thread, lambda: prepare(cache_dir=settings.model_dir))
     host = None
     if settings.engine == "torch":
-        host = await asyncio.to_thread(cached, settings.cache_dir)
+        host = await loop.run_in_executor(torch_thread, cached, settings.cache_dir)
     device = make_device(settings, time.time(), host)
     nc = await connect_nats(
         settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca
     )
     bus = NatsBus(nc)
     await ensure_streams(nc)
-    worker = make_worker(bus, device, folder, settings, metrics)
+    worker = make_worker(bus, device, folder, settings, metrics, torch_thread)
     await worker.start()
     if settings.preload and isinstance(worker, Worker):
         await worker.preload()
@@ -111,6 +123,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
 
     background.every(5.0, expire)
     background.every(settings.interval_s, worker.tick)
+    await nc.flush()  # the server holds our subscriptions before we say ready
     announce_ready(
         "worker",
         device_id=device.device_id,

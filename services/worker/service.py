@@ -8,10 +8,11 @@ One process stands in for one device. It listens on its device's subjects, throu
 - ``CANCEL``: drop a request everywhere.
 
 Work for a shard that is still loading (a newer epoch) is parked, not lost; work for an older
-epoch is dropped. Compute runs one step at a time in a thread, in arrival order, so steps of
-concurrent requests interleave (iteration-level scheduling). A slower emulated class sleeps in
-proportion to each step's compute. The device's telemetry (announce, samples, heartbeats)
-comes from the same process, so killing the worker is a device failure the scheduler sees.
+epoch is dropped. Compute runs on one thread: each step takes everything that arrived since
+the last and runs all of a shard's active requests as one batch (continuous batching, see
+engine.py). A slower emulated class sleeps in proportion to each step's compute. The device's
+telemetry (announce, samples, heartbeats) comes from the same process, so killing the worker
+is a device failure the scheduler sees.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import (
@@ -34,22 +35,24 @@ from libs.contracts import (
     HIDDEN,
     ContractError,
     Frame,
-    FrameKind,
     GenerationCancel,
     GenerationRequest,
     ShardTask,
-    TokenChunk,
+    StepRow,
     decode_frame,
+    step_rows,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.shard import ShardModel, shard_bytes
+from libs.models.shard import DEFAULT_PRECISION, ShardModel, shard_bytes
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
-from libs.runtime.tracing import carried, step
+from libs.runtime.tracing import TRACEPARENT, carried, step
+from services.worker.actions import Action, Emit
 from services.worker.base import DeviceWorker, failure
-from services.worker.engine import Action, Emit, Send, ShardEngine
+from services.worker.engine import ShardEngine
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
 MEMORY_SHARE = 0.8
@@ -67,6 +70,7 @@ class Item:
     epoch: int
     request: GenerationRequest | None = None
     frame: Frame | None = None
+    rows: list[StepRow] = dataclasses.field(default_factory=list)  #: the frame's
     parked_at: float = 0.0
     #: The trace context it came with (a new request, a prefill frame); None when untraced.
     headers: dict[str, str] | None = None
@@ -81,15 +85,18 @@ class Worker(DeviceWorker):
         device: EmulatedDevice,
         folder: Path,
         *,
+        precision: str = DEFAULT_PRECISION,
         max_active: int = 16,
         park_s: float = 60.0,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        compute: ThreadPoolExecutor | None = None,
     ) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
         super().__init__(bus, device, metrics, clock)
         self.folder = folder
+        self.precision = precision
         self.max_active = max_active
         self.park_s = park_s
         self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
@@ -101,9 +108,14 @@ class Worker(DeviceWorker):
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        #: The trace context of a traced request's first item, until its step runs.
+        self.traced: dict[str, dict[str, str]] = {}
         self._task: asyncio.Task[None] | None = None
-        #: Every step runs on this one thread: its caches and torch's thread state stay warm.
-        self.compute = ThreadPoolExecutor(1, thread_name_prefix="compute")
+        #: Every torch call (loading, warm-up, steps) runs on this one thread. Torch's OpenMP
+        #: keeps a team of threads per calling thread; a second team (a model loaded on another
+        #: thread) makes libgomp, seeing more threads than cores, stop spinning between parallel
+        #: regions: steps at 2 threads ran 35 % slower, at 1 thread's speed (measured here).
+        self.compute = compute or ThreadPoolExecutor(1, thread_name_prefix="torch")
         #: (floating-point operations, seconds) of the last steps: the speed this device
         #: measures, which the scorer trusts over what it announced.
         self.steps: collections.deque[tuple[int, float]] = collections.deque(maxlen=STEPS_KEPT)
@@ -136,8 +148,8 @@ class Worker(DeviceWorker):
             return  # a repeat, or older than what runs here
         started = time.monotonic()
         try:
-            need = await asyncio.to_thread(
-                shard_bytes, self.folder, task.layer_start, task.layer_end
+            need = await self._torch(
+                shard_bytes, self.folder, task.layer_start, task.layer_end, self.precision
             )
             room = self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9
             if need > room:
@@ -155,7 +167,7 @@ class Worker(DeviceWorker):
             return
         route = task.route or (task.device_id,)
         self.engines[task.deployment_id] = ShardEngine(
-            model, task, route, self.tokenizer, self.stop_ids, self.clock
+            model, task, route, self.tokenizer, self.stop_ids, self.clock, self.max_active
         )
         self.device.assign(work_key(task), shard_intensity(task))
         self._update_gauges()
@@ -172,12 +184,18 @@ class Worker(DeviceWorker):
         await self.status(task, "loaded", load_s=load_s)
         self._unpark(task.deployment_id)
 
+    async def _torch(self, function: Callable[..., T], *args: object) -> T:
+        """``function(*args)`` on the torch thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.compute, function, *args)
+
     async def model(self, start: int, end: int) -> ShardModel:
         """The layers ``[start, end)``, loaded once: a shard this worker held before (or the
         whole model it preloaded) is ready at once when the scheduler moves work here."""
         key = (start, end)
         if key not in self.models:
-            self.models[key] = await asyncio.to_thread(ShardModel, self.folder, start, end)
+            self.models[key] = await self._torch(
+                ShardModel, self.folder, start, end, self.precision
+            )
             while len(self.models) > MODELS_KEPT:
                 self.models.pop(next(iter(self.models)))  # the least recently used
         self.models[key] = self.models.pop(key)  # most recently used last
@@ -188,10 +206,10 @@ class Worker(DeviceWorker):
         from transformers import AutoConfig
 
         layers = int(AutoConfig.from_pretrained(self.folder).num_hidden_layers)
-        need = await asyncio.to_thread(shard_bytes, self.folder, 0, layers)
+        need = await self._torch(shard_bytes, self.folder, 0, layers, self.precision)
         if need <= self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9:
             model = await self.model(0, layers)
-            await asyncio.get_running_loop().run_in_executor(self.compute, self._warm_up, model)
+            await self._torch(self._warm_up, model)
             log.info(
                 "preloaded the whole model",
                 extra={"layers": layers, "gflops": round(self.device.measured_gflops or 0, 2)},
@@ -200,17 +218,17 @@ class Worker(DeviceWorker):
     def _warm_up(self, model: ShardModel) -> None:
         """Two short generations (a 24-token prompt, 8 tokens: a chat request's shape) on
         ``model``: the first warms it (real work then runs at full speed at once), the second
-        measures the device's speed before any real work does."""
+        measures the device's speed on its one-row decode steps before any real work does."""
         import torch
 
         for measure in (False, True):
             cache = model.new_cache()
-            before, started = model.flops, time.perf_counter()
             logits = model.forward(torch.arange(1, 25).unsqueeze(0), cache)
             for _ in range(8):
+                before, started = model.flops, time.perf_counter()
                 logits = model.forward(logits.argmax(-1, keepdim=True), cache)
-            if measure:
-                self._measured(model.flops - before, time.perf_counter() - started)
+                if measure:
+                    self._measured(model.flops - before, time.perf_counter() - started)
 
     def _measured(self, flops: int, busy_s: float) -> None:
         """Record a step's work; the emulated class's slowdown counts as its time."""
@@ -226,23 +244,22 @@ class Worker(DeviceWorker):
             if not engine.first:
                 log.warning("request sent to a shard that is not first", extra=_ids(request))
                 return
-            if len(engine.live) >= self.max_active:
+            if engine.full:
                 self.metrics.refused.inc()
-                await self.emit(
-                    failure(request, f"{self.device_id} is busy: {self.max_active} requests")
-                )
+                await self.emit(failure(request, engine.busy()))
                 return
         self._accept(Item(request.deployment_id, request.epoch, request=request, headers=carried()))
 
     async def on_hidden(self, delivery: Delivery) -> None:
         try:
             frame = decode_frame(delivery.data)
+            rows = step_rows(frame)
             deployment_id = HIDDEN.token_of(delivery.subject, "deployment_id")
         except ContractError as exc:
             self.refuse(HIDDEN.name, exc)
             return
         headers = dict(delivery.headers) if delivery.headers else None
-        self._accept(Item(deployment_id, frame.epoch, frame=frame, headers=headers))
+        self._accept(Item(deployment_id, frame.epoch, frame=frame, rows=rows, headers=headers))
 
     async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         deployment_id = CANCEL.token_of(delivery.subject, "deployment_id")
@@ -286,65 +303,66 @@ class Worker(DeviceWorker):
 
     # -- the compute loop -------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Take everything that arrived, then step each engine with work: all its requests in
+        one batch. Whatever arrives during a step joins the next one."""
         while True:
-            item = await self.queue.get()
-            engine = self.engines.get(item.deployment_id)
-            if engine is None or engine.epoch != item.epoch:
-                continue
-            rid = item.request.request_id if item.request else item.frame.request_id  # type: ignore[union-attr]
-            if rid in self.cancelled:
-                continue
-            task = engine.task
-            attributes: dict[str, str | int] = {
-                "gen_ai.operation.name": "text_completion",
-                "gen_ai.request.model": task.model,
-                "tessera.device_id": self.device_id,
-                "tessera.shard_index": task.shard_index,
-                "tessera.layers": f"{task.layer_start}-{task.layer_end}",
-            }
-            # Traced: a request's first step on each shard (decode steps carry no context).
-            with step(f"shard {task.shard_index} step", item.headers, **attributes):
-                await self._step(loop, item, engine, rid)
+            if not any(e.ready for e in self.engines.values()):
+                await self._take(await self.queue.get())
+            while not self.queue.empty():
+                await self._take(self.queue.get_nowait())
+            for deployment_id, engine in list(self.engines.items()):
+                if engine.ready:
+                    await self._step(deployment_id, engine)
             self._update_gauges()
 
-    async def _step(
-        self, loop: asyncio.AbstractEventLoop, item: Item, engine: ShardEngine, rid: str
-    ) -> None:
-        started, flops = time.monotonic(), engine.model.flops
-        try:
-            if item.request is not None:
-                actions = await loop.run_in_executor(self.compute, engine.begin, item.request)
-            else:
-                assert item.frame is not None
-                actions = await loop.run_in_executor(self.compute, engine.on_frame, item.frame)
-        except Exception as exc:
-            log.exception("shard step failed", extra={"request_id": rid})
-            engine.cancel(rid)
-            message = f"{type(exc).__name__}: {exc}"
-            actions = [Emit(TokenChunk.failure(rid, 0, engine.epoch, message, time.time()))]
-        busy = time.monotonic() - started
-        self.metrics.step_seconds.observe(busy)
-        self._measured(engine.model.flops - flops, busy)
-        if self.device.speed_factor < 1.0:  # emulate a slower device class
-            await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
-        await self._dispatch(item.deployment_id, actions)
+    async def _take(self, item: Item) -> None:
+        engine = self.engines.get(item.deployment_id)
+        if engine is None or engine.epoch != item.epoch:
+            return
+        if item.headers and TRACEPARENT in item.headers:
+            self.traced.setdefault(item.deployment_id, item.headers)
+        if item.request is not None:
+            if item.request.request_id not in self.cancelled:
+                await self._dispatch(item.deployment_id, engine.admit(item.request))
+        else:
+            assert item.frame is not None
+            engine.receive(item.frame, item.rows, self.cancelled)
+
+    async def _step(self, deployment_id: str, engine: ShardEngine) -> None:
+        task = engine.task
+        attributes: dict[str, str | int] = {
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.request.model": task.model,
+            "tessera.device_id": self.device_id,
+            "tessera.shard_index": task.shard_index,
+            "tessera.layers": f"{task.layer_start}-{task.layer_end}",
+        }
+        # Traced: a step that runs a traced request's first rows (decode steps carry none).
+        with step(
+            f"shard {task.shard_index} step", self.traced.pop(deployment_id, None), **attributes
+        ):
+            started, flops = time.monotonic(), engine.model.flops
+            actions = await self._torch(engine.step)
+            busy = time.monotonic() - started
+            self.metrics.step_seconds.observe(busy)
+            if engine.rows == 1:  # like for like: one-row steps, as in the warm-up
+                self._measured(engine.model.flops - flops, busy)
+            if self.device.speed_factor < 1.0:  # emulate a slower device class
+                await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
+            await self._dispatch(deployment_id, actions)
 
     async def _dispatch(self, deployment_id: str, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Emit):
                 await self.emit(action.chunk)
-            elif isinstance(action, Send):
-                if action.device_id == self.device_id:
-                    self._accept(Item(deployment_id, action.frame.epoch, frame=action.frame))
-                else:
-                    subject = HIDDEN.subject(
-                        deployment_id=deployment_id, device_id=action.device_id
-                    )
-                    # Only a request's prefill carries its trace on: decode steps stay untraced.
-                    prefill = action.frame.kind == FrameKind.PREFILL
-                    headers = carried() if prefill else None
-                    await self.bus.publish_bytes(subject, action.frame.encode(), headers)
+            elif action.device_id == self.device_id:
+                rows = step_rows(action.frame)
+                self._accept(Item(deployment_id, action.frame.epoch, frame=action.frame, rows=rows))
+            else:
+                subject = HIDDEN.subject(deployment_id=deployment_id, device_id=action.device_id)
+                # Only a step with a request's first rows carries its trace on.
+                headers = carried() if action.opens else None
+                await self.bus.publish_bytes(subject, action.frame.encode(), headers)
 
     def _update_gauges(self) -> None:
         depth = self.queue.qsize() + len(self.parked)

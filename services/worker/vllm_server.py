@@ -94,10 +94,21 @@ class VllmServer:
                 raise VllmError(f"vllm exited with {self.proc.returncode}: {self.tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if (await self.http.get("/health", timeout=2.0)).status_code == 200:
-                    return time.monotonic() - started
+                    break
             await asyncio.sleep(0.5)
-        await self.stop()
-        raise VllmError(f"vllm did not answer within {timeout_s:.0f} s: {self.tail()}")
+        else:
+            await self.stop()
+            raise VllmError(f"vllm did not answer within {timeout_s:.0f} s: {self.tail()}")
+        # Up is not serving: the engine's first forward pass (graph capture, kernel choice)
+        # takes seconds to a minute, so the worker is ready once the engine has answered.
+        try:
+            async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
+                async for _ in self.complete([0], Sampling(max_tokens=1), 1):
+                    pass
+        except (TimeoutError, httpx.HTTPError, VllmError) as exc:
+            await self.stop()
+            raise VllmError(f"vllm did not answer a first request: {exc!r} {self.tail()}") from exc
+        return time.monotonic() - started
 
     def tail(self, lines: int = 8) -> str:
         if self.log_path is None or not self.log_path.exists():

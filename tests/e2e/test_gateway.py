@@ -80,6 +80,21 @@ def ask(client: openai.OpenAI, text: str, **kw: object):  # type: ignore[no-unty
     )
 
 
+def test_the_first_request_after_ready_streams_its_first_token_within_a_second(
+    cluster: RunningCluster, client: openai.OpenAI
+) -> None:
+    # First in this module: `ready` was printed only after the model answered, so the very
+    # first user request finds its shards loaded and warm.
+    assert any("answered in" in line for line in cluster.lines)
+    sent = time.monotonic()
+    stream = ask(client, "Hello!", max_tokens=4, temperature=0, stream=True)
+    first = next(c for c in stream if c.choices and c.choices[0].delta.content)
+    waited = time.monotonic() - sent
+    stream.close()
+    assert first.choices[0].delta.content
+    assert waited < 1.0, f"first token after {waited:.2f} s"
+
+
 def test_models_lists_the_deployed_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
 
@@ -235,16 +250,25 @@ def test_a_killed_worker_is_survived_and_the_stream_continues(
     cluster: RunningCluster, client: openai.OpenAI
 ) -> None:
     host, pid = serving_worker(cluster)
-    expected = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0)
-    want = expected.choices[0].message.content
-    parts: list[str] = []
-    stream = ask(client, "Write a story about a fox.", max_tokens=40, temperature=0, stream=True)
-    for i, chunk in enumerate(stream):
-        if chunk.choices:
-            parts.append(chunk.choices[0].delta.content or "")
-        if i == 5:
-            os.kill(pid, signal.SIGKILL)
-    assert "".join(parts) == want  # complete, nothing repeated
+
+    def pieces(kill_at: int | None = None) -> list[str]:
+        parts: list[str] = []
+        stream = ask(
+            client, "Write a story about a fox.", max_tokens=40, temperature=0, stream=True
+        )
+        for i, chunk in enumerate(stream):
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+            if i == kill_at:
+                os.kill(pid, signal.SIGKILL)
+        return parts
+
+    want = pieces()
+    got = pieces(kill_at=5)
+    # Complete, nothing repeated or missing: a piece per token, the same before the failure.
+    # After it, the resumed run prefills the streamed tokens as one chunk, which may flip a
+    # bfloat16 near tie further on (tests/integration/test_pipeline.py checks that on tokens).
+    assert len(got) == len(want) and got[:6] == want[:6]
     cluster.wait_for(f"{host} exited", 10)
     deadline = time.monotonic() + 30
     while host in [a["device_id"] for p in placements(cluster) for a in p["assignments"]]:

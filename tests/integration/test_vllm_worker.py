@@ -84,15 +84,18 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
     book.set(Route.of_tasks(tasks))
     client = GenerationClient(NatsBus(nc), book)
     tokenizer = AutoTokenizer.from_pretrained(prepare())
+    first_token_s: list[float] = []
     for text in PROMPTS:
         ids = encode_chat(tokenizer, [{"role": "user", "content": text}])
         want = reference_tokens(ids)
-        chunks = [
-            c
-            async for c in client.stream(
-                deployment, uuid.uuid4().hex[:12], ids, Sampling(max_tokens=NEW_TOKENS)
-            )
-        ]
+        chunks = []
+        sent = time.monotonic()
+        async for c in client.stream(
+            deployment, uuid.uuid4().hex[:12], ids, Sampling(max_tokens=NEW_TOKENS)
+        ):
+            if not chunks:
+                first_token_s.append(time.monotonic() - sent)
+            chunks.append(c)
         got = [c.token_id for c in chunks if c.token_id is not None]
         assert got == want, text  # vLLM's greedy tokens are the whole model's
         assert [c.index for c in chunks if c.token_id is not None] == list(range(len(got)))
@@ -116,6 +119,10 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
         rest = await run(nc, resumed)
         assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
         assert rest[0].index == half and rest[-1].completion_tokens == len(want)
+
+    # "loaded" means the engine has answered: the first request after it does not wait for
+    # vLLM's first forward pass (tens of seconds when it was only up; a few tenths now).
+    assert first_token_s[0] < 5.0, first_token_s
 
     # A layer shard is not vLLM's to serve: refused, with the reason.
     split = shard_tasks("dep-split", MODEL_NAME, (DEVICE, "vw-gone"), even_split(30, 2), epoch=1)

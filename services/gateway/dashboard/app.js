@@ -3,7 +3,10 @@
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
-const state = { devices: new Map(), stats: [], key: sessionStorage.getItem("tessera-key") || "" };
+const state = {
+  devices: new Map(), stats: [], key: sessionStorage.getItem("tessera-key") || "",
+  feed: null, // the AbortController of the open event stream: signing out closes it
+};
 const DIMENSIONS = ["total", "compute", "memory", "efficiency", "network", "stability"];
 const HISTORY = 150; // stats points kept (5 minutes at one every 2 s)
 
@@ -40,6 +43,8 @@ function showLogin(message = "") {
   $("#logout").hidden = true;
   $("#login-error").textContent = message;
   $("#status").textContent = "signed out";
+  state.feed?.abort();
+  state.feed = null;
   state.devices.clear();
   $("#fleet tbody").replaceChildren();
 }
@@ -244,19 +249,25 @@ async function readEvents(response, onData) {
 }
 
 async function follow() {
+  state.feed?.abort();
+  const feed = new AbortController();
+  state.feed = feed;
   try {
-    const response = await fetch("/v1/cluster/events", { headers: headers() });
+    const response = await fetch("/v1/cluster/events", { headers: headers(), signal: feed.signal });
     if (response.status === 401) return showLogin("that key was refused");
     if (!response.ok) throw new Error(response.statusText);
     $("#status").textContent = "live";
     $("#status").className = "live";
-    await readEvents(response, (data) => onEvent(JSON.parse(data)));
+    // An event already read when the user signs out is dropped, never drawn on the login page.
+    await readEvents(response, (data) => feed.signal.aborted || onEvent(JSON.parse(data)));
   } catch (error) {
+    if (feed.signal.aborted) return;
     console.warn("event stream", error);
   }
+  if (feed.signal.aborted) return;
   $("#status").textContent = "reconnecting…";
   $("#status").className = "muted";
-  setTimeout(follow, 1000);
+  setTimeout(() => state.feed === feed && follow(), 1000);
 }
 
 // -- chat ---------------------------------------------------------------------------------------
