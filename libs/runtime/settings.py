@@ -47,6 +47,8 @@ class ServiceSettings(BaseSettings):
     )
     #: Port of the service's /metrics and /healthz endpoint; 0 picks a free one, -1 turns it off.
     metrics_port: int = Field(-1, ge=-1, le=65535)
+    #: Address that endpoint listens on (0.0.0.0 in a container, for Prometheus to reach it).
+    metrics_host: str = Field("127.0.0.1", validation_alias=_shared("TESSERA_METRICS_HOST"))
 
 
 class LauncherSettings(BaseSettings):

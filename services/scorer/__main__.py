@@ -19,7 +19,7 @@ from services.scorer.settings import ScorerSettings
 async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
     instrument(configure_tracing("scorer", settings.otlp_endpoint))
     metrics = ScorerMetrics.create()
-    port = serve_metrics(metrics.registry, settings.metrics_port)
+    port = serve_metrics(metrics.registry, settings.metrics_port, settings.metrics_host)
     async with connected(settings, "scorer") as (nc, redis):
         scorer = Scorer(settings, NatsBus(nc), redis, metrics)
         await scorer.start()

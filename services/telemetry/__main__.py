@@ -34,7 +34,7 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
     published = Counter(
         "tessera_telemetry_published", "Telemetry samples published", registry=registry
     )
-    serve_metrics(registry, settings.metrics_port)
+    serve_metrics(registry, settings.metrics_port, settings.metrics_host)
     nc = await connect_nats(settings.nats_url, "telemetry", ca_file=settings.nats_ca)
     run: Callable[[asyncio.Event], Awaitable[None]]
     if settings.mode == "host":

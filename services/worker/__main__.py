@@ -96,7 +96,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
 
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()
-    serve_metrics(metrics.registry, settings.metrics_port)
+    serve_metrics(metrics.registry, settings.metrics_port, settings.metrics_host)
     # One thread runs every torch call of this process (see Worker.compute).
     torch_thread = ThreadPoolExecutor(1, thread_name_prefix="torch")
     loop = asyncio.get_running_loop()

@@ -178,3 +178,26 @@ def test_redis_refuses_anyone_without_a_password(acl_redis: RedisServer) -> None
     wrong = acl_redis.url.replace("redis://", "redis://gateway:wrong@")
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis.from_url(wrong).ping()
+
+
+def test_the_batch_user_carries_a_celery_task_through_a_device_queue(
+    acl_redis: RedisServer,
+) -> None:
+    """Celery's Redis transport as the batch user: the task sent to a device's queue arrives.
+    The queue expires, as a Celery worker's control queues do: binding one runs kombu's Lua
+    script, which reads the server's clock (a worker crash-looped without ``+time``)."""
+    from kombu import Exchange, Queue
+
+    from services.batch.app import make_app, queue_of
+    from services.batch.settings import BatchSettings
+
+    app = make_app(BatchSettings(broker_url=ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch")))
+    name = queue_of("dev-a")
+    queue = Queue(name, Exchange(name, type="direct"), routing_key=name, expires=60.0)
+    with app.connection_for_write() as conn:
+        with conn.SimpleQueue(queue) as consumer:
+            app.send_task("tessera.train", args=["job-1", 1], queue=name, connection=conn)
+            message = consumer.get(timeout=5)
+            message.ack()
+    assert message.headers["task"] == "tessera.train"
+    assert message.headers["argsrepr"].startswith("['job-1'")

@@ -1,0 +1,335 @@
+"""``make compose-test``: docker-compose.yml run for real and checked as a user would.
+
+Installs Docker from Debian when missing, starts ``dockerd`` if none runs, makes the base images
+Docker Hub cannot give here (``deploy/images/build.sh``) and the project's image, brings the
+stack up with fresh credentials, checks it, and takes everything down again (containers,
+networks, volumes) whatever happened. Each check prints its name and its time; a failure prints
+the last log lines of the service it concerns. Built images stay: a second run reuses them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCESS = ROOT / "deploy" / "access"
+WHEELS = ROOT / "deploy" / "images" / "wheels"
+PROJECT = "tessera-compose-test"
+MODEL = "smollm2-135m-instruct"
+GATEWAY = "http://127.0.0.1:8000"
+PROMETHEUS = "http://127.0.0.1:9090"
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Name three colours of the rainbow."}
+]
+#: Left out here: their images come only from Docker Hub (profile `tracing`) or need a GPU.
+LEFT_OUT = {"otel-collector", "jaeger", "vllm-worker"}
+
+T = TypeVar("T")
+
+
+class CheckFailed(Exception):
+    def __init__(self, message: str, service: str = "") -> None:
+        super().__init__(message)
+        self.service = service
+
+
+def run(*args: str, check: bool = True, quiet: bool = False) -> str:
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise CheckFailed(
+            f"{' '.join(args[:3])} … failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    if not quiet and done.stdout.strip():
+        print("\n".join(f"   {line.strip()}" for line in done.stdout.splitlines()), flush=True)
+    return done.stdout
+
+
+@contextmanager
+def step(name: str) -> Iterator[None]:
+    started = time.monotonic()
+    print(f"-- {name}", flush=True)
+    yield
+    print(f"ok {name} ({time.monotonic() - started:.1f} s)", flush=True)
+
+
+def until(what: str, probe: Callable[[], T | None], timeout_s: float, service: str = "") -> T:
+    """``probe()``'s first answer that is not None (exceptions count as not yet), polled every
+    second; ``service`` is the one whose logs to show when it never comes."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            if (answer := probe()) is not None:
+                return answer
+        except Exception as exc:  # the service is not there yet
+            last = exc
+        time.sleep(1.0)
+    raise CheckFailed(f"{what} not within {timeout_s:.0f} s (last: {last})", service)
+
+
+# -- the engine and the images ---------------------------------------------------------------
+def docker_client() -> str:
+    """A client that builds with BuildKit: one with buildx, else Debian's 20.10 (built in)."""
+    buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True)
+    return (
+        "docker"
+        if buildx.returncode == 0 or not Path("/usr/bin/docker").exists()
+        else "/usr/bin/docker"
+    )
+
+
+def engine() -> None:
+    if shutil.which("dockerd") is None:
+        print(
+            "   installing Docker from Debian (docker.io, docker-compose, debootstrap)", flush=True
+        )
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        packages = ["docker.io", "docker-compose", "debootstrap"]
+        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        log = (ROOT / "test-artifacts").resolve()
+        log.mkdir(exist_ok=True)
+        print(f"   starting dockerd (log: {log}/dockerd.log)", flush=True)
+        with open(log / "dockerd.log", "ab") as out:
+            subprocess.Popen(["dockerd"], stdout=out, stderr=out, start_new_session=True)
+        until(
+            "dockerd",
+            lambda: subprocess.run(["docker", "info"], capture_output=True).returncode == 0 or None,
+            60,
+        )
+
+
+def compose_command() -> list[str]:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"]
+
+
+def pip_setting(name: str) -> str:
+    """pip's setting ``name`` as pip sees it here (its environment first, then its files)."""
+    pip = ROOT / ".venv" / "bin" / "pip"
+    listed = subprocess.run([str(pip), "config", "list"], capture_output=True, text=True).stdout
+    values = dict(line.split("=", 1) for line in listed.splitlines() if "=" in line)
+    for scope in (":env:", "global", "install"):
+        if value := values.get(f"{scope}.{name}", "").strip("'\""):
+            return value
+    return ""
+
+
+def project_image(docker: str) -> None:
+    """tessera:latest; where pip is configured with a local wheel folder holding CPU torch (the
+    PyTorch index is not reachable), that wheel is preferred; pip's CA bundle is a build secret."""
+    args = [docker, "build", "--target", "cpu", "-t", "tessera:latest"]
+    for folder in pip_setting("find-links").split():
+        for wheel in Path(folder).glob("torch-*+cpu-*.whl"):
+            if not (WHEELS / wheel.name).exists():
+                shutil.copy2(wheel, WHEELS / wheel.name)
+            args += ["--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple"]
+            print(f"   torch from {wheel}", flush=True)
+    if cert := pip_setting("cert"):
+        args += ["--secret", f"id=pip_cert,src={cert}"]
+    done = subprocess.run(
+        [*args, "."],
+        cwd=ROOT,
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise CheckFailed(f"the image did not build:\n{done.stderr[-3000:]}")
+    size = run(docker, "image", "inspect", "-f", "{{.Size}}", "tessera:latest", quiet=True)
+    print(f"   tessera:latest: {int(size) / 1e9:.2f} GB", flush=True)
+
+
+# -- the stack -----------------------------------------------------------------------------
+class Stack:
+    def __init__(self) -> None:
+        self.compose = [*compose_command(), "-p", PROJECT, "--env-file", str(ACCESS / "access.env")]
+        env = dict(line.split("=", 1) for line in (ACCESS / "access.env").read_text().splitlines())
+        self.key = env["TESSERA_API_KEY"]
+        self.http = httpx.Client(
+            base_url=GATEWAY, headers={"Authorization": f"Bearer {self.key}"}, timeout=10
+        )
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        return run(*self.compose, *args, check=check, quiet=True)
+
+    def container(self, service: str) -> str:
+        return self("ps", "-q", service).strip()
+
+    def states(self) -> dict[str, str]:
+        """Each running service's state: its health where it has a healthcheck."""
+        states = {}
+        for service in self("config", "--services").split():
+            if service in LEFT_OUT or not (cid := self.container(service)):
+                continue
+            info = json.loads(run("docker", "inspect", cid, quiet=True))[0]["State"]
+            health = info.get("Health", {}).get("Status")
+            states[service] = health or f"{info['Status']} (exit {info['ExitCode']})"
+        return states
+
+    def logs(self, service: str, lines: int = 40) -> str:
+        return self("logs", "--no-color", "--tail", str(lines), service, check=False)
+
+    def down(self) -> None:
+        self("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)
+
+
+def all_healthy(stack: Stack) -> dict[str, str] | None:
+    states = stack.states()
+    waiting = {s: v for s, v in states.items() if v != "healthy" and v != "exited (exit 0)"}
+    for service, state in waiting.items():
+        if state == "unhealthy" or (state.startswith("exited") and service != "deploy"):
+            raise CheckFailed(f"{service} is {state}", service)
+    return None if waiting or "deploy" not in states else states
+
+
+def placement(stack: Stack, avoiding: str = "") -> list[str] | None:
+    """The devices of the model's shards; None while not placed (or still on ``avoiding``)."""
+    for deployment in stack.http.get("/v1/cluster/placements").raise_for_status().json():
+        devices = [a["device_id"] for a in deployment["assignments"]]
+        if deployment["deployment_id"] == MODEL and devices and avoiding not in devices:
+            return devices
+    return None
+
+
+def stream(
+    client: OpenAI, on_piece: Callable[[int], None] = lambda n: None
+) -> tuple[str, list[float]]:
+    """The greedy answer streamed, and when each piece arrived (monotonic)."""
+    pieces: list[str] = []
+    times: list[float] = []
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=PROMPT, max_tokens=48, temperature=0, stream=True
+    )
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            times.append(time.monotonic())
+            on_piece(len(pieces))
+    return "".join(pieces), times
+
+
+def check_stack(stack: Stack, docker: str, up_at: float) -> None:
+    client = OpenAI(base_url=f"{GATEWAY}/v1", api_key=stack.key, max_retries=0, timeout=120)
+    with step("every service healthy (deploy ran once and exited 0)"):
+        states = until("every service healthy", lambda: all_healthy(stack), 600)
+        print(f"   {json.dumps(states)}", flush=True)
+    with step(f"{MODEL} deployed on the worker containers"):
+        devices = until("a placement", lambda: placement(stack), 60, "deploy")
+        print(f"   shards on {devices}", flush=True)
+    with step("first token through the gateway"):
+        first = until("a first token", lambda: stream(client)[1][0], 120, "gateway")
+        print(f"   {first - up_at:.1f} s from `up` to the first token", flush=True)
+    with step("openai client: models, chat, streaming"):
+        models = [m.id for m in client.models.list()]
+        if MODEL not in models:
+            raise CheckFailed(f"{MODEL} not in /v1/models: {models}", "gateway")
+        chat = client.chat.completions.create(
+            model=MODEL, messages=PROMPT, max_tokens=48, temperature=0
+        )
+        reference = chat.choices[0].message.content or ""
+        streamed, _ = stream(client)
+        if streamed != reference:
+            raise CheckFailed(f"streamed {streamed!r} but chat answered {reference!r}", "gateway")
+        tokens = chat.usage.completion_tokens if chat.usage else "?"
+        print(f"   answer: {reference[:60]!r}… ({tokens} tokens)", flush=True)
+        wrong = httpx.get(f"{GATEWAY}/v1/models", headers={"Authorization": "Bearer wrong"})
+        if wrong.status_code != 401:
+            raise CheckFailed(f"a wrong API key got {wrong.status_code}", "gateway")
+    with step("Prometheus: every target up, alert rules loaded"):
+
+        def targets_up() -> list[str] | None:
+            active = httpx.get(f"{PROMETHEUS}/api/v1/targets").json()["data"]["activeTargets"]
+            up = [t["labels"]["instance"] for t in active if t["health"] == "up"]
+            down = {t["labels"]["instance"]: t["lastError"] for t in active if t["health"] != "up"}
+            if down:
+                raise CheckFailed(f"down: {down}")
+            return up or None
+
+        up = until("every scrape target up", targets_up, 60, "prometheus")
+        groups = httpx.get(f"{PROMETHEUS}/api/v1/rules").json()["data"]["groups"]
+        rules = sum(len(g["rules"]) for g in groups)
+        if not rules:
+            raise CheckFailed("no alert rules loaded", "prometheus")
+        print(
+            f"   {len(up)} targets up: {sorted(up)}; {rules} rules in {len(groups)} groups",
+            flush=True,
+        )
+    with step("docker kill of the serving worker mid-stream: the stream completes on another"):
+        victim = devices[0]
+        killed: dict[str, float] = {}
+
+        def kill(n: int) -> None:
+            if n == 4 and not killed:
+                run(docker, "kill", stack.container(victim), quiet=True)
+                killed["at"] = time.monotonic()
+
+        text, times = stream(client, kill)
+        if "at" not in killed:
+            raise CheckFailed("the stream ended before the kill", victim)
+        if text != reference:
+            raise CheckFailed(f"after the kill: {text!r}, alone: {reference!r}", victim)
+        gap = max(b - a for a, b in itertools.pairwise(times))
+        moved = until(
+            "the placement off the killed worker",
+            lambda: placement(stack, avoiding=victim),
+            30,
+        )
+        print(
+            f"   killed {victim}; the answer is whole and identical; longest wait between tokens "
+            f"{gap:.2f} s; shards now on {moved}",
+            flush=True,
+        )
+
+
+def main() -> int:
+    docker = docker_client()
+    busy = [p for p in (8000, 9090, 9093) if socket.socket().connect_ex(("127.0.0.1", p)) == 0]
+    if busy:
+        print(f"ports {busy} are taken here: stop what holds them (`make up`?)", file=sys.stderr)
+        return 1
+    stack: Stack | None = None
+    try:
+        with step("Docker engine"):
+            engine()
+        with step("base images (made from Debian where Docker Hub cannot be reached)"):
+            run(str(ROOT / "deploy" / "images" / "build.sh"))
+        with step("project image tessera:latest"):
+            project_image(docker)
+        run(str(ROOT / ".venv" / "bin" / "tessera"), "access", "--out", str(ACCESS))
+        stack = Stack()
+        stack.down()  # what an interrupted run left
+        up_at = time.monotonic()
+        with step("docker compose up"):
+            stack("up", "-d")
+        check_stack(stack, docker, up_at)
+    except CheckFailed as failed:
+        print(f"FAILED: {failed}", flush=True)
+        if stack is not None and failed.service:
+            print(f"-- last lines of {failed.service}:\n{stack.logs(failed.service)}", flush=True)
+        return 1
+    finally:
+        if stack is not None:
+            with step("docker compose down (containers, networks, volumes)"):
+                stack.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
