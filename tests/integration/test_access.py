@@ -191,13 +191,13 @@ def test_the_batch_user_carries_a_celery_task_through_a_device_queue(
     from services.batch.app import make_app, queue_of
     from services.batch.settings import BatchSettings
 
-    app = make_app(BatchSettings(broker_url=ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch")))
+    broker = ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch")
+    app = make_app(BatchSettings(broker_url=broker))
     name = queue_of("dev-a")
     queue = Queue(name, Exchange(name, type="direct"), routing_key=name, expires=60.0)
-    with app.connection_for_write() as conn:
-        with conn.SimpleQueue(queue) as consumer:
-            app.send_task("tessera.train", args=["job-1", 1], queue=name, connection=conn)
-            message = consumer.get(timeout=5)
-            message.ack()
+    with app.connection_for_write() as conn, conn.SimpleQueue(queue) as consumer:
+        app.send_task("tessera.train", args=["job-1", 1], queue=name, connection=conn)
+        message = consumer.get(timeout=5)
+        message.ack()
     assert message.headers["task"] == "tessera.train"
     assert message.headers["argsrepr"].startswith("['job-1'")
