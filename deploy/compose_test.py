@@ -36,8 +36,12 @@ PROMETHEUS = "http://127.0.0.1:9090"
 PROMPT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Name three colours of the rainbow."}
 ]
-#: Left out here: their images come only from Docker Hub (profile `tracing`) or need a GPU.
-LEFT_OUT = {"otel-collector", "jaeger", "vllm-worker"}
+#: Left out here, with why.
+LEFT_OUT = {
+    "otel-collector": "profile tracing: its image comes only from Docker Hub",
+    "jaeger": "profile tracing: its image comes only from Docker Hub",
+    "vllm-worker": "profile gpu: needs an NVIDIA GPU",
+}
 
 T = TypeVar("T")
 
@@ -48,8 +52,10 @@ class CheckFailed(Exception):
         self.service = service
 
 
-def run(*args: str, check: bool = True, quiet: bool = False) -> str:
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+def run(
+    *args: str, check: bool = True, quiet: bool = False, env: dict[str, str] | None = None
+) -> str:
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env)
     if check and done.returncode != 0:
         raise CheckFailed(
             f"{' '.join(args[:3])} … failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
@@ -98,9 +104,9 @@ def engine() -> None:
             "   installing Docker from Debian (docker.io, docker-compose, debootstrap)", flush=True
         )
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         packages = ["docker.io", "docker-compose", "debootstrap"]
-        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+        for command in (["update"], ["install", "-y", *packages]):
+            run("apt-get", "-qq", *command, quiet=True, env=env)
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         log = (ROOT / "test-artifacts").resolve()
         log.mkdir(exist_ok=True)
@@ -299,7 +305,6 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
 
 
 def main() -> int:
-    docker = docker_client()
     busy = [p for p in (8000, 9090, 9093) if socket.socket().connect_ex(("127.0.0.1", p)) == 0]
     if busy:
         print(f"ports {busy} are taken here: stop what holds them (`make up`?)", file=sys.stderr)
@@ -310,6 +315,7 @@ def main() -> int:
             engine()
         with step("base images (made from Debian where Docker Hub cannot be reached)"):
             run(str(ROOT / "deploy" / "images" / "build.sh"))
+        docker = docker_client()  # once Docker is installed
         with step("project image tessera:latest"):
             project_image(docker)
         run(str(ROOT / ".venv" / "bin" / "tessera"), "access", "--out", str(ACCESS))
@@ -318,6 +324,8 @@ def main() -> int:
         up_at = time.monotonic()
         with step("docker compose up"):
             stack("up", "-d")
+            for service, why in LEFT_OUT.items():
+                print(f"   left out: {service} ({why})", flush=True)
         check_stack(stack, docker, up_at)
     except CheckFailed as failed:
         print(f"FAILED: {failed}", flush=True)

@@ -16,6 +16,8 @@ from libs.contracts import (
     DVFS_HINT,
     GENERATION,
     HEARTBEAT,
+    JOIN,
+    JOIN_ANSWER,
     MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
@@ -23,6 +25,8 @@ from libs.contracts import (
     SHARD_STATUS,
     SHARD_TASK,
     TELEMETRY,
+    TOKEN_ANSWER,
+    TOKEN_ROTATE,
     TOKENS,
     AnnounceRequest,
     Assignment,
@@ -39,6 +43,8 @@ from libs.contracts import (
     GenerationRequest,
     Heartbeat,
     InferenceRequest,
+    JoinAnswer,
+    JoinRequest,
     MemoryType,
     Mode,
     ModeChange,
@@ -50,7 +56,9 @@ from libs.contracts import (
     ShardStatus,
     ShardTask,
     TelemetrySample,
+    TokenAnswer,
     TokenChunk,
+    TokenRotation,
 )
 from libs.core.model import Device, Task
 
@@ -272,6 +280,10 @@ def sample_messages(
             ),
             {},
         ),
+        (JOIN, JoinRequest(device_id=device_id, hostname="laptop.local", ts=NOW), {}),
+        (JOIN_ANSWER, JoinAnswer(device_id=device_id, user=device_id, password="pw" * 12), {}),
+        (TOKEN_ROTATE, TokenRotation(ts=NOW), {}),
+        (TOKEN_ANSWER, TokenAnswer(token="t" * 24), {}),
     ]
     return samples  # type: ignore[return-value]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from typing import Any
 
@@ -16,19 +15,16 @@ from libs.contracts import (
     ANNOUNCE_REQUEST,
     TELEMETRY,
     AnnounceRequest,
-    Capabilities,
     DeviceAnnounce,
     DeviceClass,
     GpuSample,
-    MemoryType,
     TelemetrySample,
 )
 from libs.devices.calibration import Calibration
+from libs.devices.host import GB, host_capabilities, host_device_id, temperature_c
 from libs.runtime.bus import Bus, Delivery
 
 log = logging.getLogger(__name__)
-GB = 1e9
-WATTS_PER_CORE = 10.0  # typical-power estimate when nothing measures it
 
 
 def _nvml() -> Any | None:
@@ -59,37 +55,13 @@ def gpu_sample(nvml: Any | None) -> GpuSample | None:
         return None
 
 
-def temperature_c() -> float:
-    """The hottest sensor psutil exposes; 40 °C when the host exposes none (as in VMs)."""
-    readings: dict[str, list[Any]] = getattr(psutil, "sensors_temperatures", lambda: {})()
-    values = [t.current for entries in readings.values() for t in entries if t.current]
-    return float(max(values)) if values else 40.0
-
-
 class HostAgent:
     def __init__(self, bus: Bus, calibration: Calibration, interval_s: float) -> None:
         self.bus, self.interval_s = bus, interval_s
         self.nvml = _nvml()
-        self.device_id = (
-            "host-" + "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
-        )
+        self.device_id = host_device_id()
         battery = psutil.sensors_battery()
-        cores = psutil.cpu_count() or 1
-        typical = WATTS_PER_CORE * cores
-        self.capabilities = Capabilities(
-            fp32_tflops=calibration.fp32_gflops / 1000.0,
-            int8_tops=calibration.int8_gops / 1000.0,
-            memory_bandwidth_gbps=calibration.memory_bandwidth_gbps,
-            memory_total_gb=psutil.virtual_memory().total / GB,
-            memory_type=MemoryType.DDR4,
-            typical_power_w=typical,
-            max_power_w=typical * 1.5,
-            thermal_limit_c=85.0 if battery else 95.0,
-            delta_t_c=25.0,
-            has_battery=battery is not None,
-            gpu_count=1 if self.nvml else 0,
-            network_bandwidth_mbps=1000.0,
-        )
+        self.capabilities = host_capabilities(calibration, gpus=1 if self.nvml else 0)
         self.device_class = DeviceClass.LAPTOP if battery else DeviceClass.WORKSTATION
         self.seq = 0
 
@@ -111,7 +83,7 @@ class HostAgent:
             memory_total_gb=memory.total / GB,
             memory_available_gb=memory.available / GB,
             power_w=self.capabilities.typical_power_w * (0.25 + 0.75 * utilisation),
-            temperature_c=temperature_c(),
+            temperature_c=temperature_c() or 40.0,  # none exposed (as in VMs)
             battery_percent=battery.percent if battery else None,
             plugged=battery.power_plugged if battery else None,
             network_rtt_ms=await self.rtt_ms(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +50,13 @@ def up(
         int | None,
         typer.Option(min=1, max=5, help="Scheduler replicas: one leads, the others stand by."),
     ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="An address of this host others reach: NATS listens there and other hosts "
+            "join with the `tessera join …` command printed at start. Default: loopback only."
+        ),
+    ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.cluster.launcher import UpOptions, choose_engines, choose_port, choose_run_file
@@ -67,8 +75,58 @@ def up(
         fleet=fleet,
         run_file=choose_run_file(settings.run_file),
         scheduler_port=settings.scheduler_http_port or free_port(),
+        listen=listen,
     )
     raise typer.Exit(run_cluster(options))
+
+
+@app.command()
+def join(
+    url: Annotated[str, typer.Argument(help="The cluster's NATS URL, as `tessera up` printed.")],
+    token: Annotated[
+        str, typer.Option(envvar="TESSERA_JOIN_TOKEN", help="The cluster's join token.")
+    ],
+    device_id: Annotated[
+        str | None, typer.Option(help="This host's device id (default host-<hostname>).")
+    ] = None,
+    memory_gb: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Memory the scheduler may use here (default: all of it)."),
+    ] = None,
+) -> None:
+    """Join the cluster at URL: this host becomes one of its devices until Ctrl-C."""
+    from libs.cluster.joined import JoinOptions, run_joined
+
+    options = JoinOptions(url=url, token=token, device_id=device_id, memory_gb=memory_gb)
+    raise typer.Exit(run_joined(options))
+
+
+token_app = typer.Typer(help="The cluster's join token.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("rotate")
+def token_rotate() -> None:
+    """Draw a new join token: the old one is refused from now on (joined hosts stay)."""
+    import asyncio
+
+    from libs.cluster.joining import rotate_token
+
+    settings = LauncherSettings()
+    try:
+        admin = json.loads(settings.run_file.read_text())["nats_url"]
+    except (OSError, ValueError, KeyError) as exc:
+        typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
+        raise typer.Exit(1) from exc
+    try:
+        token = asyncio.run(rotate_token(admin))
+    except TimeoutError as exc:
+        typer.echo("nobody answered: was the cluster started with --listen?", err=True)
+        raise typer.Exit(1) from exc
+    except Exception as exc:
+        typer.echo(f"the cluster did not rotate its token: {exc!r}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"new join token: {token}")
 
 
 @app.command()

@@ -27,6 +27,7 @@ from libs.contracts import (
     GENERATION,
     HEARTBEAT,
     HIDDEN,
+    JOIN,
     MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
@@ -48,6 +49,11 @@ class Grant:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
 
+
+#: The user a joining host speaks as (``tessera join``): its password is the cluster's token.
+JOIN_USER = "join"
+#: Names a joining device may not take.
+RESERVED = frozenset({"admin", JOIN_USER})
 
 #: The worker devices of docker-compose.yml (the last one in its `gpu` profile).
 COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
@@ -144,11 +150,35 @@ class AccessControl:
     passwords: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in [*service_grants(), *self.devices, "admin"]:
+        for name in [*service_grants(), *self.devices, "admin", JOIN_USER]:
             self.passwords.setdefault(name, secrets.token_urlsafe(18))
 
+    @property
+    def token(self) -> str:
+        """The cluster's join token: the password of the user that may only ask to join."""
+        return self.passwords[JOIN_USER]
+
+    def rotate_token(self) -> str:
+        """A new join token; the old one is refused once the server has the new config."""
+        self.passwords[JOIN_USER] = secrets.token_urlsafe(24)
+        return self.token
+
+    def admit(self, device_id: str) -> str:
+        """A user for ``device_id`` with a device's permissions; its new password. A device
+        that joins again gets a new password (the old one stops working)."""
+        if device_id in RESERVED or device_id in service_grants():
+            raise ValueError(f"{device_id!r} is the name of a service; choose another device id")
+        if device_id not in self.devices:
+            self.devices.append(device_id)
+        self.passwords[device_id] = secrets.token_urlsafe(18)
+        return self.passwords[device_id]
+
     def grants(self) -> dict[str, Grant]:
-        return {**service_grants(), **{d: device_grant(d) for d in self.devices}}
+        return {
+            **service_grants(),
+            **{d: device_grant(d) for d in self.devices},
+            JOIN_USER: Grant((JOIN.wildcard,), (INBOX,)),
+        }
 
     def nats_config(self) -> dict[str, Any]:
         users: list[dict[str, Any]] = [

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.cluster.joining import JoinDesk
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
 from libs.runtime.settings import child_env
@@ -60,6 +61,9 @@ class UpOptions:
     #: (``libs/cluster/access.py``); passwords drawn per run, the admin's in the run file only.
     access: bool = True
     run_file: Path | None = None
+    #: An address of this host other hosts reach: NATS listens there (not on loopback) and
+    #: hosts join with ``tessera join`` (``libs/cluster/joining.py``). None: loopback only.
+    listen: str | None = None
 
 
 def choose_engines(
@@ -93,6 +97,10 @@ class Cluster:
         workers = [name for name, _ in self.worker_names()]
         self.access = AccessControl(workers) if options.access else None
         self.nats = NatsServer()
+        if options.listen:
+            self.nats.host = options.listen
+            self.nats.port = choose_port(options.listen, 4222)
+        self.desk: JoinDesk | None = None
         self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
@@ -153,6 +161,9 @@ class Cluster:
         if self.options.engines_note:
             self.say("cluster", f"engines: {self.options.engines_note}", "white")
         self._write_run_file()
+        if self.options.listen and self.access is not None:
+            self.desk = JoinDesk(self.access, self.nats, self.urls("admin")["nats"]).start()
+            self.say("cluster", f"other hosts join with: {self.join_command()}", "white")
         for index, (name, service, extra) in enumerate(self.planned()):
             child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
             self.children.append(child)
@@ -173,6 +184,10 @@ class Cluster:
             on_line=lambda line: self.say(name, render(line), colour),
         )
         return child.start(ready_timeout_s=None)
+
+    def join_command(self) -> str:
+        token = self.access.token if self.access is not None else ""
+        return f"tessera join {self.nats.url} --token {token}"
 
     def child(self, name: str) -> ServiceProcess:
         return next(c for c in self.children if c.name == name)
@@ -281,6 +296,8 @@ class Cluster:
             code = child.stop(timeout_s=15)
             if code is not None:
                 self.say(child.name, exit_text(code), self.colours[child.name])
+        if self.desk is not None:
+            self.desk.close()
         self.nats.close()
         self.redis.close()
         if self.options.run_file is not None:

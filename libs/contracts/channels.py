@@ -15,7 +15,14 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from libs.contracts.base import TOKEN_PATTERN
-from libs.contracts.control import ModeChange, SchedulerCheckpoint
+from libs.contracts.control import (
+    JoinAnswer,
+    JoinRequest,
+    ModeChange,
+    SchedulerCheckpoint,
+    TokenAnswer,
+    TokenRotation,
+)
 from libs.contracts.device import (
     AnnounceRequest,
     DeviceAnnounce,
@@ -156,6 +163,12 @@ SHARD_STATUS = Channel("shard_status", "tessera.v1.shard.status.{device_id}", Sh
 #: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
 HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}")
 MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
+#: A host joins (``tessera join``): asked as the ``join`` user, answered by ``tessera up``.
+JOIN = Channel("join", "tessera.v1.cluster.join", JoinRequest)
+JOIN_ANSWER = Channel("join_answer", "tessera.v1.cluster.join.answer", JoinAnswer)
+#: ``tessera token rotate``: asked as the admin, answered with the new token.
+TOKEN_ROTATE = Channel("token_rotate", "tessera.v1.cluster.token.rotate", TokenRotation)
+TOKEN_ANSWER = Channel("token_answer", "tessera.v1.cluster.token.answer", TokenAnswer)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
 )
@@ -178,6 +191,10 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     SHARD_STATUS,
     MODE_CHANGE,
     CHECKPOINT,
+    JOIN,
+    JOIN_ANSWER,
+    TOKEN_ROTATE,
+    TOKEN_ANSWER,
 )  # type: ignore[assignment]
 
 #: JetStream streams and the subjects each persists.

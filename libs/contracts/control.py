@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from libs.contracts.base import Mode, Timestamp, WireModel
+from libs.contracts.base import DeviceId, Mode, Timestamp, WireModel
 from libs.contracts.profiles import DimensionWeights
 from libs.contracts.work import Assignment, PlacementDecision, PlacementRequest
 
@@ -47,3 +47,32 @@ class SchedulerCheckpoint(WireModel):
     placements: tuple[PlacementDecision, ...] = ()
     queue: tuple[PlacementRequest, ...] = ()
     counters: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+
+
+class JoinRequest(WireModel):
+    """A host asks to join the cluster. It speaks as the ``join`` user, whose password is the
+    cluster's token; what it gets back is a user of its own device, never more."""
+
+    device_id: DeviceId
+    hostname: Annotated[str, Field(min_length=1, max_length=255)]
+    ts: Timestamp
+
+
+class JoinAnswer(WireModel):
+    """The joining device's NATS user and password, or why it was refused."""
+
+    device_id: DeviceId
+    user: Annotated[str, Field(max_length=128)] = ""
+    password: Annotated[str, Field(max_length=128)] = ""
+    refused: Annotated[str, Field(max_length=500)] = ""
+
+
+class TokenRotation(WireModel):
+    """The admin asks for a new join token: the old one stops working at once (devices that
+    joined with it keep their own users)."""
+
+    ts: Timestamp
+
+
+class TokenAnswer(WireModel):
+    token: Annotated[str, Field(min_length=16, max_length=128)]

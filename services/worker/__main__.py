@@ -14,6 +14,7 @@ import numpy as np
 
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
+from libs.devices.host import HostDevice
 from libs.models.store import prepare
 from libs.runtime.bus import Bus, NatsBus, close_nats, connect_nats, ensure_streams
 from libs.runtime.lifecycle import Background, announce_ready, run_service
@@ -35,6 +36,10 @@ def make_device(
     (with the overrides applied). A CPU worker's speed is what this ``host`` measures times the
     speed factor it runs at, so that what it announces is what its work measures; without a
     calibration (the vLLM worker, whose speed is its GPU's) the class's figures stand."""
+    if settings.host_device:
+        calibration = host or cached(settings.cache_dir)
+        real = HostDevice.probe(settings.device_id, calibration, settings.memory_gb)
+        return dataclasses.replace(real, engines=(settings.engine,))
     rng = np.random.default_rng(settings.seed)
     device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
     speed = settings.speed_factor or min(1.0, device.speed_factor)

@@ -22,6 +22,9 @@ class WorkerSettings(ServiceSettings):
     device_id: str = Field("worker-0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     #: The class this worker emulates: its memory limit and speed factor apply.
     device_class: DeviceClass = DeviceClass.WORKSTATION
+    #: The device is this host (``tessera join``): its real memory and readings, its
+    #: calibrated speed; no class is emulated.
+    host_device: bool = False
     seed: int = 0
     #: Overrides of the class's drawn memory (GB) and speed factor (1 = this CPU's own speed).
     memory_gb: float | None = Field(None, gt=0.0)

@@ -1,0 +1,93 @@
+"""``tessera join`` in the foreground: this host becomes a device of a cluster elsewhere.
+
+Asks the cluster for a user of this device's own (``libs/cluster/joining.py``), then runs a
+worker whose device is this host (``TESSERA_WORKER_HOST_DEVICE``: its real memory and readings,
+its calibrated speed) until Ctrl-C or SIGTERM, printing its log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+from rich.console import Console
+from rich.text import Text
+
+from libs.cluster.joining import JoinRefused, ask_to_join
+from libs.cluster.launcher import exit_text, render
+from libs.devices.host import host_device_id
+from libs.runtime.procs import ServiceProcess
+from libs.runtime.settings import child_env
+
+
+@dataclass
+class JoinOptions:
+    url: str
+    token: str
+    device_id: str | None = None
+    #: What the scheduler may place here (GB); default: this host's memory.
+    memory_gb: float | None = None
+    engine: str = "torch"
+    ready_timeout_s: float = 180.0
+
+
+def run_joined(options: JoinOptions, console: Console | None = None) -> int:
+    """Exit 0 after Ctrl-C/SIGTERM; 1 when the cluster cannot be reached or refuses, or the
+    worker dies."""
+    out = console or Console(highlight=False)
+
+    def say(message: str, style: str = "white") -> None:
+        line = Text("      join │ ", style="cyan")
+        line.append(message, style=style)
+        out.print(line, soft_wrap=True)
+
+    device_id = options.device_id or host_device_id()
+    try:
+        nats_url = asyncio.run(ask_to_join(options.url, options.token, device_id))
+    except JoinRefused as exc:
+        say(str(exc), "bold red")
+        return 1
+    say(f"joined {options.url} as device {device_id}")
+    env = {
+        **child_env(),
+        "TESSERA_NATS_URL": nats_url,
+        "TESSERA_WORKER_DEVICE_ID": device_id,
+        "TESSERA_WORKER_HOST_DEVICE": "true",
+        "TESSERA_WORKER_ENGINE": options.engine,
+        "TESSERA_WORKER_PRELOAD": "true",
+        "TESSERA_LOG_FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if options.memory_gb is not None:
+        env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)
+    worker = ServiceProcess(
+        "worker",
+        env,
+        ["-m", "services.worker"],
+        on_line=lambda line: say(render(line)),
+    )
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        worker.start(ready_timeout_s=None)
+        if not worker.wait_ready(options.ready_timeout_s):
+            say(f"the worker did not start: {exit_text(worker.returncode)}", "bold red")
+            return 1
+        say(f"ready: this host serves as {device_id}; Ctrl-C leaves", "bold green")
+        while worker.alive:
+            time.sleep(0.2)
+        say(f"the worker {exit_text(worker.returncode)}", "bold red")
+        return 1
+    except KeyboardInterrupt:
+        say("leaving")
+        return 0
+    finally:
+        worker.terminate()
+        worker.stop(timeout_s=30)
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,89 @@
+"""Hosts joining over a real nats-server: the cluster's token buys a user of the joining
+device's own, a wrong or rotated-out token is refused with a clear message, and a joined
+device cannot speak for another device or place work (the server refuses it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from libs.cluster.access import AccessControl
+from libs.cluster.joining import JoinDesk, JoinRefused, ask_to_join, rotate_token
+from libs.cluster.servers import NatsServer
+from libs.contracts import PLACEMENT_DECISION, TELEMETRY
+from tests.integration.test_access import heard
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[AccessControl, NatsServer, JoinDesk]]:
+    access = AccessControl(["worker-0"])
+    config = access.write_nats_config(tmp_path / "nats.conf")
+    with NatsServer(config=config) as server:
+        desk = JoinDesk(access, server, access.nats_url(server.url, "admin")).start()  # type: ignore[arg-type]
+        yield access, server, desk  # type: ignore[misc]
+        desk.close()
+
+
+@pytest.fixture
+async def admin(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk],
+) -> AsyncIterator[nats.NATS]:
+    access, server, _ = cluster
+    nc = await nats.connect(access.nats_url(server.url, "admin"), allow_reconnect=False)
+    yield nc
+    await nc.close()
+
+
+async def test_the_token_buys_a_user_that_speaks_only_for_its_own_device(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk], admin: nats.NATS
+) -> None:
+    access, server, desk = cluster
+    url = await ask_to_join(server.url, access.token, "laptop-1")
+    assert "laptop-1:" in url and access.token not in url
+    assert desk.joined == ["laptop-1"]
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=on_error)
+    try:
+        own = TELEMETRY.subject(device_id="laptop-1")
+        other = TELEMETRY.subject(device_id="worker-0")
+        placement = PLACEMENT_DECISION.subject(task_id="t1")
+        assert await heard(admin, own, lambda: nc.publish(own, b"{}"), within_s=3)
+        assert not await heard(admin, other, lambda: nc.publish(other, b"{}"))
+        assert not await heard(admin, placement, lambda: nc.publish(placement, b"{}"))
+        assert any("permissions violation" in e.lower() for e in errors), errors
+    finally:
+        await nc.close()
+
+
+async def test_a_wrong_token_and_a_service_name_are_refused_saying_why(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk],
+) -> None:
+    access, server, _ = cluster
+    with pytest.raises(JoinRefused, match="refused the token: it is wrong, or it was rotated"):
+        await ask_to_join(server.url, "not-the-token", "laptop-1")
+    with pytest.raises(JoinRefused, match="'scheduler' is the name of a service"):
+        await ask_to_join(server.url, access.token, "scheduler")
+    with pytest.raises(JoinRefused, match="no cluster answers"):
+        await ask_to_join("nats://127.0.0.1:1", access.token, "laptop-1", timeout_s=2)
+
+
+async def test_a_rotated_token_is_refused_and_joined_hosts_stay(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk],
+) -> None:
+    access, server, _ = cluster
+    old = access.token
+    joined = await ask_to_join(server.url, old, "laptop-1")
+    new = await rotate_token(access.nats_url(server.url, "admin"))
+    assert new != old and new == access.token
+    with pytest.raises(JoinRefused, match="rotated out"):
+        await ask_to_join(server.url, old, "laptop-2")
+    assert "laptop-2:" in await ask_to_join(server.url, new, "laptop-2")
+    still = await nats.connect(joined, allow_reconnect=False)  # the joined host's own user
+    await still.close()
