@@ -79,8 +79,9 @@ e2e: deps venv model
 test: deps venv vllm model lint typecheck
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
+## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
 up: deps venv model
-	$(BIN)/tessera up
+	$(BIN)/tessera up $(ARGS)
 
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the

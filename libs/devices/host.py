@@ -137,7 +137,9 @@ class HostDevice(EmulatedDevice):
             ts=now,
             cpu_utilisation=load,
             memory_total_gb=caps.memory_total_gb,
-            memory_available_gb=min(memory.available / GB, caps.memory_total_gb),
+            memory_available_gb=max(
+                0.0, min(memory.available / GB, caps.memory_total_gb - self.reserved_memory_gb)
+            ),
             power_w=min(watts, caps.max_power_w * 4),
             temperature_c=heat if heat is not None else 40.0,
             battery_percent=battery.percent if battery else None,

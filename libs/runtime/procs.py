@@ -121,9 +121,12 @@ class ServiceProcess:
         *,
         ready_line: Callable[[Line], bool] = is_ready,
         on_line: Callable[[Line], None] | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.argv = list(argv or ["-m", f"services.{name}"])
+        #: A command the Python process runs under (``ip netns exec NS`` for another "host").
+        self.prefix = list(prefix)
         self.env = child_env(
             **{"TESSERA_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1", **(env or {})}
         )
@@ -141,7 +144,7 @@ class ServiceProcess:
         self.ready.clear()
         self._events = queue.Queue()
         self.process = subprocess.Popen(
-            [sys.executable, *self.argv],
+            [*self.prefix, sys.executable, *self.argv],
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

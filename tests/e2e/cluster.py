@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from libs.runtime.procs import ServiceProcess, free_port
@@ -42,7 +43,13 @@ def alive(pid: int) -> bool:
 class RunningCluster:
     """``tessera up`` in a subprocess (``python -m libs.cli.main up``), its output kept."""
 
-    def __init__(self, *args: str, devices: int = 0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        devices: int = 0,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> None:
         self.port = free_port()
         self.run_file = Path(tempfile.mkdtemp()) / "cluster.json"
         env = {
@@ -53,7 +60,8 @@ class RunningCluster:
             **(env or {}),
         }
         argv = ["-m", "libs.cli.main", "up", "--devices", str(devices), *args]
-        self.child = ServiceProcess("tessera up", env, argv).start(ready_timeout_s=None)
+        self.child = ServiceProcess("tessera up", env, argv, prefix=prefix)
+        self.child.start(ready_timeout_s=None)
         assert self.child.process is not None
         self.process = self.child.process
 

@@ -1,0 +1,125 @@
+"""Two hosts on this machine: two network namespaces joined by a veth pair, each with its own
+address and no loopback between them. ``tessera up --listen`` runs in one and ``tessera join``
+in the other, as a user would on two machines; the joined host serves shards of a model split
+across both hosts, and the greedy tokens equal the whole model's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from libs.models.chat import encode_chat
+from libs.models.shard import ShardModel, greedy
+from libs.models.store import prepare
+from libs.runtime.procs import ServiceProcess
+from tests.e2e.cluster import RunningCluster
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="two hosts need network namespaces: root and iproute2",
+)
+MODEL = "smollm2-135m-instruct"
+#: Neither host can hold the whole model (int8 ~0.48 GB with its cache): it is split.
+MEMORY_GB = "0.45"
+QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
+TOKENS = 24
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def hosts(uid: str) -> Iterator[tuple[list[str], str, list[str]]]:
+    """(command prefix of host A, A's address, command prefix of host B)."""
+    a, b = f"ta{uid[-5:]}", f"tb{uid[-5:]}"
+    subnet = f"10.{200 + int(uid[-2:], 16) % 50}.{int(uid[-4:-2], 16)}"
+    ip("netns", "add", a)
+    ip("netns", "add", b)
+    try:
+        ip("link", "add", f"v{a}", "type", "veth", "peer", "name", f"v{b}")
+        for ns, end, host in ((a, f"v{a}", 1), (b, f"v{b}", 2)):
+            ip("link", "set", end, "netns", ns)
+            ip("-n", ns, "addr", "add", f"{subnet}.{host}/24", "dev", end)
+            ip("-n", ns, "link", "set", end, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield ["ip", "netns", "exec", a], f"{subnet}.1", ["ip", "netns", "exec", b]
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def reference_text() -> str:
+    """The whole model's greedy answer, in the workers' precision (int8), in this process."""
+    folder = prepare()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = encode_chat(tokenizer, QUESTION)
+    model = ShardModel(folder, 0, 30, "int8")
+    tokens = greedy(model, ids, TOKENS, {tokenizer.eos_token_id})
+    return str(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def run_in(prefix: list[str], env: dict[str, str], *argv: str) -> str:
+    done = subprocess.run(
+        [*prefix, sys.executable, *argv],
+        env={**os.environ, **env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
+    hosts: tuple[list[str], str, list[str]], tmp_path: Path
+) -> None:
+    on_a, address, on_b = hosts
+    head = RunningCluster(
+        "--listen", address, "--workers", "1",
+        env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
+        prefix=on_a,
+    )  # fmt: skip
+    joined: ServiceProcess | None = None
+    try:
+        said = head.wait_for("other hosts join with:", 60)
+        url, token = re.search(r"tessera join (\S+) --token (\S+)", said).groups()  # type: ignore[union-attr]
+        assert url.startswith(f"nats://{address}:")
+        head.wait_for("ready:", 240)  # the model does not fit worker-0 alone: not deployed yet
+        joined = ServiceProcess(
+            "tessera join",
+            {"COLUMNS": "200"},
+            ["-m", "libs.cli.main", "join", url, "--token", token],
+            prefix=on_b,
+            ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
+        )
+        joined.argv += ["--device-id", "laptop-b", "--memory-gb", MEMORY_GB]
+        joined.start(ready_timeout_s=180)
+
+        on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
+        rows = json.loads(run_in(on_a, on_head, "-m", "libs.cli.main", "devices", "--json"))
+        laptop = next(r for r in rows if r["device_id"] == "laptop-b")
+        assert laptop["state"] == "alive"
+        deployed = run_in(on_a, on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
+        assert "worker-0" in deployed and "laptop-b" in deployed, deployed
+
+        ask = (
+            "import json, sys, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
+            f"r = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
+            f" max_tokens={TOKENS}, temperature=0); print(r.choices[0].message.content)"
+        )
+        answer = run_in(on_a, {}, "-c", ask, f"{head.base_url}/v1").rstrip("\n")
+        assert answer == reference_text()
+    finally:
+        if joined is not None:
+            joined.stop(timeout_s=30)
+        head.stop()
