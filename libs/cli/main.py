@@ -93,11 +93,17 @@ def join(
         float | None,
         typer.Option(min=0.1, help="Memory the scheduler may use here (default: all of it)."),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="torch or vllm (default: vllm with an NVIDIA GPU and its build)."),
+    ] = None,
 ) -> None:
     """Join the cluster at URL: this host becomes one of its devices until Ctrl-C."""
     from libs.cluster.joined import JoinOptions, run_joined
 
-    options = JoinOptions(url=url, token=token, device_id=device_id, memory_gb=memory_gb)
+    if engine not in (None, "torch", "vllm"):
+        raise typer.BadParameter(f"{engine!r}: torch or vllm", param_hint="--engine")
+    options = JoinOptions(url, token, device_id, memory_gb, engine)
     raise typer.Exit(run_joined(options))
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from libs.cluster.joining import JoinRefused, ask_to_join
-from libs.cluster.launcher import exit_text, render
+from libs.cluster.launcher import choose_engines, exit_text, render
 from libs.devices.host import host_device_id
 from libs.runtime.procs import ServiceProcess
 from libs.runtime.settings import child_env
@@ -30,7 +30,9 @@ class JoinOptions:
     device_id: str | None = None
     #: What the scheduler may place here (GB); default: this host's memory.
     memory_gb: float | None = None
-    engine: str = "torch"
+    #: ``torch`` or ``vllm``; None: vLLM where this host has an NVIDIA GPU and vLLM's GPU
+    #: build (``choose_engines``), else the CPU shard engine.
+    engine: str | None = None
     ready_timeout_s: float = 180.0
 
 
@@ -50,13 +52,15 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     except JoinRefused as exc:
         say(str(exc), "bold red")
         return 1
-    say(f"joined {options.url} as device {device_id}")
+    vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
+    engine = "vllm" if vllm else "torch"
+    say(f"joined {options.url} as device {device_id}; engine {engine} ({why})")
     env = {
         **child_env(),
         "TESSERA_NATS_URL": nats_url,
         "TESSERA_WORKER_DEVICE_ID": device_id,
         "TESSERA_WORKER_HOST_DEVICE": "true",
-        "TESSERA_WORKER_ENGINE": options.engine,
+        "TESSERA_WORKER_ENGINE": engine,
         "TESSERA_WORKER_PRELOAD": "true",
         "TESSERA_LOG_FORMAT": "json",
         "PYTHONUNBUFFERED": "1",

@@ -1,7 +1,8 @@
 """Two hosts on this machine: two network namespaces joined by a veth pair, each with its own
 address and no loopback between them. ``tessera up --listen`` runs in one and ``tessera join``
 in the other, as a user would on two machines; the joined host serves shards of a model split
-across both hosts, and the greedy tokens equal the whole model's."""
+across both hosts, and the greedy tokens equal the whole model's; when the joined host's link
+goes down mid-stream, the stream completes on the workers that remain."""
 
 from __future__ import annotations
 
@@ -80,6 +81,29 @@ def run_in(prefix: list[str], env: dict[str, str], *argv: str) -> str:
     return done.stdout
 
 
+#: A streaming greedy request through the gateway at argv[1]: one JSON line per piece.
+STREAM = (
+    "import json, sys, time, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
+    f"s = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
+    f" max_tokens={TOKENS}, temperature=0, stream=True)\n"
+    "for k in s:\n"
+    "    if k.choices and k.choices[0].delta.content:\n"
+    "        print(json.dumps([time.monotonic(), k.choices[0].delta.content]), flush=True)"
+)
+
+
+def joins(prefix: list[str], url: str, token: str, device_id: str, *extra: str) -> ServiceProcess:
+    """``tessera join`` on the host ``prefix`` runs on, once it serves."""
+    process = ServiceProcess(
+        f"join {device_id}",
+        {"COLUMNS": "200"},
+        ["-m", "libs.cli.main", "join", url, "--token", token, "--device-id", device_id, *extra],
+        prefix=prefix,
+        ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
+    )
+    return process.start(ready_timeout_s=180)
+
+
 def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
     hosts: tuple[list[str], str, list[str]], tmp_path: Path
 ) -> None:
@@ -89,21 +113,13 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
         prefix=on_a,
     )  # fmt: skip
-    joined: ServiceProcess | None = None
+    joined: list[ServiceProcess] = []
     try:
         said = head.wait_for("other hosts join with:", 60)
         url, token = re.search(r"tessera join (\S+) --token (\S+)", said).groups()  # type: ignore[union-attr]
         assert url.startswith(f"nats://{address}:")
         head.wait_for("ready:", 240)  # the model does not fit worker-0 alone: not deployed yet
-        joined = ServiceProcess(
-            "tessera join",
-            {"COLUMNS": "200"},
-            ["-m", "libs.cli.main", "join", url, "--token", token],
-            prefix=on_b,
-            ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
-        )
-        joined.argv += ["--device-id", "laptop-b", "--memory-gb", MEMORY_GB]
-        joined.start(ready_timeout_s=180)
+        joined.append(joins(on_b, url, token, "laptop-b", "--memory-gb", MEMORY_GB))
 
         on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
         rows = json.loads(run_in(on_a, on_head, "-m", "libs.cli.main", "devices", "--json"))
@@ -112,14 +128,31 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         deployed = run_in(on_a, on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
         assert "worker-0" in deployed and "laptop-b" in deployed, deployed
 
-        ask = (
-            "import json, sys, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
-            f"r = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
-            f" max_tokens={TOKENS}, temperature=0); print(r.choices[0].message.content)"
+        reference = reference_text()
+        streamed = run_in(on_a, {}, "-c", STREAM, f"{head.base_url}/v1").splitlines()
+        assert "".join(json.loads(line)[1] for line in streamed) == reference
+
+        # A spare worker joins on host A; host B's link goes down mid-stream.
+        joined.append(joins(on_a, url, token, "spare-a"))
+        link = f"v{hosts[2][-1]}"
+        stream = subprocess.Popen(
+            [*on_a, sys.executable, "-c", STREAM, f"{head.base_url}/v1"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        answer = run_in(on_a, {}, "-c", ask, f"{head.base_url}/v1").rstrip("\n")
-        assert answer == reference_text()
+        assert stream.stdout is not None
+        pieces = []
+        for line in stream.stdout:
+            pieces.append(json.loads(line))
+            if len(pieces) == 4:
+                subprocess.run([*on_b, "ip", "link", "set", link, "down"], check=True)
+                down_at = pieces[-1][0]
+        assert stream.wait(timeout=60) == 0
+        assert "".join(p for _, p in pieces) == reference  # nothing lost, nothing twice
+        recovered_s = pieces[4][0] - down_at
+        print(f"the first piece after the link went down came {recovered_s:.2f} s later")
+        assert recovered_s <= 3 * 1.0 + 1.0  # three heartbeat intervals (1 s) and 1 s
     finally:
-        if joined is not None:
-            joined.stop(timeout_s=30)
+        for process in joined:
+            process.stop(timeout_s=30)
         head.stop()
