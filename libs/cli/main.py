@@ -82,10 +82,13 @@ def up(
 
 @app.command()
 def join(
-    url: Annotated[str, typer.Argument(help="The cluster's NATS URL, as `tessera up` printed.")],
+    url: Annotated[
+        str | None,
+        typer.Argument(help="The cluster's NATS URL, as `tessera up` printed (default: mDNS)."),
+    ] = None,
     token: Annotated[
         str, typer.Option(envvar="TESSERA_JOIN_TOKEN", help="The cluster's join token.")
-    ],
+    ] = "",
     device_id: Annotated[
         str | None, typer.Option(help="This host's device id (default host-<hostname>).")
     ] = None,
@@ -101,6 +104,8 @@ def join(
     """Join the cluster at URL: this host becomes one of its devices until Ctrl-C."""
     from libs.cluster.joined import JoinOptions, run_joined
 
+    if not token:
+        raise typer.BadParameter("the cluster's token is needed", param_hint="--token")
     if engine not in (None, "torch", "vllm"):
         raise typer.BadParameter(f"{engine!r}: torch or vllm", param_hint="--engine")
     options = JoinOptions(url, token, device_id, memory_gb, engine)

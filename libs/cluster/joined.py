@@ -16,6 +16,7 @@ from types import FrameType
 from rich.console import Console
 from rich.text import Text
 
+from libs.cluster.discovery import find_clusters
 from libs.cluster.joining import JoinRefused, ask_to_join
 from libs.cluster.launcher import choose_engines, exit_text, render
 from libs.devices.host import host_device_id
@@ -25,7 +26,8 @@ from libs.runtime.settings import child_env
 
 @dataclass
 class JoinOptions:
-    url: str
+    #: The cluster's NATS URL; None: the first cluster found on the LAN (mDNS).
+    url: str | None
     token: str
     device_id: str | None = None
     #: What the scheduler may place here (GB); default: this host's memory.
@@ -47,14 +49,23 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         out.print(line, soft_wrap=True)
 
     device_id = options.device_id or host_device_id()
+    url = options.url
+    if url is None:
+        found = find_clusters()
+        if not found:
+            say("no cluster announces itself on this LAN (mDNS): give its URL", "bold red")
+            return 1
+        url = found[0]
+        others = f" (also found: {', '.join(found[1:])})" if found[1:] else ""
+        say(f"found {url} on the LAN{others}")
     try:
-        nats_url = asyncio.run(ask_to_join(options.url, options.token, device_id))
+        nats_url = asyncio.run(ask_to_join(url, options.token, device_id))
     except JoinRefused as exc:
         say(str(exc), "bold red")
         return 1
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
     engine = "vllm" if vllm else "torch"
-    say(f"joined {options.url} as device {device_id}; engine {engine} ({why})")
+    say(f"joined {url} as device {device_id}; engine {engine} ({why})")
     env = {
         **child_env(),
         "TESSERA_NATS_URL": nats_url,

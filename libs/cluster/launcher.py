@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.cluster.discovery import Announcement
 from libs.cluster.joining import JoinDesk
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
@@ -101,6 +102,7 @@ class Cluster:
             self.nats.host = options.listen
             self.nats.port = choose_port(options.listen, 4222)
         self.desk: JoinDesk | None = None
+        self.announcement: Announcement | None = None
         self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
@@ -164,6 +166,11 @@ class Cluster:
         if self.options.listen and self.access is not None:
             self.desk = JoinDesk(self.access, self.nats, self.urls("admin")["nats"]).start()
             self.say("cluster", f"other hosts join with: {self.join_command()}", "white")
+            try:
+                self.announcement = Announcement(self.nats.url)
+                self.say("cluster", "announced on the LAN (mDNS): the URL may be left out", "white")
+            except Exception as exc:  # the cluster works without it: say so and go on
+                self.say("cluster", f"not announced on the LAN (mDNS): {exc!r}", "bold yellow")
         for index, (name, service, extra) in enumerate(self.planned()):
             child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
             self.children.append(child)
@@ -296,6 +303,8 @@ class Cluster:
             code = child.stop(timeout_s=15)
             if code is not None:
                 self.say(child.name, exit_text(code), self.colours[child.name])
+        if self.announcement is not None:
+            self.announcement.close()
         if self.desk is not None:
             self.desk.close()
         self.nats.close()

@@ -1,8 +1,9 @@
 """Two hosts on this machine: two network namespaces joined by a veth pair, each with its own
 address and no loopback between them. ``tessera up --listen`` runs in one and ``tessera join``
-in the other, as a user would on two machines; the joined host serves shards of a model split
-across both hosts, and the greedy tokens equal the whole model's; when the joined host's link
-goes down mid-stream, the stream completes on the workers that remain."""
+in the other (finding the cluster over mDNS), as a user would on two machines; the joined host
+serves shards of a model split across both hosts, and the greedy tokens equal the whole
+model's; when the joined host's link goes down mid-stream, the stream completes on the workers
+that remain."""
 
 from __future__ import annotations
 
@@ -92,12 +93,16 @@ STREAM = (
 )
 
 
-def joins(prefix: list[str], url: str, token: str, device_id: str, *extra: str) -> ServiceProcess:
-    """``tessera join`` on the host ``prefix`` runs on, once it serves."""
+def joins(
+    prefix: list[str], url: str | None, token: str, device_id: str, *extra: str
+) -> ServiceProcess:
+    """``tessera join`` on the host ``prefix`` runs on, once it serves (``url`` None: the
+    cluster is found over mDNS)."""
+    where = [url] if url else []
     process = ServiceProcess(
         f"join {device_id}",
         {"COLUMNS": "200"},
-        ["-m", "libs.cli.main", "join", url, "--token", token, "--device-id", device_id, *extra],
+        ["-m", "libs.cli.main", "join", *where, "--token", token, "--device-id", device_id, *extra],
         prefix=prefix,
         ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
     )
@@ -119,7 +124,10 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         url, token = re.search(r"tessera join (\S+) --token (\S+)", said).groups()  # type: ignore[union-attr]
         assert url.startswith(f"nats://{address}:")
         head.wait_for("ready:", 240)  # the model does not fit worker-0 alone: not deployed yet
-        joined.append(joins(on_b, url, token, "laptop-b", "--memory-gb", MEMORY_GB))
+        assert any("announced on the LAN (mDNS)" in line for line in head.lines)
+        # Host B is given no URL: it finds the cluster over mDNS.
+        joined.append(joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB))
+        assert any(f"found {url} on the LAN" in str(line.get("msg")) for line in joined[0].lines)
 
         on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
         rows = json.loads(run_in(on_a, on_head, "-m", "libs.cli.main", "devices", "--json"))
