@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from libs.runtime.bus import Unsubscribe
+from libs.runtime.settings import ready_file
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +25,8 @@ def announce_ready(service: str, **details: object) -> None:
     first: a subscription not yet at the server would miss what is sent right after. With
     ``TESSERA_READY_FILE`` set, that file is written too (a container's healthcheck tests it)."""
     log.info(READY_MESSAGE, extra={"ready_service": service, **details})
-    if path := os.environ.get("TESSERA_READY_FILE"):
-        Path(path).write_text(f"{service}\n")
+    if (path := ready_file()) is not None:
+        path.write_text(f"{service}\n")
 
 
 def run_service(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> int:

@@ -79,6 +79,13 @@ def model_cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "tessera" / "models"
 
 
+def ready_file() -> Path | None:
+    """``TESSERA_READY_FILE``: a file a service writes when it says ready (a container's
+    healthcheck tests it); None when unset."""
+    path = os.environ.get("TESSERA_READY_FILE")
+    return Path(path) if path else None
+
+
 def hub_offline() -> None:
     """Nothing may be downloaded at run time: tell Hugging Face libraries so before they load."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
