@@ -97,13 +97,16 @@ class JoinDesk:
 
     async def on_join(self, ask: JoinRequest, msg: Delivery) -> None:
         try:
+            if ask.device_id in self.access.devices and ask.device_id not in self.joined:
+                raise ValueError(f"{ask.device_id!r} is a worker of this cluster already")
             password = self.access.admit(ask.device_id)
         except ValueError as exc:
             answer = JoinAnswer(device_id=ask.device_id, refused=str(exc))
         else:
             await self._reload(lambda: self._accepts(ask.device_id, password))
             answer = JoinAnswer(device_id=ask.device_id, user=ask.device_id, password=password)
-            self.joined.append(ask.device_id)
+            if ask.device_id not in self.joined:
+                self.joined.append(ask.device_id)
             log.info("host joined", extra={"device_id": ask.device_id, "hostname": ask.hostname})
         if msg.reply:
             await self.bus.reply(msg.reply, JOIN_ANSWER, answer)

@@ -70,6 +70,8 @@ async def test_a_wrong_token_and_a_service_name_are_refused_saying_why(
         await ask_to_join(server.url, "not-the-token", "laptop-1")
     with pytest.raises(JoinRefused, match="'scheduler' is the name of a service"):
         await ask_to_join(server.url, access.token, "scheduler")
+    with pytest.raises(JoinRefused, match="'worker-0' is a worker of this cluster already"):
+        await ask_to_join(server.url, access.token, "worker-0")
     with pytest.raises(JoinRefused, match="no cluster answers"):
         await ask_to_join("nats://127.0.0.1:1", access.token, "laptop-1", timeout_s=2)
 
