@@ -52,6 +52,10 @@ class CheckFailed(Exception):
         self.service = service
 
 
+class Broken(CheckFailed):
+    """A failure no waiting mends (a service unhealthy or exited): ``until`` stops at once."""
+
+
 def run(
     *args: str, check: bool = True, quiet: bool = False, env: dict[str, str] | None = None
 ) -> str:
@@ -81,6 +85,8 @@ def until(what: str, probe: Callable[[], T | None], timeout_s: float, service: s
         try:
             if (answer := probe()) is not None:
                 return answer
+        except Broken:
+            raise
         except Exception as exc:  # the service is not there yet
             last = exc
         time.sleep(1.0)
@@ -201,7 +207,7 @@ def all_healthy(stack: Stack) -> dict[str, str] | None:
     waiting = {s: v for s, v in states.items() if v != "healthy" and v != "exited (exit 0)"}
     for service, state in waiting.items():
         if state == "unhealthy" or (state.startswith("exited") and service != "deploy"):
-            raise CheckFailed(f"{service} is {state}", service)
+            raise Broken(f"{service} is {state}", service)
     return None if waiting or "deploy" not in states else states
 
 
