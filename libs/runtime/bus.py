@@ -218,7 +218,9 @@ async def connect_nats(
 ) -> NatsClient:
     """Connect with unlimited reconnects; connection changes are logged, never raised;
     ``reconnected`` runs after each reconnect (what was in flight may have been lost);
-    ``ca_file``: connect over TLS, trusting only the server certificates it signed."""
+    ``ca_file``: connect over TLS, trusting only the server certificates it signed. ``url``
+    may name several servers of a NATS cluster, comma-separated: any one that answers will
+    do, and the client moves to another when it goes."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": repr(exc)})
@@ -233,7 +235,7 @@ async def connect_nats(
 
     tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     return await nats.connect(
-        url,
+        [server.strip() for server in url.split(",") if server.strip()],
         name=name,
         tls=tls,
         connect_timeout=connect_timeout_s,

@@ -49,3 +49,18 @@ def test_servers_stop_and_leave_nothing_listening() -> None:
     server.close()
     assert not port_open("127.0.0.1", port)
     assert not server.data_dir.exists()
+
+
+async def test_a_client_given_several_servers_moves_to_another_when_its_own_goes() -> None:
+    with NatsServer() as first, NatsServer() as second:
+        nc = await connect_nats(f"{first.url}, {second.url}", "several-servers")
+        servers = {first.port: first, second.port: second}
+        serving = nc.connected_url.port if nc.connected_url else None
+        assert serving in servers
+        await asyncio.to_thread(servers[serving].kill)
+
+        await wait_until(lambda: nc.is_connected and nc.connected_url.port != serving, 10)  # type: ignore[union-attr]
+        sub = await nc.subscribe("several.echo")
+        await nc.publish("several.echo", b"still here")
+        assert (await sub.next_msg(timeout=5)).data == b"still here"
+        await close_nats(nc)
