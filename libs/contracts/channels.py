@@ -27,6 +27,7 @@ from libs.contracts.device import (
     AnnounceRequest,
     DeviceAnnounce,
     DeviceFailed,
+    DeviceLeaving,
     DeviceRecovered,
     DvfsHint,
     Heartbeat,
@@ -145,6 +146,7 @@ TELEMETRY = Channel("telemetry", "tessera.v1.telemetry.{device_id}", TelemetrySa
 HEARTBEAT = Channel("heartbeat", "tessera.v1.heartbeat.{device_id}", Heartbeat)
 SCORE = Channel("score", "tessera.v1.score.{device_id}", ScoreUpdate)
 DEVICE_FAILED = Channel("device_failed", "tessera.v1.device.failed.{device_id}", DeviceFailed)
+DEVICE_LEAVING = Channel("device_leaving", "tessera.v1.device.leaving.{device_id}", DeviceLeaving)
 DEVICE_RECOVERED = Channel(
     "device_recovered", "tessera.v1.device.recovered.{device_id}", DeviceRecovered
 )
@@ -180,6 +182,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     HEARTBEAT,
     SCORE,
     DEVICE_FAILED,
+    DEVICE_LEAVING,
     DEVICE_RECOVERED,
     DVFS_HINT,
     PLACEMENT_REQUEST,

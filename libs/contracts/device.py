@@ -142,6 +142,15 @@ class DeviceFailed(WireModel):
     missed_heartbeats: Annotated[int, Field(ge=1)]
 
 
+class DeviceLeaving(WireModel):
+    """A device is about to leave (Ctrl-C on ``tessera join``): the scorer declares it failed
+    at once, so its work moves while it still serves; it exits once its shards are gone."""
+
+    device_id: DeviceId
+    ts: Timestamp
+    reason: Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class DeviceRecovered(WireModel):
     device_id: DeviceId
     ts: Timestamp

@@ -291,13 +291,10 @@ class Deployments:
             old = deployment
             new = replace_assignments(old, assignments_of(chosen))
             self.state.deployments[new.deployment_id] = new
-            # Live devices drop the old epoch's shards; every device of the new plan loads.
-            await self._shard_tasks(
-                old,
-                "unload",
-                now,
-                only={a.device_id for a in old.assignments if a.device_id != device_id},
-            )
+            # Every device of the old plan drops its shards (a leaving device learns so that
+            # its work has moved; a dead one finds the unload if it comes back); every device
+            # of the new plan loads.
+            await self._shard_tasks(old, "unload", now)
             await self._shard_tasks(new, "load", now)
             self.state.counters["migrations"] += 1
             self.metrics.migrations.inc()

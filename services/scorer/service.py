@@ -21,6 +21,7 @@ from libs.contracts import (
     ANNOUNCE,
     ANNOUNCE_REQUEST,
     DEVICE_FAILED,
+    DEVICE_LEAVING,
     DEVICE_RECOVERED,
     HEARTBEAT,
     MODE_CHANGE,
@@ -29,6 +30,7 @@ from libs.contracts import (
     AnnounceRequest,
     DeviceAnnounce,
     DeviceFailed,
+    DeviceLeaving,
     DeviceRecovered,
     DeviceState,
     Heartbeat,
@@ -71,6 +73,8 @@ class Scorer:
         self.buffer: list[tuple[TelemetrySample, bytes]] = []
         self.announces: dict[str, DeviceAnnounce] = {}
         self.heard: dict[str, float] = {}
+        #: Devices that said they leave: failed at once, and not revived by what they still send.
+        self.leaving: set[str] = set()
         self.unknown_until: dict[str, float] = {}
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
@@ -100,6 +104,7 @@ class Scorer:
             await self.bus.subscribe(ANNOUNCE, self.on_announce, rejected=rejected),
             await self.bus.subscribe(TELEMETRY, self.on_telemetry, rejected=rejected),
             await self.bus.subscribe(HEARTBEAT, self.on_heartbeat, rejected=rejected),
+            await self.bus.subscribe(DEVICE_LEAVING, self.on_leaving, rejected=rejected),
             await self.bus.subscribe(MODE_CHANGE, self.on_mode, rejected=rejected),
         ]
         # Agents that announced before we subscribed (or while we were down) announce again.
@@ -125,6 +130,13 @@ class Scorer:
 
     async def on_heartbeat(self, heartbeat: Heartbeat, msg: Delivery) -> None:
         self.heard[heartbeat.device_id] = self.clock()
+
+    async def on_leaving(self, leaving: DeviceLeaving, msg: Delivery) -> None:
+        """The next detector pass declares it failed, so its work moves while it serves."""
+        if (record := self.table.get(leaving.device_id)) is not None:
+            self.leaving.add(leaving.device_id)
+            record.deadline = 0.0
+            log.info("device leaving", extra={"device_id": leaving.device_id})
 
     async def on_mode(self, change: ModeChange, msg: Delivery) -> None:
         if change.mode != self.mode or change.weights != self.custom_weights:
@@ -170,10 +182,12 @@ class Scorer:
         pipe = self.redis.pipeline(transaction=False)
         misses = self.settings.heartbeat_misses
         for device_id, at in heard.items():
-            if (record := self.table.get(device_id)) is not None:
+            if (record := self.table.get(device_id)) is not None and device_id not in self.leaving:
                 record.touch(at, misses)
         due = []
         for device_id, sample in latest.items():
+            if device_id in self.leaving:
+                continue
             record = self.table[device_id]
             record.touch(now, misses)
             record.latest = sample
@@ -222,6 +236,7 @@ class Scorer:
                 record.measured = existing.measured  # checked against the new claims now
                 record.latest = existing.latest
             record.touch(now, self.settings.heartbeat_misses)
+            self.leaving.discard(announce.device_id)  # it came back
             self.table[announce.device_id] = record
             self.unknown_until.pop(announce.device_id, None)
             pipe.set(self.keys.caps(announce.device_id), announce.model_dump_json())

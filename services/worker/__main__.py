@@ -137,6 +137,8 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
         speed_factor=device.speed_factor,
     )
     await stop.wait()
+    if settings.host_device:  # a joined host leaves: its shards move before it goes
+        await worker.leave()
     await background.close()
     await telemetry
     await worker.close()

@@ -8,19 +8,23 @@ server), it takes ``SHARD_TASK`` from its durable consumer on the ``Bus``, answe
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from libs.contracts import (
     CANCEL,
+    DEVICE_LEAVING,
     GENERATION,
     SHARD_STATUS,
     SHARD_TASK,
     TOKENS,
     ContractError,
+    DeviceLeaving,
     GenerationCancel,
     GenerationRequest,
     ShardStatus,
@@ -30,6 +34,8 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus, Delivery, RateLimitedLog, Unsubscribe
 from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
 
 _refusals = RateLimitedLog()
 
@@ -100,6 +106,21 @@ class DeviceWorker(ABC):
             await self.bus.subscribe(CANCEL, self.on_cancel, rejected=self.on_rejected),
             *await self.subscribe_more(),
         ]
+
+    async def leave(self, timeout_s: float = 20.0) -> bool:
+        """Say this device leaves, and serve on until the scheduler has moved its shards
+        (their unload tasks arrive here) or ``timeout_s`` passes; True once they moved."""
+        message = DeviceLeaving(device_id=self.device_id, ts=self.clock(), reason="leaving")
+        await self.bus.publish(DEVICE_LEAVING, message, device_id=self.device_id)
+        started, deadline = time.monotonic(), time.monotonic() + timeout_s
+        while self.device.work and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        moved = not self.device.work
+        log.info(
+            "left" if moved else "left before its shards moved",
+            extra={"device_id": self.device_id, "waited_s": round(time.monotonic() - started, 2)},
+        )
+        return moved
 
     async def close(self) -> None:
         for sub in self._subs:

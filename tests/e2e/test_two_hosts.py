@@ -3,16 +3,19 @@ address and no loopback between them. ``tessera up --listen`` runs in one and ``
 in the other (finding the cluster over mDNS), as a user would on two machines; the joined host
 serves shards of a model split across both hosts, and the greedy tokens equal the whole
 model's; when the joined host's link goes down mid-stream, the stream completes on the workers
-that remain."""
+that remain; Ctrl-C on a joined host moves its shards before it exits, and nothing is lost."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +71,17 @@ def reference_text() -> str:
     model = ShardModel(folder, 0, 30, "int8")
     tokens = greedy(model, ids, TOKENS, {tokenizer.eos_token_id})
     return str(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def wait_alive(prefix: list[str], env: dict[str, str], device_id: str) -> None:
+    """Until ``tessera devices`` on that host lists ``device_id`` alive."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = json.loads(run_in(prefix, env, "-m", "libs.cli.main", "devices", "--json"))
+        if any(r["device_id"] == device_id and r["state"] == "alive" for r in rows):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"{device_id} not alive again within 60 s")
 
 
 def run_in(prefix: list[str], env: dict[str, str], *argv: str) -> str:
@@ -160,6 +174,32 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         recovered_s = pieces[4][0] - down_at
         print(f"the first piece after the link went down came {recovered_s:.2f} s later")
         assert recovered_s <= 3 * 1.0 + 1.0  # three heartbeat intervals (1 s) and 1 s
+
+        # Host B's link comes back: laptop-b is a device again. Then Ctrl-C on the spare
+        # mid-stream: its shards move while it still serves, and only then does it exit.
+        subprocess.run([*on_b, "ip", "link", "set", link, "up"], check=True)
+        wait_alive(on_a, on_head, "laptop-b")
+        spare = joined[1]
+        assert spare.process is not None
+        stream = subprocess.Popen(
+            [*on_a, sys.executable, "-c", STREAM, f"{head.base_url}/v1"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert stream.stdout is not None
+        pieces = []
+        for line in stream.stdout:
+            pieces.append(json.loads(line))
+            if len(pieces) == 4:
+                spare.process.send_signal(signal.SIGINT)
+        assert stream.wait(timeout=60) == 0
+        assert "".join(p for _, p in pieces) == reference
+        assert spare.process.wait(timeout=60) == 0
+        said = [str(line.get("msg", "")) for line in spare.lines]
+        left = [m for m in said if "left" in m and "device_id=spare-a" in m]
+        assert left and "before its shards moved" not in left[0], said[-20:]
+        gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces))
+        print(f"the spare: {left[0].strip()}; longest wait between pieces {gap:.2f} s")
     finally:
         for process in joined:
             process.stop(timeout_s=30)

@@ -14,6 +14,8 @@ import pytest
 from libs.contracts import (
     ANNOUNCE,
     DEVICE_FAILED,
+    DEVICE_LEAVING,
+    DEVICE_RECOVERED,
     HEARTBEAT,
     MODE_CHANGE,
     SCORE,
@@ -21,6 +23,7 @@ from libs.contracts import (
     DeviceAnnounce,
     DeviceClass,
     DeviceFailed,
+    DeviceLeaving,
     DeviceState,
     Heartbeat,
     Mode,
@@ -123,6 +126,40 @@ async def test_a_silent_device_is_declared_failed_after_three_heartbeats(scorer:
     assert isinstance(failed, DeviceFailed) and failed.device_id == "laptop-1"
     assert (await row(redis, "laptop-1")).state == DeviceState.FAILED
     assert await redis.smembers(Keys("u").failed) == {"laptop-1"}
+
+
+async def test_a_leaving_device_fails_at_once_and_its_last_reports_do_not_revive_it(
+    scorer: Any,
+) -> None:
+    service, bus, redis, clock = scorer
+    await announce(bus, "laptop-1", DeviceClass.LAPTOP)
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1"), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    leaving = DeviceLeaving(device_id="laptop-1", ts=clock.now, reason="Ctrl-C")
+    await bus.publish(DEVICE_LEAVING, leaving, device_id="laptop-1")
+    await bus.settle()
+    await service.detect()  # no silence needed
+    await bus.settle()
+    [failed] = bus.sent(DEVICE_FAILED)
+    assert failed.device_id == "laptop-1"
+    # What it still sends while its shards move does not bring it back.
+    clock.now += 0.5
+    heartbeat = Heartbeat(device_id="laptop-1", seq=3, ts=clock.now)
+    await bus.publish(HEARTBEAT, heartbeat, device_id="laptop-1")
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1", seq=3), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    await bus.settle()
+    assert bus.sent(DEVICE_RECOVERED) == []
+    assert (await row(redis, "laptop-1")).state == DeviceState.FAILED
+    # Joining again (it announces) makes it a device like any other.
+    await announce(bus, "laptop-1", DeviceClass.LAPTOP)
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1", seq=4), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    await bus.settle()
+    assert [r.device_id for r in bus.sent(DEVICE_RECOVERED)] == ["laptop-1"]
 
 
 async def test_a_custom_profile_reweights_every_total(scorer: Any) -> None:
