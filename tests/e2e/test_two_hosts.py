@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -71,6 +70,23 @@ def reference_text() -> str:
     model = ShardModel(folder, 0, 30, "int8")
     tokens = greedy(model, ids, TOKENS, {tokenizer.eos_token_id})
     return str(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def stream_and(prefix: list[str], url: str, command: list[str]) -> list[tuple[float, str]]:
+    """A greedy answer streamed on host ``prefix``, running ``command`` after its 4th piece;
+    each piece with when it arrived."""
+    stream = subprocess.Popen(
+        [*prefix, sys.executable, "-c", STREAM, url], stdout=subprocess.PIPE, text=True
+    )
+    assert stream.stdout is not None
+    pieces = []
+    for line in stream.stdout:
+        at, piece = json.loads(line)
+        pieces.append((at, piece))
+        if len(pieces) == 4:
+            subprocess.run(command, check=True)
+    assert stream.wait(timeout=60) == 0
+    return pieces
 
 
 def wait_alive(prefix: list[str], env: dict[str, str], device_id: str) -> None:
@@ -157,20 +173,9 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         # A spare worker joins on host A; host B's link goes down mid-stream.
         joined.append(joins(on_a, url, token, "spare-a"))
         link = f"v{hosts[2][-1]}"
-        stream = subprocess.Popen(
-            [*on_a, sys.executable, "-c", STREAM, f"{head.base_url}/v1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert stream.stdout is not None
-        pieces = []
-        for line in stream.stdout:
-            pieces.append(json.loads(line))
-            if len(pieces) == 4:
-                subprocess.run([*on_b, "ip", "link", "set", link, "down"], check=True)
-                down_at = pieces[-1][0]
-        assert stream.wait(timeout=60) == 0
+        pieces = stream_and(on_a, f"{head.base_url}/v1", [*on_b, "ip", "link", "set", link, "down"])
         assert "".join(p for _, p in pieces) == reference  # nothing lost, nothing twice
+        down_at = pieces[3][0]
         # How soon is a figure to report (the goal: 3 heartbeat intervals + 1 s = 4 s), not
         # asserted: this machine is shared and noisy.
         recovered_s = pieces[4][0] - down_at
@@ -182,18 +187,8 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         wait_alive(on_a, on_head, "laptop-b")
         spare = joined[1]
         assert spare.process is not None
-        stream = subprocess.Popen(
-            [*on_a, sys.executable, "-c", STREAM, f"{head.base_url}/v1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert stream.stdout is not None
-        pieces = []
-        for line in stream.stdout:
-            pieces.append(json.loads(line))
-            if len(pieces) == 4:
-                spare.process.send_signal(signal.SIGINT)
-        assert stream.wait(timeout=60) == 0
+        ctrl_c = ["kill", "-INT", str(spare.process.pid)]
+        pieces = stream_and(on_a, f"{head.base_url}/v1", ctrl_c)
         assert "".join(p for _, p in pieces) == reference
         assert spare.process.wait(timeout=60) == 0
         said = [str(line.get("msg", "")) for line in spare.lines]
