@@ -9,6 +9,7 @@ the last log lines of the service it concerns. Built images stay: a second run r
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -132,11 +133,16 @@ def compose_command() -> list[str]:
     return ["docker-compose"]
 
 
-def pip_setting(name: str) -> str:
-    """pip's setting ``name`` as pip sees it here (its environment first, then its files)."""
+@functools.cache
+def pip_settings() -> dict[str, str]:
     pip = ROOT / ".venv" / "bin" / "pip"
     listed = subprocess.run([str(pip), "config", "list"], capture_output=True, text=True).stdout
-    values = dict(line.split("=", 1) for line in listed.splitlines() if "=" in line)
+    return dict(line.split("=", 1) for line in listed.splitlines() if "=" in line)
+
+
+def pip_setting(name: str) -> str:
+    """pip's setting ``name`` as pip sees it here (its environment first, then its files)."""
+    values = pip_settings()
     for scope in (":env:", "global", "install"):
         if value := values.get(f"{scope}.{name}", "").strip("'\""):
             return value
@@ -185,14 +191,16 @@ class Stack:
         return self("ps", "-q", service).strip()
 
     def states(self) -> dict[str, str]:
-        """Each running service's state: its health where it has a healthcheck."""
+        """Each service's state (its containers, exited ones too, in one inspect): its health
+        where it has a healthcheck."""
+        ids = self("ps", "-a", "-q").split()
         states = {}
-        for service in self("config", "--services").split():
-            if service in LEFT_OUT or not (cid := self.container(service)):
-                continue
-            info = json.loads(run("docker", "inspect", cid, quiet=True))[0]["State"]
-            health = info.get("Health", {}).get("Status")
-            states[service] = health or f"{info['Status']} (exit {info['ExitCode']})"
+        for info in json.loads(run("docker", "inspect", *ids, quiet=True)) if ids else []:
+            service = info["Config"]["Labels"]["com.docker.compose.service"]
+            state = info["State"]
+            if service not in LEFT_OUT:
+                health = state.get("Health", {}).get("Status")
+                states[service] = health or f"{state['Status']} (exit {state['ExitCode']})"
         return states
 
     def logs(self, service: str, lines: int = 40) -> str:

@@ -45,6 +45,12 @@ INBOX = "_INBOX.>"  #: replies to this user's requests
 JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$KV.>"]
 
 
+def with_user(url: str, user: str, password: str) -> str:
+    """``url`` (nats://host:port) with these credentials."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:{password}@{rest}"
+
+
 @dataclass(frozen=True)
 class Grant:
     publish: tuple[str, ...]
@@ -261,5 +267,4 @@ class AccessControl:
 
     def nats_url(self, base: str, user: str) -> str:
         """``base`` (nats://host:port) with ``user``'s credentials."""
-        scheme, _, rest = base.partition("://")
-        return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
+        return with_user(base, user, self.passwords[user])

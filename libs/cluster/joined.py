@@ -21,7 +21,6 @@ from libs.cluster.joining import JoinRefused, ask_to_join
 from libs.cluster.launcher import choose_engines, exit_text, render
 from libs.devices.host import host_device_id
 from libs.runtime.procs import ServiceProcess
-from libs.runtime.settings import child_env
 
 
 @dataclass
@@ -66,15 +65,12 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
     engine = "vllm" if vllm else "torch"
     say(f"joined {url} as device {device_id}; engine {engine} ({why})")
-    env = {
-        **child_env(),
+    env = {  # on top of this process's environment, with JSON logs (ServiceProcess)
         "TESSERA_NATS_URL": nats_url,
         "TESSERA_WORKER_DEVICE_ID": device_id,
         "TESSERA_WORKER_HOST_DEVICE": "true",
         "TESSERA_WORKER_ENGINE": engine,
         "TESSERA_WORKER_PRELOAD": "true",
-        "TESSERA_LOG_FORMAT": "json",
-        "PYTHONUNBUFFERED": "1",
     }
     if options.memory_gb is not None:
         env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)

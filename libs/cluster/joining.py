@@ -16,13 +16,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
 
-from libs.cluster.access import JOIN_USER, AccessControl
+from libs.cluster.access import JOIN_USER, AccessControl, with_user
 from libs.cluster.servers import NatsServer
 from libs.contracts import (
     JOIN,
@@ -43,21 +41,12 @@ class JoinRefused(RuntimeError):
     """The cluster would not let this host in; the message says why and what to do."""
 
 
-def with_user(url: str, user: str, password: str) -> str:
-    """``url`` (nats://host:port) with these credentials."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 class JoinDesk:
     """Answers join requests and token rotations for a running ``tessera up``, in a thread of
     its own (the launcher is synchronous)."""
 
     def __init__(self, access: AccessControl, server: NatsServer, admin_url: str) -> None:
         self.access, self.server, self.admin_url = access, server, admin_url
-        self.config = server.config
         self.joined: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -103,7 +92,7 @@ class JoinDesk:
         except ValueError as exc:
             answer = JoinAnswer(device_id=ask.device_id, refused=str(exc))
         else:
-            await self._reload(lambda: self._accepts(ask.device_id, password))
+            await self._reload(ask.device_id, password)
             answer = JoinAnswer(device_id=ask.device_id, user=ask.device_id, password=password)
             if ask.device_id not in self.joined:
                 self.joined.append(ask.device_id)
@@ -113,19 +102,20 @@ class JoinDesk:
 
     async def on_rotate(self, ask: TokenRotation, msg: Delivery) -> None:
         token = self.access.rotate_token()
-        await self._reload(lambda: self._accepts(JOIN_USER, token))
+        await self._reload(JOIN_USER, token)
         log.info("join token rotated")
         if msg.reply:
             await self.bus.reply(msg.reply, TOKEN_ANSWER, TokenAnswer(token=token))
 
-    async def _reload(self, done: Callable[[], Awaitable[bool]]) -> None:
-        """Write the users, have nats-server reload them, and wait until it does."""
-        if self.config is not None:
-            self.access.write_nats_config(self.config)
+    async def _reload(self, user: str, password: str) -> None:
+        """Write the users, have nats-server reload them, and wait until it lets ``user`` in
+        with ``password``."""
+        if self.server.config is not None:
+            self.access.write_nats_config(self.server.config)
         if self.server.process is not None:
             self.server.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 5
-        while not await done() and time.monotonic() < deadline:
+        while not await self._accepts(user, password) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
 
     async def _accepts(self, user: str, password: str) -> bool:

@@ -73,8 +73,6 @@ class Scorer:
         self.buffer: list[tuple[TelemetrySample, bytes]] = []
         self.announces: dict[str, DeviceAnnounce] = {}
         self.heard: dict[str, float] = {}
-        #: Devices that said they leave: failed at once, and not revived by what they still send.
-        self.leaving: set[str] = set()
         self.unknown_until: dict[str, float] = {}
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
@@ -132,10 +130,8 @@ class Scorer:
         self.heard[heartbeat.device_id] = self.clock()
 
     async def on_leaving(self, leaving: DeviceLeaving, msg: Delivery) -> None:
-        """The next detector pass declares it failed, so its work moves while it serves."""
         if (record := self.table.get(leaving.device_id)) is not None:
-            self.leaving.add(leaving.device_id)
-            record.deadline = 0.0
+            record.leave()
             log.info("device leaving", extra={"device_id": leaving.device_id})
 
     async def on_mode(self, change: ModeChange, msg: Delivery) -> None:
@@ -182,13 +178,13 @@ class Scorer:
         pipe = self.redis.pipeline(transaction=False)
         misses = self.settings.heartbeat_misses
         for device_id, at in heard.items():
-            if (record := self.table.get(device_id)) is not None and device_id not in self.leaving:
+            if (record := self.table.get(device_id)) is not None:
                 record.touch(at, misses)
         due = []
         for device_id, sample in latest.items():
-            if device_id in self.leaving:
-                continue
             record = self.table[device_id]
+            if record.leaving:
+                continue
             record.touch(now, misses)
             record.latest = sample
             if record.failed:
@@ -236,7 +232,6 @@ class Scorer:
                 record.measured = existing.measured  # checked against the new claims now
                 record.latest = existing.latest
             record.touch(now, self.settings.heartbeat_misses)
-            self.leaving.discard(announce.device_id)  # it came back
             self.table[announce.device_id] = record
             self.unknown_until.pop(announce.device_id, None)
             pipe.set(self.keys.caps(announce.device_id), announce.model_dump_json())

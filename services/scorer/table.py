@@ -37,6 +37,9 @@ class DeviceRecord:
     failed: bool = False
     #: When the device counts as failed if nothing is heard before (see ``touch``).
     deadline: float = float("inf")
+    #: It said it leaves: failed at once, and not revived by what it still sends (an
+    #: announce makes a new record: it joined again).
+    leaving: bool = False
     last_scored_at: float | None = None
     last_scored: TelemetrySample | None = None
     scores: dict[str, float] | None = None
@@ -71,8 +74,14 @@ class DeviceRecord:
         self.speed_scale = scale
         self.compute = claimed_compute(self.claimed, scale, self.model_type)
 
+    def leave(self) -> None:
+        """The next detector pass declares it failed, so its work moves while it serves."""
+        self.leaving, self.deadline = True, 0.0
+
     def touch(self, now: float, misses: int) -> None:
         """Heard from at ``now``: it fails if silent for ``misses`` intervals (+ a grace)."""
+        if self.leaving:
+            return
         self.last_seen = max(self.last_seen, now)
         grace = min(1.0, 0.25 * self.interval_s)
         self.deadline = self.last_seen + misses * self.interval_s + grace
