@@ -87,7 +87,7 @@ up: deps venv model
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the
 ## stack up, checks it as a user would and takes it down. ~4 min from nothing, ~2 min again.
 compose-test: venv
-	$(BIN)/python deploy/compose_test.py
+	$(BIN)/python deploy/compose_test.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -5,6 +5,7 @@ chat streams through the gateway, and injects each fault in turn (``libs/harness
 Writes the table to ``bench/results/chaos.md`` too.
 
     python bench/chaos.py --requests 1000 --json [--faults worker_kill,nats_restart]
+    python bench/chaos.py --nats-servers 3 --faults nats_member_kill   # NATS as a cluster
 
 Goal: 0 lost in every fault; recovery within 3 heartbeat intervals + 1 s; no duplicate tokens.
 """
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from libs.harness.chaos import FAULTS, Chaos, table
+from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos, table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos.md"
 
@@ -26,10 +27,15 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000, help="per fault")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--faults", default=None, help="default: every fault the cluster has")
+    parser.add_argument("--nats-servers", type=int, default=1, choices=(1, 3))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    chaos = Chaos(concurrency=args.concurrency, max_tokens=args.max_tokens)
+    faults = FAULTS + (NATS_CLUSTER_FAULTS if args.nats_servers == 3 else ())
+    args.faults = args.faults or ",".join(faults)
+    chaos = Chaos(
+        concurrency=args.concurrency, max_tokens=args.max_tokens, nats_servers=args.nats_servers
+    )
     chaos.start()
     outcomes = []
     try:
@@ -41,6 +47,7 @@ def main() -> int:
     goal_s = 3 * chaos.interval_s + 1.0
     report = {
         "requests_per_fault": args.requests,
+        "nats_servers": args.nats_servers,
         "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
         "heartbeat_interval_s": chaos.interval_s,
@@ -50,9 +57,11 @@ def main() -> int:
             o.recovery_s is not None and o.recovery_s <= goal_s for o in outcomes
         ),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
-        f"# Chaos results\n\n`python bench/chaos.py --requests {args.requests}` "
+    results = RESULTS if args.nats_servers == 1 else RESULTS.with_name("chaos-nats-cluster.md")
+    results.parent.mkdir(exist_ok=True)
+    servers = f" --nats-servers {args.nats_servers}" if args.nats_servers > 1 else ""
+    results.write_text(
+        f"# Chaos results\n\n`python bench/chaos.py --requests {args.requests}{servers}` "
         f"({args.concurrency} concurrent streams, {args.max_tokens} tokens each, heartbeat "
         f"every {chaos.interval_s} s; recovery goal 3 intervals + 1 s = {goal_s:g} s):\n\n"
         f"{table(outcomes)}\n"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builders: 
 from libs.cluster.launcher import Cluster, UpOptions
 from libs.cluster.up import deploy_model
 from libs.harness.fuzz import flood, tally
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port
 from tests.builders import sample_messages
 

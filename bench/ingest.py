@@ -23,7 +23,7 @@ from libs.cluster.servers import NatsServer, RedisServer
 from libs.contracts import ANNOUNCE, TELEMETRY
 from libs.contracts.keys import Keys
 from libs.devices.fleetfile import build, mixed
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import ServiceProcess
 from libs.runtime.store import connect_redis
 

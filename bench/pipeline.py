@@ -27,7 +27,8 @@ from libs.contracts import Sampling
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import NatsBus, close_nats, connect_nats
+from libs.runtime.bus import NatsBus
+from libs.runtime.nats_client import close_nats, connect_nats
 from services.gateway.generation import GenerationClient, Route, RouteBook
 
 PROMPTS = (

@@ -5,10 +5,14 @@ Docker Hub cannot give here (``deploy/images/build.sh``) and the project's image
 stack up with fresh credentials, checks it, and takes everything down again (containers,
 networks, volumes) whatever happened. Each check prints its name and its time; a failure prints
 the last log lines of the service it concerns. Built images stay: a second run reuses them.
+
+``--nats-servers 3`` runs the profile ``nats-cluster`` (NATS as a cluster of three) and kills
+one of the NATS servers mid-stream as well.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import json
@@ -176,8 +180,9 @@ def project_image(docker: str) -> None:
 
 # -- the stack -----------------------------------------------------------------------------
 class Stack:
-    def __init__(self) -> None:
+    def __init__(self, profiles: tuple[str, ...] = ()) -> None:
         self.compose = [*compose_command(), "-p", PROJECT, "--env-file", str(ACCESS / "access.env")]
+        self.compose += [arg for p in profiles for arg in ("--profile", p)]
         env = dict(line.split("=", 1) for line in (ACCESS / "access.env").read_text().splitlines())
         self.key = env["TESSERA_API_KEY"]
         self.http = httpx.Client(
@@ -316,9 +321,39 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
             f"{gap:.2f} s; shards now on {moved}",
             flush=True,
         )
+    if "nats-2" in stack.states():
+        kill_a_nats_server(stack, docker, client, reference)
+
+
+def kill_a_nats_server(stack: Stack, docker: str, client: OpenAI, reference: str) -> None:
+    with step("docker kill of one of the three NATS servers mid-stream: the answer completes"):
+        killed: dict[str, float] = {}
+
+        def kill(n: int) -> None:
+            if n == 4 and not killed:
+                run(docker, "kill", stack.container("nats"), quiet=True)
+                killed["at"] = time.monotonic()
+
+        text, times = stream(client, kill)
+        if "at" not in killed:
+            raise CheckFailed("the stream ended before the kill", "nats")
+        if text != reference:
+            raise CheckFailed(f"after the kill: {text!r}, alone: {reference!r}", "gateway")
+        again, _ = stream(client)  # and the next request, with two servers left
+        if again != reference:
+            raise CheckFailed(f"after the kill, a new request: {again!r}", "gateway")
+        gap = max(b - a for a, b in itertools.pairwise(times))
+        print(
+            f"   killed nats; the answer is whole and identical, and so is the next one; longest "
+            f"wait between tokens {gap:.2f} s",
+            flush=True,
+        )
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="docker compose run and checked for real")
+    parser.add_argument("--nats-servers", type=int, choices=(1, 3), default=1)
+    args = parser.parse_args()
     busy = [p for p in (8000, 9090, 9093) if socket.socket().connect_ex(("127.0.0.1", p)) == 0]
     if busy:
         print(f"ports {busy} are taken here: stop what holds them (`make up`?)", file=sys.stderr)
@@ -332,8 +367,9 @@ def main() -> int:
         docker = docker_client()  # once Docker is installed
         with step("project image tessera:latest"):
             project_image(docker)
-        run(str(ROOT / ".venv" / "bin" / "tessera"), "access", "--out", str(ACCESS))
-        stack = Stack()
+        tessera = str(ROOT / ".venv" / "bin" / "tessera")
+        run(tessera, "access", "--out", str(ACCESS), "--nats-servers", str(args.nats_servers))
+        stack = Stack(("nats-cluster",) if args.nats_servers == 3 else ())
         stack.down()  # what an interrupted run left
         up_at = time.monotonic()
         with step("docker compose up"):

@@ -10,7 +10,7 @@ from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.store import connect_redis
 
 

@@ -94,6 +94,8 @@ class FleetAgent:
     async def on_hint(self, hint: DvfsHint, msg: Delivery) -> None:
         if (device := self.devices.get(hint.device_id)) is not None:
             device.frequency_scale = hint.frequency_scale
+            if hint.sleep_after_s is not None:
+                device.sleep_after_s = hint.sleep_after_s
 
     def stop_device(self, device_id: str) -> None:
         """Stop reporting one device (as if its agent died)."""

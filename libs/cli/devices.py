@@ -48,6 +48,7 @@ def rows_of(rows: list[DeviceRow], now: float) -> list[list[str]]:
     for row in rows:
         sample = row.sample
         battery = sample.battery_percent if sample else None
+        heat = sample.temperature_c if sample else None  # None: the device has no sensor
         tokens = sample.measured_tokens_per_s if sample else None
         scores = [getattr(row, name) for name in ("total", *SCORE_FIELDS[:5])]
         out.append(
@@ -56,7 +57,7 @@ def rows_of(rows: list[DeviceRow], now: float) -> list[list[str]]:
                 row.device_class.value if row.device_class else "?",
                 f"[red]{row.state}[/red]" if row.state == DeviceState.FAILED else str(row.state),
                 *(f"{score:.2f}" if score is not None else "-" for score in scores),
-                f"{sample.temperature_c:.0f}" if sample else "-",
+                f"{heat:.0f}" if heat is not None else "-",
                 f"{battery:.0f}" if battery is not None else "-",
                 f"{tokens:.1f}" if tokens else "-",
                 f"{now - row.scored_at:.0f}" if row.scored_at is not None else "-",

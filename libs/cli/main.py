@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
-from libs.contracts import Mode
+from libs.cli.simulate_commands import simulate_app
 from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
-from libs.sim.data import A100_PROFILES, AZURE_CODE
 
 app = typer.Typer(
     name="tessera",
@@ -57,12 +58,32 @@ def up(
             "join with the `tessera join …` command printed at start. Default: loopback only."
         ),
     ] = None,
+    nats_servers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=9,
+            help="nats-servers in one NATS cluster (3 or more: the cluster goes on when one "
+            "goes; JetStream keeps three copies). Default 1.",
+        ),
+    ] = 1,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.launcher import UpOptions, choose_engines, choose_port, choose_run_file
+    from libs.cluster.engines import choose_engines
+    from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 
-    settings = LauncherSettings()
+    if nats_servers == 2:
+        raise typer.BadParameter(
+            "two servers lose JetStream's quorum when one goes: use 1, or 3 or more",
+            param_hint="--nats-servers",
+        )
+    try:
+        settings = LauncherSettings()
+    except ValidationError as exc:  # say what is wrong in one line per setting
+        for error in exc.errors():
+            typer.echo(f"tessera up: {error['msg'].removeprefix('Value error, ')}", err=True)
+        raise typer.Exit(2) from exc
     vllm, why = choose_engines(settings.vllm_workers if vllm_workers is None else vllm_workers)
     options = UpOptions(
         gateway_host=settings.gateway_host,
@@ -76,6 +97,11 @@ def up(
         run_file=choose_run_file(settings.run_file),
         scheduler_port=settings.scheduler_http_port or free_port(),
         listen=listen,
+        nats_servers=nats_servers,
+        nats_tls=(settings.nats_tls_cert, settings.nats_tls_key)
+        if settings.nats_tls_cert and settings.nats_tls_key
+        else None,
+        nats_ca=settings.nats_ca,
     )
     raise typer.Exit(run_cluster(options))
 
@@ -100,6 +126,15 @@ def join(
         str | None,
         typer.Option(help="torch or vllm (default: vllm with an NVIDIA GPU and its build)."),
     ] = None,
+    ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TESSERA_NATS_CA",
+            exists=True,
+            dir_okay=False,
+            help="The cluster's CA (PEM), when its NATS requires TLS: the join command names it.",
+        ),
+    ] = None,
 ) -> None:
     """Join the cluster at URL: this host becomes one of its devices until Ctrl-C."""
     from libs.cluster.joined import JoinOptions, run_joined
@@ -108,7 +143,7 @@ def join(
         raise typer.BadParameter("the cluster's token is needed", param_hint="--token")
     if engine not in (None, "torch", "vllm"):
         raise typer.BadParameter(f"{engine!r}: torch or vllm", param_hint="--engine")
-    options = JoinOptions(url, token, device_id, memory_gb, engine)
+    options = JoinOptions(url, token, device_id, memory_gb, engine, ca)
     raise typer.Exit(run_joined(options))
 
 
@@ -125,12 +160,13 @@ def token_rotate() -> None:
 
     settings = LauncherSettings()
     try:
-        admin = json.loads(settings.run_file.read_text())["nats_url"]
+        running = json.loads(settings.run_file.read_text())
+        admin, ca = running["nats_url"], running.get("nats_ca")
     except (OSError, ValueError, KeyError) as exc:
         typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
         raise typer.Exit(1) from exc
     try:
-        token = asyncio.run(rotate_token(admin))
+        token = asyncio.run(rotate_token(admin, Path(ca) if ca else None))
     except TimeoutError as exc:
         typer.echo("nobody answered: was the cluster started with --listen?", err=True)
         raise typer.Exit(1) from exc
@@ -161,6 +197,18 @@ SchedulerUrl = Annotated[
 ]
 
 
+class PrecisionChoice(StrEnum):
+    int8 = "int8"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+
+
+PrecisionOption = Annotated[
+    PrecisionChoice | None,
+    typer.Option(help="Weights' precision on the CPU shard engine (default: the model's, int8)."),
+]
+
+
 def _scheduler(explicit: str | None) -> str:
     from libs.cli.scheduling import scheduler_url
 
@@ -171,12 +219,13 @@ def _scheduler(explicit: str | None) -> str:
 def preview(
     model: str,
     max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    precision: PrecisionOption = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
     """Every candidate placement of MODEL: layers and memory per device, or why not."""
     from libs.cli.scheduling import show_previews
 
-    show_previews(_scheduler(scheduler_url), model, max_shards)
+    show_previews(_scheduler(scheduler_url), model, max_shards, precision and precision.value)
 
 
 @app.command()
@@ -187,12 +236,14 @@ def deploy(
     replicas: Annotated[
         int, typer.Option(min=1, max=16, help="Copies; each request goes to one of them.")
     ] = 1,
+    precision: PrecisionOption = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
     """Deploy MODEL across the fleet (split into shards where needed)."""
     from libs.cli.scheduling import deploy as run
 
-    run(_scheduler(scheduler_url), model, deployment_id, max_shards, replicas)
+    chosen = precision and precision.value
+    run(_scheduler(scheduler_url), model, deployment_id, max_shards, replicas, chosen)
 
 
 @app.command()
@@ -236,110 +287,7 @@ def calibrate() -> None:
     )
 
 
-simulate_app = typer.Typer(
-    help="Simulate policies on a workload and a fleet.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
 app.add_typer(simulate_app, name="simulate")
-
-Workload = Annotated[Path, typer.Option(help="Trace CSV (Azure LLM columns).")]
-Kind = Annotated[str, typer.Option(help="requests (LLM inference) or jobs (deep learning).")]
-Fleet = Annotated[str, typer.Option(help="Built-in fleet (seed, cloud-edge, gpu-cluster) or YAML.")]
-ModeOption = Annotated[Mode, typer.Option(help="Scheduling mode for DWPS.")]
-Load = Annotated[float, typer.Option(min=0.01, help="Request-rate multiplier.")]
-Seed = Annotated[int, typer.Option(help="Random seed.")]
-Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N requests.")]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
-Profiles = Annotated[
-    Path, typer.Option(help="Throughput profiles for --kind jobs: one <model>.csv per model.")
-]
-DEFAULT_TRACE = AZURE_CODE
-REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
-JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias"
-
-
-@simulate_app.callback()
-def simulate(
-    ctx: typer.Context,
-    workload: Workload = DEFAULT_TRACE,
-    kind: Kind = "requests",
-    fleet: Fleet = "seed",
-    policy: Annotated[
-        str | None, typer.Option(help="Policy name (default: dwps; edgeflow for jobs).")
-    ] = None,
-    mode: ModeOption = Mode.BALANCED,
-    load: Load = 1.0,
-    seed: Seed = 0,
-    limit: Limit = None,
-    json_output: Json = False,
-    model: Model = "llama-3.2-1b-instruct",
-    profiles: Profiles = A100_PROFILES,
-) -> None:
-    """Simulate one policy and print its metrics (or use `compare`)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from libs.cli.simulate import run_one
-
-    run_one(
-        workload,
-        kind,
-        fleet,
-        policy or ("edgeflow" if kind == "jobs" else "dwps"),
-        mode,
-        load,
-        seed,
-        limit,
-        json_output,
-        model,
-        profiles,
-    )
-
-
-@simulate_app.command("compare")
-def simulate_compare(
-    policies: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated policy names (default: dwps,random,round_robin,"
-            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias)."
-        ),
-    ] = None,
-    workload: Workload = DEFAULT_TRACE,
-    kind: Kind = "requests",
-    fleet: Fleet = "seed",
-    mode: ModeOption = Mode.BALANCED,
-    load: Load = 1.0,
-    seed: Seed = 0,
-    limit: Limit = None,
-    json_output: Json = False,
-    plot: Annotated[Path | None, typer.Option(help="Write PNG charts here.")] = None,
-    model: Model = "llama-3.2-1b-instruct",
-    wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
-    profiles: Profiles = A100_PROFILES,
-) -> None:
-    """Run several policies on the same workload and seed; a table, JSON or charts."""
-    from libs.cli.simulate import compare
-
-    if policies is None:
-        policies = JOB_DEFAULTS if kind == "jobs" else REQUEST_DEFAULTS
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    compare(
-        workload,
-        kind,
-        fleet,
-        names,
-        mode,
-        load,
-        seed,
-        limit,
-        json_output,
-        plot,
-        model,
-        wide,
-        profiles,
-    )
 
 
 @app.command()
@@ -368,14 +316,23 @@ def access(
     device: Annotated[
         list[str] | None, typer.Option(help="A worker device (repeat); default: compose's.")
     ] = None,
+    nats_servers: Annotated[
+        int,
+        typer.Option(
+            min=1, max=3, help="3: NATS as a cluster of three (compose profile nats-cluster)."
+        ),
+    ] = 1,
 ) -> None:
     """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
     from libs.cluster.access import COMPOSE_DEVICES, AccessControl, service_grants
 
+    if nats_servers == 2:
+        raise typer.BadParameter("use 1 or 3 (quorum)", param_hint="--nats-servers")
     locks = AccessControl(device or list(COMPOSE_DEVICES))
-    env = locks.write_compose(out, [*service_grants(), "admin"])
+    env = locks.write_compose(out, [*service_grants(), "admin"], nats_servers)
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
-    typer.echo(f"start with: docker compose --env-file {env} up")
+    profile = " --profile nats-cluster" if nats_servers > 1 else ""
+    typer.echo(f"start with: docker compose{profile} --env-file {env} up")
 
 
 @app.command()

@@ -53,10 +53,11 @@ def shards_table(title: str, shards: list[dict[str, Any]]) -> Table:
     return fitted(Console(), title, SHARD_COLUMNS, rows)
 
 
-def show_previews(base: str, model: str, max_shards: int) -> None:
-    options = call(
-        "GET", f"{base}/instance/previews", params={"model": model, "max_shards": max_shards}
-    )
+def show_previews(base: str, model: str, max_shards: int, precision: str | None = None) -> None:
+    params: dict[str, Any] = {"model": model, "max_shards": max_shards}
+    if precision:
+        params["precision"] = precision
+    options = call("GET", f"{base}/instance/previews", params=params)
     console = Console()
     for option in options:
         n = len(option["devices"])
@@ -71,11 +72,18 @@ def show_previews(base: str, model: str, max_shards: int) -> None:
 
 
 def deploy(
-    base: str, model: str, deployment_id: str | None, max_shards: int, replicas: int = 1
+    base: str,
+    model: str,
+    deployment_id: str | None,
+    max_shards: int,
+    replicas: int = 1,
+    precision: str | None = None,
 ) -> None:
     body: dict[str, Any] = {"model": model, "max_shards": max_shards, "replicas": replicas}
     if deployment_id:
         body["deployment_id"] = deployment_id
+    if precision:
+        body["precision"] = precision
     decision = call("POST", f"{base}/placements", json=body)
     console = Console()
     console.print(

@@ -38,6 +38,7 @@ from libs.contracts import (
     TELEMETRY,
     TOKENS,
 )
+from libs.runtime.nats_client import server_list
 
 #: The users that talk to Redis (the rest have no Redis user at all).
 REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
@@ -46,9 +47,9 @@ JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$KV.>"]
 
 
 def with_user(url: str, user: str, password: str) -> str:
-    """``url`` (nats://host:port) with these credentials."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{user}:{password}@{rest}"
+    """``url`` (nats://host:port, or several comma-separated) with these credentials."""
+    parts = (one.partition("://") for one in server_list(url))
+    return ",".join(f"{scheme}://{user}:{password}@{rest}" for scheme, _, rest in parts)
 
 
 @dataclass(frozen=True)
@@ -239,12 +240,19 @@ class AccessControl:
         scheme, _, rest = base.partition("://")
         return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
 
-    def write_compose(self, folder: Path, services: list[str]) -> Path:
+    def write_compose(self, folder: Path, services: list[str], nats_servers: int = 1) -> Path:
         """Files for ``docker compose``: nats.conf, users.acl and access.env (every service's
         URLs with its credentials and an API key for the gateway, for ``docker compose
-        --env-file``). Returns the env file."""
+        --env-file``). Returns the env file. ``nats_servers`` 3: the compose profile
+        ``nats-cluster`` (``nats``, ``nats-2``, ``nats-3`` routed into one cluster; the
+        services are given all three)."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.write_nats_config(folder / "nats.conf")
+        names = ["nats", *(f"nats-{i}" for i in range(2, nats_servers + 1))]
+        config = self.nats_config()
+        if nats_servers > 1:  # the same file for every member; a route to itself is skipped
+            routes = [f"nats://{name}:6222" for name in names]
+            config["cluster"] = {"name": "tessera", "listen": "0.0.0.0:6222", "routes": routes}
+        (folder / "nats.conf").write_text(json.dumps(config, indent=2))
         acl = folder / "users.acl"
         acl.write_text("".join(f"user {rule}\n" for rule in self.redis_acl()))
         lines = [
@@ -253,7 +261,8 @@ class AccessControl:
         ]
         for name in [*services, *self.devices]:
             key = name.upper().replace("-", "_")
-            lines.append(f"TESSERA_NATS_URL_{key}={self.nats_url('nats://nats:4222', name)}")
+            servers = ",".join(f"nats://{n}:4222" for n in names)
+            lines.append(f"TESSERA_NATS_URL_{key}={self.nats_url(servers, name)}")
             if name in REDIS_USERS:
                 db = 1 if name == "batch" else 0
                 url = self.redis_url(f"redis://redis:6379/{db}", name)

@@ -13,14 +13,17 @@ from urllib.parse import urlsplit
 
 from zeroconf import ServiceBrowser, ServiceInfo, ServiceListener, Zeroconf
 
+from libs.runtime.nats_client import server_list
+
 SERVICE = "_tessera._tcp.local."
 
 
 class Announcement:
-    """The cluster's NATS URL announced on the LAN until ``close()``."""
+    """The cluster's NATS URL (every server of a NATS cluster, comma-separated) announced on
+    the LAN until ``close()``, at the first server's address."""
 
     def __init__(self, url: str, name: str | None = None) -> None:
-        parts = urlsplit(url)
+        parts = urlsplit(server_list(url)[0])
         address = parts.hostname or "127.0.0.1"
         label = (name or f"tessera-{socket.gethostname()}")[:60]
         self.info = ServiceInfo(

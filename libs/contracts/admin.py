@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from libs.contracts import Mode
+from libs.contracts.base import Precision
 from libs.contracts.profiles import Profile
 
 #: The scheduling policies a scheduler knows (``libs/core/registry.py`` builds each one; a test
@@ -42,6 +43,8 @@ class DeployBody(BaseModel):
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
     #: Copies of the model; each request goes to one, chosen by the active policy.
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
+    #: Weights' precision on the CPU shard engine (default: the model's, int8 for SmolLM2).
+    precision: Precision | None = None
 
 
 class ModeBody(BaseModel):

@@ -7,7 +7,7 @@ NaN/infinity, so a malformed message fails at the edge with an error naming the 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -18,6 +18,8 @@ DeviceId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 RequestId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 DeploymentId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
+#: How a CPU shard holds its weights: int8 (one scale per output row), bfloat16 or float32.
+Precision = Literal["int8", "bfloat16", "float32"]
 
 #: Unix time in seconds. Bounded so that a garbage timestamp is refused, not stored.
 Timestamp = Annotated[float, Field(ge=0.0, le=1e11)]

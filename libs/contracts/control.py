@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from libs.contracts.base import DeviceId, Mode, Timestamp, WireModel
+from libs.contracts.base import DeviceId, Mode, Precision, Timestamp, WireModel
 from libs.contracts.profiles import DimensionWeights
 from libs.contracts.work import Assignment, PlacementDecision, PlacementRequest
 
@@ -33,6 +33,8 @@ class DeploymentState(WireModel):
     assignments: tuple[Assignment, ...]
     #: The deployment this one is a replica of (None: the first, or the only one).
     replica_of: str | None = None
+    #: Its weights' precision on the CPU shard engine (None: the model's default).
+    precision: Precision | None = None
 
 
 class SchedulerCheckpoint(WireModel):

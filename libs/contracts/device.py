@@ -89,8 +89,10 @@ class TelemetrySample(WireModel):
     cpu_utilisation: Fraction
     memory_total_gb: Annotated[float, Field(gt=0.0, le=65536.0)]
     memory_available_gb: MemoryGb
-    power_w: PowerW
-    temperature_c: TemperatureC
+    #: None: the device cannot measure it (a host without RAPL or a discharging battery, a
+    #: VM without sensors); readers say unknown, never a number of their own.
+    power_w: PowerW | None
+    temperature_c: TemperatureC | None
     battery_percent: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     plugged: bool | None = None
     network_rtt_ms: Annotated[float, Field(ge=0.0, le=600_000.0)]
@@ -164,3 +166,5 @@ class DvfsHint(WireModel):
     ts: Timestamp
     frequency_scale: Annotated[float, Field(gt=0.0, le=1.0)]
     reason: Annotated[str, Field(min_length=1, max_length=200)]
+    #: The mode's power policy: seconds without work before the device sleeps (None: its own).
+    sleep_after_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None

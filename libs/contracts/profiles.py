@@ -52,6 +52,9 @@ class Profile(BaseModel):
         default_factory=lambda: {"device_match": 0.2, "capability": 0.1, "completion": 0.7}
     )
     multipliers: tuple[str, ...] = ("battery", "thermal_backoff")
+    #: The mode's power policy: how long a device left without work stays awake before it
+    #: sleeps (``libs/core/energy.py``: 30 s by default, the break-even time in energy mode).
+    sleep_after_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 30.0
 
     @property
     def match_weight(self) -> float:  # γ

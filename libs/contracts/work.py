@@ -13,6 +13,7 @@ from libs.contracts.base import (
     Fraction,
     Mode,
     ModelName,
+    Precision,
     RequestId,
     Timestamp,
     WireModel,
@@ -64,6 +65,9 @@ class ModelDeployment(WireModel):
     #: Copies of the model, each placed on its own devices where the fleet allows; each
     #: request goes to one of them, chosen by the active policy (``<id>``, ``<id>-r2``, …).
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
+    #: Weights' precision on the CPU shard engine (None: the model's default, int8 for the
+    #: models the CPU workers serve); the placement counts each layer's bytes in it.
+    precision: Precision | None = None
 
 
 class BatchJob(WireModel):
@@ -155,6 +159,8 @@ class ShardTask(WireModel):
     route: tuple[DeviceId, ...] = Field(default=(), max_length=256)
     epoch: Annotated[int, Field(ge=0)]
     ts: Timestamp
+    #: The deployment's precision (None: the worker's own, ``TESSERA_WORKER_PRECISION``).
+    precision: Precision | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -176,6 +182,7 @@ def shard_ring(
     shards: Sequence[tuple[str, int, int]],
     epoch: int,
     ts: float,
+    precision: Precision | None = None,
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device and the whole route (the last one sends tokens
@@ -195,6 +202,7 @@ def shard_ring(
             route=route,
             epoch=epoch,
             ts=ts,
+            precision=precision,
         )
         for i, (device, start, end) in enumerate(shards)
     ]

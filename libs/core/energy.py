@@ -37,6 +37,12 @@ SLEEP_AFTER_S = 30.0
 SLEEP_SHARE = 0.1
 #: Seconds a sleeping device takes before it serves new work.
 WAKE_S = 1.0
+#: How long energy mode lets a device without work stay awake: waking costs WAKE_S of idle
+#: power, and each second asleep saves (1 − SLEEP_SHARE) of it, so sleeping after this long
+#: (the break-even time) never spends more than twice what knowing the next request's arrival
+#: would have (the ski-rental bound of dynamic power management). Performance and balanced
+#: keep SLEEP_AFTER_S, sparing their requests the wake-up.
+BREAK_EVEN_SLEEP_S = WAKE_S / (1.0 - SLEEP_SHARE)
 
 
 def device_power_w(
@@ -48,14 +54,20 @@ def device_power_w(
 
 
 def marginal_joules(
-    service_s: Num, idle_w: Num, max_w: Num, slots: Num, busy: npt.ArrayLike, idle_s: Num
+    service_s: Num,
+    idle_w: Num,
+    max_w: Num,
+    slots: Num,
+    busy: npt.ArrayLike,
+    idle_s: Num,
+    sleep_after_s: float = SLEEP_AFTER_S,
 ) -> Num:
     """The energy a task adds to each device: its share of the dynamic power while it runs,
     plus, on a device without other work, the idle power of the extra time it stays awake —
-    it would have slept ``SLEEP_AFTER_S`` after its last work, and now sleeps that long after
-    this task: ``min(idle_s, SLEEP_AFTER_S) + service_s`` more seconds."""
+    it would have slept ``sleep_after_s`` after its last work, and now sleeps that long after
+    this task: ``min(idle_s, sleep_after_s) + service_s`` more seconds."""
     dynamic = np.maximum(np.asarray(max_w) - idle_w, 0.0) / np.asarray(slots)
-    extra_awake = np.minimum(np.asarray(idle_s), SLEEP_AFTER_S) + service_s
+    extra_awake = np.minimum(np.asarray(idle_s), sleep_after_s) + service_s
     kept_on = np.where(busy, 0.0, extra_awake)
     return np.asarray(service_s) * dynamic + np.asarray(idle_w) * kept_on  # type: ignore[no-any-return, return-value, unused-ignore]
 
@@ -123,9 +135,12 @@ def dvfs_hint(load: float, urgent: bool, temperature_c: float, limit_c: float) -
 
 
 def cluster_rates(samples: Iterable[TelemetrySample]) -> tuple[float, float]:
-    """Cluster throughput (tokens/s) and efficiency (tokens/J) from live devices' samples."""
-    tokens = watts = 0.0
+    """Cluster throughput (tokens/s) and efficiency (tokens/J) from live devices' samples; the
+    efficiency counts only devices that measure their power (tokens and watts alike)."""
+    tokens = metered = watts = 0.0
     for sample in samples:
         tokens += sample.measured_tokens_per_s or 0.0
-        watts += sample.power_w
-    return tokens, (tokens / watts if watts > 0 else 0.0)
+        if sample.power_w is not None:
+            metered += sample.measured_tokens_per_s or 0.0
+            watts += sample.power_w
+    return tokens, (metered / watts if watts > 0 else 0.0)

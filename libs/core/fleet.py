@@ -94,8 +94,9 @@ class FleetState:
             by_tokens = task.prompt_tokens / prefill + task.output_tokens / decode
         return np.asarray(np.where(known, by_tokens, by_work))
 
-    def marginal_j(self, task: Task) -> F64:
-        """Joules ``task`` would add on each device (``energy.marginal_joules``)."""
+    def marginal_j(self, task: Task, sleep_after_s: float = energy.SLEEP_AFTER_S) -> F64:
+        """Joules ``task`` would add on each device (``energy.marginal_joules``), devices
+        sleeping ``sleep_after_s`` after their last work."""
         return np.asarray(
             energy.marginal_joules(
                 self.service_s(task),
@@ -104,6 +105,7 @@ class FleetState:
                 self.slots,
                 self.load > 0,
                 self.idle_s,
+                sleep_after_s,
             )
         )
 

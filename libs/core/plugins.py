@@ -225,7 +225,7 @@ class Energy:
         self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
     ) -> F64:
         assert task is not None
-        return best_over(fleet.marginal_j(task), fleet.alive, at)
+        return best_over(fleet.marginal_j(task, profile.sleep_after_s), fleet.alive, at)
 
 
 # -- multipliers ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 from libs.contracts import Mode
 from libs.contracts.profiles import DimensionWeights, Profile
+from libs.core.energy import BREAK_EVEN_SLEEP_S
 
 
 def _profile(mode: Mode, **kw: Any) -> Profile:
@@ -49,5 +50,6 @@ BUILTIN_PROFILES: dict[Mode, Profile] = {
         ),
         filters=("alive", "memory", "power", "thermal", "battery_floor", "completion_slack"),
         scores={"energy": 0.8, "device_match": 0.1, "completion": 0.1},
+        sleep_after_s=BREAK_EVEN_SLEEP_S,
     ),
 }

@@ -85,6 +85,13 @@ class EmulatedDevice:
     #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
     measured_gflops: float | None = None
     queue_depth: int = 0
+    #: Seconds without work before it sleeps: the power policy of the scheduling mode.
+    sleep_after_s: float = SLEEP_AFTER_S
+
+    @property
+    def memory_limit_gb(self) -> float:
+        """The memory shards may take here (a host device may be capped below its own)."""
+        return self.capabilities.memory_total_gb
 
     @classmethod
     def draw(
@@ -138,7 +145,7 @@ class EmulatedDevice:
 
     @property
     def asleep(self) -> bool:
-        return not self.work and self.idle_s >= SLEEP_AFTER_S
+        return not self.work and self.idle_s >= self.sleep_after_s
 
     @property
     def power_w(self) -> float:
@@ -203,8 +210,8 @@ class EmulatedDevice:
             1 - math.exp(-dt / self.thermal_tau_s)
         )
         power = self.power_at(now)
-        if not self.work:  # awake until SLEEP_AFTER_S without work, asleep after
-            awake_s = min(dt, max(0.0, SLEEP_AFTER_S - self.idle_s))
+        if not self.work:  # awake until sleep_after_s without work, asleep after
+            awake_s = min(dt, max(0.0, self.sleep_after_s - self.idle_s))
             self.idle_s += awake_s
             power = (power * awake_s + self.power_at(now) * (dt - awake_s)) / dt
             self.idle_s += dt - awake_s

@@ -1,9 +1,12 @@
 """This host as a worker's device (``tessera join``): nothing emulated.
 
-Its memory, battery, temperature and load are read from the host (psutil), its speed is what
-``tessera calibrate`` measured here, and its power is read where the host exposes it (RAPL
-energy counters, or a battery's discharge); where it exposes neither, the power is an estimate
-from the core count and the load, and the device's announcement says it is not measured.
+Its memory, battery, temperature and load are read from the host (psutil), its GPU through
+NVML, its speed is what ``tessera calibrate`` measured here, and its power is read where the
+host exposes it (RAPL energy counters, or a discharging battery). A reading the host does not
+expose (power without RAPL or battery, temperature without sensors, as in VMs) is sent as none:
+the scorer, the dashboard and ``tessera devices`` show it unknown. ``HostProbe`` is shared with
+the telemetry agent's ``HostAgent``. The typical power in its capabilities remains an estimate
+(10 W per core) where nothing measures one, as a datasheet figure would be.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from typing import Any
 import numpy as np
 import psutil
 
-from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, MemoryType, TelemetrySample
+from libs.contracts import (
+    Capabilities,
+    DeviceAnnounce,
+    DeviceClass,
+    GpuSample,
+    MemoryType,
+    TelemetrySample,
+)
 from libs.devices.calibration import Calibration
 from libs.devices.emulated import EmulatedDevice
 
@@ -26,6 +36,7 @@ log = logging.getLogger(__name__)
 GB = 1e9
 WATTS_PER_CORE = 10.0  #: the typical-power estimate where nothing measures it
 RAPL = Path("/sys/class/powercap")
+POWER_SUPPLY = Path("/sys/class/power_supply")
 
 
 def host_device_id(hostname: str | None = None) -> str:
@@ -83,19 +94,122 @@ class PowerMeter:
         return (total - last[1]) / 1e6 / (now - last[0])
 
 
+def discharge_w(root: Path = POWER_SUPPLY) -> float | None:
+    """What a discharging battery delivers (power_now, else current_now × voltage_now); None
+    while it charges or is full, or where the host has none."""
+    for supply in sorted(root.glob("BAT*")) if root.is_dir() else []:
+        try:
+            if (supply / "status").read_text().strip() != "Discharging":
+                continue
+            if (supply / "power_now").exists():
+                return int((supply / "power_now").read_text()) / 1e6
+            current = int((supply / "current_now").read_text())
+            return current * int((supply / "voltage_now").read_text()) / 1e12
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def open_nvml() -> Any | None:
+    """NVML (``pynvml``) initialised, else None (no NVIDIA driver or no pynvml)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def gpu_sample(nvml: Any | None) -> GpuSample | None:
+    if nvml is None:
+        return None
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return GpuSample(
+            utilisation=nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+            memory_used_gb=memory.used / GB,
+            memory_total_gb=memory.total / GB,
+            power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            temperature_c=float(nvml.nvmlDeviceGetTemperature(handle, 0)),
+        )
+    except Exception as exc:
+        log.debug("nvml sample failed", extra={"error": repr(exc)})
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostReadings:
+    """One reading of this host; None where the host does not expose it."""
+
+    cpu_utilisation: float
+    memory_available_gb: float
+    power_w: float | None
+    temperature_c: float | None
+    battery_percent: float | None
+    plugged: bool | None
+    gpu: GpuSample | None
+
+
+class HostProbe:
+    """What this host measures of itself: load, memory, sensors, battery, power (RAPL, else a
+    discharging battery), the first GPU through NVML. Nothing is estimated here."""
+
+    def __init__(self, rapl: Path = RAPL, supplies: Path = POWER_SUPPLY) -> None:
+        self.meter = PowerMeter(rapl)
+        self.supplies = supplies
+        self.nvml = open_nvml()
+        psutil.cpu_percent(interval=None)  # primes the load counter
+
+    @property
+    def gpus(self) -> int:
+        try:
+            return int(self.nvml.nvmlDeviceGetCount()) if self.nvml is not None else 0
+        except Exception:
+            return 0
+
+    def power_source(self) -> str:
+        """Where the power readings come from, for the log."""
+        if self.meter.measures:
+            return "RAPL"
+        if any(self.supplies.glob("BAT*")) if self.supplies.is_dir() else False:
+            return "the battery while it discharges, else unknown"
+        return "unknown (no RAPL, no battery): reported as none"
+
+    def read(self) -> HostReadings:
+        battery = psutil.sensors_battery()
+        watts = self.meter.watts() if self.meter.measures else discharge_w(self.supplies)
+        return HostReadings(
+            cpu_utilisation=min(1.0, psutil.cpu_percent(interval=None) / 100.0),
+            memory_available_gb=psutil.virtual_memory().available / GB,
+            power_w=watts,
+            temperature_c=temperature_c(),
+            battery_percent=battery.percent if battery else None,
+            plugged=bool(battery.power_plugged) if battery else None,
+            gpu=gpu_sample(self.nvml),
+        )
+
+
 @dataclasses.dataclass
 class HostDevice(EmulatedDevice):
     """The host itself; ``step`` emulates nothing and ``sample`` reads the host."""
 
-    meter: PowerMeter = dataclasses.field(default_factory=PowerMeter)
+    host: HostProbe = dataclasses.field(default_factory=HostProbe)
+    #: What the user lets the cluster use here (``tessera join --memory-gb``); None: all.
+    memory_cap_gb: float | None = None
+
+    @property
+    def memory_limit_gb(self) -> float:
+        total = self.capabilities.memory_total_gb
+        return total if self.memory_cap_gb is None else min(total, self.memory_cap_gb)
 
     @classmethod
     def probe(
         cls, device_id: str, calibration: Calibration, memory_gb: float | None = None
     ) -> HostDevice:
-        caps = host_capabilities(calibration)
-        if memory_gb is not None:
-            caps = caps.model_copy(update={"memory_total_gb": memory_gb})
+        host = HostProbe()
+        caps = host_capabilities(calibration, host.gpus)
         battery = psutil.sensors_battery()
         device = cls(
             device_id,
@@ -108,12 +222,20 @@ class HostDevice(EmulatedDevice):
             battery_percent=battery.percent if battery else None,
             plugged=bool(battery.power_plugged) if battery else True,
             started_at=time.time(),
+            host=host,
+            memory_cap_gb=memory_gb,
         )
-        psutil.cpu_percent(interval=None)  # primes the load counter
-        measured = "RAPL" if device.meter.measures else "not measured (estimated from the load)"
         log.info(
             "this host is the device",
-            extra={"device_id": device_id, "host": socket.gethostname(), "power": measured},
+            extra={
+                "device_id": device_id,
+                "host": socket.gethostname(),
+                "memory_gb": round(caps.memory_total_gb, 2),
+                "cluster_may_use_gb": round(device.memory_limit_gb, 2),
+                "gpus": host.gpus,
+                "power": host.power_source(),
+                "temperature": "sensors" if temperature_c() is not None else "unknown",
+            },
         )
         return device
 
@@ -124,28 +246,23 @@ class HostDevice(EmulatedDevice):
         return super().announce(now, interval_s).model_copy(update={"emulated": False})
 
     def sample(self, seq: int, now: float, rng: np.random.Generator) -> TelemetrySample:
-        memory, battery = psutil.virtual_memory(), psutil.sensors_battery()
-        load = min(1.0, psutil.cpu_percent(interval=None) / 100.0)
-        caps = self.capabilities
-        watts = self.meter.watts()
-        if watts is None:
-            watts = caps.typical_power_w * (0.25 + 0.75 * load)
-        heat = temperature_c()
+        read, caps = self.host.read(), self.capabilities
         return TelemetrySample(
             device_id=self.device_id,
             seq=seq,
             ts=now,
-            cpu_utilisation=load,
+            cpu_utilisation=read.cpu_utilisation,
             memory_total_gb=caps.memory_total_gb,
             memory_available_gb=max(
-                0.0, min(memory.available / GB, caps.memory_total_gb - self.reserved_memory_gb)
+                0.0, min(read.memory_available_gb, self.memory_limit_gb - self.reserved_memory_gb)
             ),
-            power_w=min(watts, caps.max_power_w * 4),
-            temperature_c=heat if heat is not None else 40.0,
-            battery_percent=battery.percent if battery else None,
-            plugged=bool(battery.power_plugged) if battery else None,
+            power_w=read.power_w,
+            temperature_c=read.temperature_c,
+            battery_percent=read.battery_percent,
+            plugged=read.plugged,
             network_rtt_ms=self.base_rtt_ms,
             network_bandwidth_mbps=caps.network_bandwidth_mbps,
+            gpu=read.gpu,
             running_tasks=len(self.work),
             queue_depth=self.queue_depth,
             measured_tokens_per_s=self.measured_tokens_per_s,

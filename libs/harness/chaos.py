@@ -13,6 +13,8 @@ replicas (the other takes over from the checkpoint and live state; the killed on
 a follower), SIGKILL every scheduler replica and restart them (from the checkpoint alone),
 restart nats-server, restart redis-server, and a lying device: the worker serving the model
 announces 10× its speed (recovered when the scorer scores it by its measured speed again).
+With ``nats_servers=3``, one more: SIGKILL one of the three servers of the NATS cluster (its
+clients move to the others; it restarts afterwards).
 Used by ``bench/chaos.py`` and, at small scale, the tests.
 """
 
@@ -34,10 +36,12 @@ import redis
 from rich.console import Console
 
 from libs.cluster.launcher import Cluster, UpOptions
+from libs.cluster.servers import NatsServer
 from libs.cluster.up import deploy_model
 from libs.contracts import ANNOUNCE, ContractError, DeviceAnnounce
 from libs.contracts.keys import DeviceRow, Keys
-from libs.runtime.bus import close_nats, connect_nats, publish
+from libs.runtime.bus import publish
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -50,6 +54,8 @@ FAULTS = (
     "redis_restart",
     "lying_device",
 )
+#: Faults of a cluster whose NATS is a cluster of three servers (``nats_servers=3``).
+NATS_CLUSTER_FAULTS = ("nats_member_kill",)
 #: How much the lying device overstates its speed.
 LIE = 10.0
 PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
@@ -82,6 +88,7 @@ class Chaos:
         max_tokens: int = 8,
         interval_s: float = 1.0,
         log_path: Path | None = None,
+        nats_servers: int = 1,
     ) -> None:
         self.concurrency, self.max_tokens, self.interval_s = concurrency, max_tokens, interval_s
         self.devices = devices
@@ -94,6 +101,7 @@ class Chaos:
             workers=2,
             scheduler_port=free_port(),
             scheduler_replicas=2,
+            nats_servers=nats_servers,
             extra_env={
                 "TESSERA_WORKER_INTERVAL_S": str(interval_s),
                 "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
@@ -106,6 +114,7 @@ class Chaos:
         self.expected: dict[str, str] = {}
         self.killed: str | None = None  #: a worker a fault killed, respawned after it
         self.lied: DeviceAnnounce | None = None  #: a device's true announce, sent again after
+        self.downed: NatsServer | None = None  #: a NATS cluster member a fault killed
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -268,10 +277,18 @@ class Chaos:
         if fault == "nats_restart":
             cluster.nats.restart()
             return lambda: True
+        if fault == "nats_member_kill":
+            members = cluster.nats.members
+            if len(members) < 3:
+                raise ValueError("nats_member_kill needs a NATS cluster: Chaos(nats_servers=3)")
+            self.downed = members[0]
+            self.downed.kill()
+            return self._devices_healthy
         if fault == "redis_restart":
             cluster.redis.restart()
             return self._devices_healthy
-        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        known = ", ".join((*FAULTS, *NATS_CLUSTER_FAULTS))
+        raise ValueError(f"unknown fault {fault!r}; known: {known}")
 
     def _heal(self) -> None:
         """Bring back what a fault took away (a killed worker's device rejoins; a killed
@@ -282,6 +299,9 @@ class Chaos:
         if self.lied is not None:
             truth, self.lied = self.lied, None
             self._announce(truth)
+        if self.downed is not None:
+            downed, self.downed = self.downed, None
+            downed.start()
 
     def _leader(self) -> str:
         """The scheduler replica that leads: the one serving HTTP."""

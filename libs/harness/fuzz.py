@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from libs.contracts import HIDDEN, SHARD_TASK, Channel, Frame, FrameKind
 from libs.contracts.malformed import malformed, malformed_frame
-from libs.runtime.bus import ensure_streams
+from libs.runtime.nats_client import ensure_streams
 
 Sample = tuple[Channel[BaseModel], BaseModel, dict[str, str]]
 

@@ -19,7 +19,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from libs.contracts import SHARD_STATUS, SHARD_TASK, ShardStatus, ShardTask, shard_ring
-from libs.runtime.bus import ensure_streams, subscribe
+from libs.runtime.bus import subscribe
+from libs.runtime.nats_client import ensure_streams
 from libs.runtime.procs import ServiceProcess
 from libs.runtime.settings import child_env
 

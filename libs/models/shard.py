@@ -21,18 +21,20 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from libs.contracts.base import Precision
 from libs.models.kernels import KVCache, Linear, Segment, StepPlan, nbytes, rms, rope
 from libs.models.store import WEIGHTS
 from libs.runtime.settings import hub_offline
 
 LAYER_PREFIX = "model.layers."
-PRECISIONS = ("int8", "bfloat16", "float32")
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEFAULT_PRECISION = "int8"
 _LAYER_LINEARS = {  # the fused matrices of a layer and the stored tensors they stack
     "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

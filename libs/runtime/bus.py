@@ -10,12 +10,9 @@ The module-level functions do the same on a bare NATS client.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import nats
@@ -25,7 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel
 
-from libs.contracts import STREAMS, Channel, ContractError
+from libs.contracts import Channel, ContractError
 from libs.runtime.tracing import processing, sending
 
 log = logging.getLogger(__name__)
@@ -206,66 +203,6 @@ class NatsBus:
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         await self.nc.flush(timeout=max(1, round(timeout_s)))
-
-
-async def connect_nats(
-    url: str,
-    name: str,
-    *,
-    connect_timeout_s: float = 5.0,
-    reconnected: Callable[[], Awaitable[None]] | None = None,
-    ca_file: Path | None = None,
-) -> NatsClient:
-    """Connect with unlimited reconnects; connection changes are logged, never raised;
-    ``reconnected`` runs after each reconnect (what was in flight may have been lost);
-    ``ca_file``: connect over TLS, trusting only the server certificates it signed. ``url``
-    may name several servers of a NATS cluster, comma-separated: any one that answers will
-    do, and the client moves to another when it goes."""
-
-    async def on_error(exc: Exception) -> None:
-        log.warning("nats error", extra={"error": repr(exc)})
-
-    async def on_disconnect() -> None:
-        log.warning("nats disconnected")
-
-    async def on_reconnect() -> None:
-        log.info("nats reconnected")
-        if reconnected is not None:
-            await reconnected()
-
-    tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
-    return await nats.connect(
-        [server.strip() for server in url.split(",") if server.strip()],
-        name=name,
-        tls=tls,
-        connect_timeout=connect_timeout_s,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        allow_reconnect=True,
-        error_cb=on_error,
-        disconnected_cb=on_disconnect,
-        reconnected_cb=on_reconnect,
-    )
-
-
-async def close_nats(nc: NatsClient) -> None:
-    """Drain if connected (delivering what is pending), else just close; never raises."""
-    try:
-        if nc.is_connected:
-            await nc.drain()
-        else:
-            await nc.close()
-    except Exception as exc:
-        log.info("nats close", extra={"error": repr(exc)})
-        with contextlib.suppress(Exception):
-            await nc.close()
-
-
-async def ensure_streams(nc: NatsClient) -> None:
-    """Create (or update) the JetStream streams the contracts name. Idempotent."""
-    js = nc.jetstream()
-    for stream, subjects in STREAMS.items():
-        await js.add_stream(name=stream, subjects=list(subjects))
 
 
 async def publish(nc: NatsClient, channel: Channel[M], message: M, **tokens: str) -> None:

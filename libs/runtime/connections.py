@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.settings import ServiceSettings
 from libs.runtime.store import connect_redis
 

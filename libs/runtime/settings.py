@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -71,6 +71,21 @@ class LauncherSettings(BaseSettings):
     #: Set only when the user points a command at a Redis of their own.
     redis_url: str | None = None
     key_prefix: str = Field("tessera", pattern=r"^[A-Za-z0-9_:-]{1,64}$")
+    #: TLS on NATS: the server's certificate chain and key, and the CA that signed it (every
+    #: service, and every host that joins, trusts only that CA). All three, or none.
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    nats_ca: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_whole(self) -> LauncherSettings:
+        given = [self.nats_tls_cert, self.nats_tls_key, self.nats_ca]
+        if any(given) and not all(given):
+            raise ValueError(
+                "TLS on NATS takes TESSERA_NATS_TLS_CERT, TESSERA_NATS_TLS_KEY and "
+                "TESSERA_NATS_CA together"
+            )
+        return self
 
 
 def model_cache_dir() -> Path:

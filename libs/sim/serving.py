@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from libs.contracts.profiles import Profile
 from libs.core.capability import (
     MEMORY_TYPE_SCORE,
     compute_index,
@@ -28,7 +29,7 @@ from libs.core.capability import (
     network_score,
 )
 from libs.core.catalogue import CATALOGUE
-from libs.core.energy import WAKE_S
+from libs.core.energy import SLEEP_AFTER_S, WAKE_S
 from libs.core.fleet import FleetState
 from libs.core.model import Device, Task, TaskKind
 from libs.core.policy import Policy
@@ -136,7 +137,10 @@ class ServingSimulation:
             max(0.0, d.capabilities.memory_total_gb * USABLE_MEMORY - weights) for d in devices
         ]
         self.devices = [SimDevice(d, slots, queue_factory()) for d in devices]
+        profile: Profile | None = getattr(policy, "profile", None)
         for sd in self.devices:
+            # the mode's power policy: how soon an idle device sleeps
+            sd.emulated.sleep_after_s = profile.sleep_after_s if profile else SLEEP_AFTER_S
             sd.fail_at = min(
                 (f.at_s for f in sd.emulated.faults if f.kind == FaultKind.DROP_OUT),
                 default=math.inf,

@@ -20,9 +20,10 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
 )
-from libs.runtime.bus import Delivery, NatsBus, close_nats, connect_nats
+from libs.runtime.bus import Delivery, NatsBus
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.tracing import configure_tracing, instrument_celery
 from services.batch.app import make_app
 from services.batch.dispatch import Dispatcher, JobBook

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from libs.contracts import PlacementDecision
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
-from libs.contracts.base import TOKEN_PATTERN
+from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
 from libs.runtime.store import read_fleet
 from services.gateway.openai_api import ApiError, documented
@@ -109,6 +109,7 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
         model: Annotated[str, Query(min_length=1, max_length=128)],
         context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
         max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
+        precision: Precision | None = None,
     ) -> Response:
         return await forward(request, "instance/previews")
 

@@ -23,8 +23,9 @@ from prometheus_client import (
 )
 
 from libs.contracts.keys import Keys
-from libs.runtime.bus import NatsBus, close_nats, connect_nats
+from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import Background
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
 from services.gateway.completions import Completions, Deployments, GatewayMetrics

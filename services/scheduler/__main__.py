@@ -13,11 +13,12 @@ import logging
 import sys
 
 from libs.contracts.keys import Keys
-from libs.runtime.bus import NatsBus, ensure_streams
+from libs.runtime.bus import NatsBus
 from libs.runtime.connections import connected
 from libs.runtime.http import start_http, stop_http
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
+from libs.runtime.nats_client import ensure_streams
 from libs.runtime.tracing import configure_tracing, instrument
 from services.scheduler.api import create_api
 from services.scheduler.checkpoints import CheckpointStore

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.contracts import Mode, ModelDeployment, PlacementDecision, PlacementRequest
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
+from libs.contracts.base import Precision
 from libs.core.catalogue import CATALOGUE
 from libs.core.registry import POLICIES
 from services.scheduler.service import Scheduler
@@ -39,8 +40,10 @@ def create_api(scheduler: Scheduler) -> FastAPI:
         model: str,
         context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
         max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
+        precision: Precision | None = None,
     ) -> list[dict[str, Any]]:
-        """Every candidate placement: per-device layers and memory, or why it is infeasible."""
+        """Every candidate placement: per-device layers and memory (in ``precision``), or why
+        it is infeasible."""
         _known_model(model)
         return [
             {
@@ -60,7 +63,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                 ],
             }
             for p in scheduler.deployments.preview(
-                model, context_length, max_shards, scheduler.clock()
+                model, context_length, max_shards, scheduler.clock(), precision=precision
             )
         ]
 
@@ -73,6 +76,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             context_length=body.context_length,
             max_shards=body.max_shards,
             replicas=body.replicas,
+            precision=body.precision,
         )
         decision = await scheduler.submit(PlacementRequest(task=task, ts=scheduler.clock()))
         if not decision.placed:

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from libs.contracts import CHECKPOINT, ContractError, SchedulerCheckpoint
 from libs.contracts.keys import Keys
+from libs.runtime.nats_client import copies
 
 log = logging.getLogger(__name__)
 BUCKET = "tessera_scheduler"
@@ -41,7 +42,9 @@ class CheckpointStore:
         try:
             return await js.key_value(BUCKET)
         except BucketNotFoundError:
-            return await js.create_key_value(bucket=BUCKET, history=min(self.kept, 64))
+            return await js.create_key_value(
+                bucket=BUCKET, history=min(self.kept, 64), replicas=copies(self.nc)
+            )
 
     async def save(self, checkpoint: SchedulerCheckpoint) -> None:
         data = CHECKPOINT.encode(checkpoint)

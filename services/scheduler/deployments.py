@@ -23,7 +23,7 @@ from libs.contracts import (
     PlacementRequest,
     shard_ring,
 )
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import CATALOGUE, in_precision
 from libs.core.migration import replan_deployment
 from libs.core.model import Device
 from libs.core.partition import Preview, choose, previews, whole_models_only
@@ -70,10 +70,13 @@ class Deployments:
         max_shards: int,
         now: float,
         without: set[str] | frozenset[str] = frozenset(),
+        precision: str | None = None,
     ) -> list[Preview]:
-        """Candidate placements of ``model`` (on devices other than ``without``)."""
+        """Candidate placements of ``model`` (on devices other than ``without``), its layers
+        counted in ``precision``."""
         devices = [d for d in self.model_devices(now) if d.device_id not in without]
-        options = previews(CATALOGUE[model], devices, context_length, max_shards)
+        spec = in_precision(CATALOGUE[model], precision)
+        options = previews(spec, devices, context_length, max_shards)
         whole_only = {
             d for d, a in self.view.announces.items() if a.engines and "torch" not in a.engines
         }
@@ -111,9 +114,9 @@ class Deployments:
             replica_id = task.deployment_id if k == 1 else f"{task.deployment_id}-r{k}"
             taken = {a.device_id for d in self.group(task.deployment_id) for a in d.assignments}
             size = (task.model, task.context_length, task.max_shards, now)
-            chosen = choose(self.preview(*size, without=taken))
+            chosen = choose(self.preview(*size, without=taken, precision=task.precision))
             if not chosen.feasible and taken:  # no room apart: share devices
-                chosen = choose(self.preview(*size))
+                chosen = choose(self.preview(*size, precision=task.precision))
             if not chosen.feasible:
                 if first is None:
                     return self.refusal(task.deployment_id, chosen.reason or "infeasible", now)
@@ -129,6 +132,7 @@ class Deployments:
                 context_length=task.context_length,
                 assignments=assignments_of(chosen),
                 replica_of=None if k == 1 else task.deployment_id,
+                precision=task.precision,
             )
             self.state.deployments[replica_id] = deployment
             first = first or deployment
@@ -262,6 +266,7 @@ class Deployments:
             [(a.device_id, a.layer_start, a.layer_end) for a in shards],
             deployment.epoch,
             now,
+            deployment.precision,
         )
         for task in ring:
             if only is None or task.device_id in only:
@@ -276,7 +281,7 @@ class Deployments:
             devices = self.model_devices(now, moving=deployment.deployment_id)
             live = sum(not d.failed for d in devices)
             chosen = replan_deployment(
-                CATALOGUE[deployment.model],
+                in_precision(CATALOGUE[deployment.model], deployment.precision),
                 devices,
                 {device_id},
                 deployment.context_length,

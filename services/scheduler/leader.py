@@ -21,6 +21,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from libs.runtime.nats_client import copies
+
 log = logging.getLogger(__name__)
 
 BUCKET = "TESSERA_LEADER"
@@ -48,7 +50,9 @@ class Lease:
             try:
                 self._kv = await js.key_value(BUCKET)
             except BucketNotFoundError:
-                self._kv = await js.create_key_value(bucket=BUCKET, history=1, ttl=self.ttl_s)
+                self._kv = await js.create_key_value(
+                    bucket=BUCKET, history=1, ttl=self.ttl_s, replicas=copies(self.nc)
+                )
         return self._kv
 
     @property

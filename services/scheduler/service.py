@@ -84,7 +84,7 @@ class Scheduler:
         self.pending: list[Pending] = []
         self.to_refresh: set[str] = set()
         self.newly_failed: list[str] = []
-        self.hints: dict[str, float] = {}
+        self.hints: dict[str, tuple[float, float]] = {}  #: (clock share, sleep after) sent
         self.rng = np.random.default_rng(0)
         self.background = Background("scheduler")
         self.deployments = Deployments(
@@ -355,6 +355,7 @@ class Scheduler:
             for a in self.state.active.values()
             if getattr(a.request.task, "urgency", 0.0) >= 0.8
         }
+        sleep_after_s = self.state.profile.sleep_after_s  # the mode's power policy
         for i, device_id in enumerate(fleet.ids):
             if not fleet.alive[i]:
                 continue
@@ -364,14 +365,15 @@ class Scheduler:
                 float(fleet.temperature_c[i]),
                 float(fleet.thermal_limit_c[i]),
             )
-            if self.hints.get(device_id) == hint.frequency_scale:
+            if self.hints.get(device_id) == (hint.frequency_scale, sleep_after_s):
                 continue
-            self.hints[device_id] = hint.frequency_scale
+            self.hints[device_id] = (hint.frequency_scale, sleep_after_s)
             message = DvfsHint(
                 device_id=device_id,
                 ts=now,
                 frequency_scale=hint.frequency_scale,
                 reason=hint.reason,
+                sleep_after_s=sleep_after_s,
             )
             await self.bus.publish(DVFS_HINT, message, device_id=device_id)
 

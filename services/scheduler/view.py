@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from redis.asyncio import Redis
 
-from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState
+from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState, TelemetrySample
 from libs.contracts.keys import DeviceRow, Keys
 from libs.core.energy import cluster_rates
 from libs.core.model import Device
@@ -29,6 +29,17 @@ SLOTS = {
 }
 #: Idle power as a share of typical power, when the device does not report its own.
 IDLE_SHARE = 0.25
+#: Where a device reports no temperature, the scheduler's heat model starts from a room's
+#: (its heat limit then binds only on the rise the work itself predicts).
+ROOM_C = 25.0
+
+
+def power_now(sample: TelemetrySample, typical_w: float) -> float:
+    """The device's power as it reports it, else the scheduler's model of it: idle power plus
+    its share of typical power by the load it reports."""
+    if sample.power_w is not None:
+        return sample.power_w
+    return typical_w * (IDLE_SHARE + (1.0 - IDLE_SHARE) * sample.cpu_utilisation)
 
 
 def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb: float) -> Device:
@@ -46,9 +57,9 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
         memory_total_gb=total,
         memory_free_gb=free,
         power_max_w=caps.max_power_w,
-        power_now_w=min(sample.power_w, caps.max_power_w),
+        power_now_w=min(power_now(sample, caps.typical_power_w), caps.max_power_w),
         power_idle_w=caps.typical_power_w * IDLE_SHARE,
-        temperature_c=sample.temperature_c,
+        temperature_c=ROOM_C if sample.temperature_c is None else sample.temperature_c,
         thermal_limit_c=caps.thermal_limit_c,
         delta_t_c=caps.delta_t_c,
         # The announced speed, scaled down by the scorer when the device measures far slower.

@@ -98,8 +98,10 @@ class DeviceCollector(Collector):
             speed_scale.add_metric(key, r.speed_scale)
             s = r.latest
             if s is not None:
-                temperature.add_metric(key, s.temperature_c)
-                power.add_metric(key, s.power_w)
+                if s.temperature_c is not None:  # unknown: no series, not a made-up value
+                    temperature.add_metric(key, s.temperature_c)
+                if s.power_w is not None:
+                    power.add_metric(key, s.power_w)
                 rtt.add_metric(key, s.network_rtt_ms / 1000.0)
                 utilisation.add_metric(key, s.cpu_utilisation)
                 if s.battery_percent is not None:

@@ -97,6 +97,8 @@ class Scorer:
             self.mode = Mode(str(stored))
         if weights:
             self.custom_weights = DimensionWeights.model_validate_json(weights)
+        # The marker a flush finds missing when Redis lost what was written (see ``flush``).
+        await self.redis.hsetnx(self.keys.stats, StatsField.SINCE, self.clock())
         rejected = self.on_rejected
         self.background.subscriptions += [
             await self.bus.subscribe(ANNOUNCE, self.on_announce, rejected=rejected),
@@ -202,8 +204,8 @@ class Scorer:
         if due:
             await self._rescore(due, now, pipe)
         counted = sum(per_device[d] for d in latest)
-        # Set only if missing: a 1 back means Redis lost what we wrote (or this is the first
-        # flush), so every device is written again at once rather than when next rescored.
+        # Set only if missing: a 1 back means Redis lost what we wrote (the marker is set at
+        # start), so every device is written again at once rather than when next rescored.
         marker = len(pipe)
         pipe.hsetnx(self.keys.stats, StatsField.SINCE, now)
         if counted:

@@ -125,7 +125,10 @@ def significant(old: TelemetrySample | None, new: TelemetrySample, s: ScorerSett
         old.memory_available_gb, 0.1
     ):
         return True
-    if abs(new.temperature_c - old.temperature_c) > s.temperature_change_c:
+    if (new.temperature_c is None) != (old.temperature_c is None):
+        return True
+    heats = (new.temperature_c or 0.0, old.temperature_c or 0.0)  # both known, or both not
+    if abs(heats[0] - heats[1]) > s.temperature_change_c:
         return True
     if abs(new.cpu_utilisation - old.cpu_utilisation) > s.utilisation_change:
         return True

@@ -12,10 +12,11 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from libs.devices.fleetfile import FleetSpec, build, load_fleet, mixed
-from libs.runtime.bus import NatsBus, close_nats, connect_nats
+from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.tracing import configure_tracing, instrument
 from services.telemetry.settings import TelemetrySettings
 

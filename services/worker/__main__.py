@@ -16,10 +16,11 @@ from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.host import HostDevice
 from libs.models.store import prepare
-from libs.runtime.bus import Bus, NatsBus, close_nats, connect_nats, ensure_streams
+from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
+from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.runtime.tracing import configure_tracing
 from services.worker.base import DeviceWorker
 from services.worker.metrics import WorkerMetrics

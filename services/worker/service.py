@@ -104,7 +104,7 @@ class Worker(DeviceWorker):
         eos_ids = eos if isinstance(eos, list) else [eos]
         self.stop_ids = frozenset(int(e) for e in eos_ids if e is not None)
         self.engines: dict[str, ShardEngine] = {}
-        self.models: dict[tuple[int, int], ShardModel] = {}
+        self.models: dict[tuple[int, int, str], ShardModel] = {}  #: (start, end, precision)
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -147,11 +147,12 @@ class Worker(DeviceWorker):
         if current is not None and current.epoch >= task.epoch:
             return  # a repeat, or older than what runs here
         started = time.monotonic()
+        precision = task.precision or self.precision  # the deployment's, else this worker's
         try:
             need = await self._torch(
-                shard_bytes, self.folder, task.layer_start, task.layer_end, self.precision
+                shard_bytes, self.folder, task.layer_start, task.layer_end, precision
             )
-            room = self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9
+            room = self.device.memory_limit_gb * MEMORY_SHARE * 1e9
             if need > room:
                 reason = (
                     f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
@@ -160,7 +161,7 @@ class Worker(DeviceWorker):
                 log.warning("refused shard", extra={"reason": reason})
                 await self.status(task, "refused", reason)
                 return
-            model = await self.model(task.layer_start, task.layer_end)
+            model = await self.model(task.layer_start, task.layer_end, precision)
         except Exception as exc:
             log.exception("shard load failed", extra={"deployment_id": task.deployment_id})
             await self.status(task, "failed", f"{type(exc).__name__}: {exc}")
@@ -177,6 +178,7 @@ class Worker(DeviceWorker):
             extra={
                 "deployment_id": task.deployment_id,
                 "layers": [task.layer_start, task.layer_end],
+                "precision": precision,
                 "epoch": task.epoch,
                 "load_s": round(load_s, 2),
             },
@@ -188,14 +190,14 @@ class Worker(DeviceWorker):
         """``function(*args)`` on the torch thread."""
         return await asyncio.get_running_loop().run_in_executor(self.compute, function, *args)
 
-    async def model(self, start: int, end: int) -> ShardModel:
-        """The layers ``[start, end)``, loaded once: a shard this worker held before (or the
-        whole model it preloaded) is ready at once when the scheduler moves work here."""
-        key = (start, end)
+    async def model(self, start: int, end: int, precision: str | None = None) -> ShardModel:
+        """The layers ``[start, end)`` in ``precision`` (default: this worker's), loaded once:
+        a shard this worker held before (or the whole model it preloaded) is ready at once
+        when the scheduler moves work here."""
+        precision = precision or self.precision
+        key = (start, end, precision)
         if key not in self.models:
-            self.models[key] = await self._torch(
-                ShardModel, self.folder, start, end, self.precision
-            )
+            self.models[key] = await self._torch(ShardModel, self.folder, start, end, precision)
             while len(self.models) > MODELS_KEPT:
                 self.models.pop(next(iter(self.models)))  # the least recently used
         self.models[key] = self.models.pop(key)  # most recently used last
@@ -207,7 +209,7 @@ class Worker(DeviceWorker):
 
         layers = int(AutoConfig.from_pretrained(self.folder).num_hidden_layers)
         need = await self._torch(shard_bytes, self.folder, 0, layers, self.precision)
-        if need <= self.device.capabilities.memory_total_gb * MEMORY_SHARE * 1e9:
+        if need <= self.device.memory_limit_gb * MEMORY_SHARE * 1e9:
             model = await self.model(0, layers)
             await self._torch(self._warm_up, model)
             log.info(

@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from libs.contracts import DeviceClass
+from libs.contracts.base import Precision
 from libs.runtime.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ class WorkerSettings(ServiceSettings):
     interval_s: float = Field(1.0, ge=0.1, le=10.0)
     #: How the torch engine holds weights: int8 (weight-only, a quarter of float32's bytes and
     #: the fastest here, see the README), bfloat16 or float32.
-    precision: Literal["int8", "bfloat16", "float32"] = "int8"
+    precision: Precision = "int8"
     #: New requests a first shard accepts at once; more are refused with a clear error.
     max_active: int = Field(16, ge=1, le=10_000)
     #: A request with no traffic for this long is dropped (its END frame was lost).

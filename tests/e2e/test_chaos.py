@@ -29,3 +29,18 @@ def test_a_fault_under_load_loses_nothing_and_the_cluster_recovers(
     assert outcome.counts["corrupt"] == 0, outcome.row()  # no token missing or repeated
     assert outcome.counts["completed"] + outcome.counts["failed"] == 9
     assert outcome.recovery_s is not None, f"{fault} never recovered"
+
+
+def test_one_of_three_nats_servers_killed_under_load_loses_nothing() -> None:
+    """NATS as a cluster of three (``tessera up --nats-servers 3``): SIGKILL one server
+    mid-load; its clients move to the other two and JetStream (three copies) goes on."""
+    harness = Chaos(concurrency=3, max_tokens=6, nats_servers=3)
+    harness.start()
+    try:
+        outcome = harness.run("nats_member_kill", requests=12)
+    finally:
+        harness.stop()
+    assert outcome.counts["lost"] == 0, outcome.row()
+    assert outcome.counts["corrupt"] == 0, outcome.row()
+    assert outcome.counts["completed"] + outcome.counts["failed"] == 12
+    assert outcome.recovery_s is not None, "the cluster never served again"

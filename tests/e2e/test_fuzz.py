@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from libs.harness.fuzz import flood, tally
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from tests.builders import sample_messages
 from tests.e2e.cluster import RunningCluster
 

@@ -1,6 +1,7 @@
 """Two hosts on this machine: two network namespaces joined by a veth pair, each with its own
 address and no loopback between them. ``tessera up --listen`` runs in one and ``tessera join``
-in the other (finding the cluster over mDNS), as a user would on two machines; the joined host
+in the other (finding the cluster over mDNS), as a user would on two machines, NATS over TLS
+(the cluster's own CA, handed to the joining host as the join command says); the joined host
 serves shards of a model split across both hosts, and the greedy tokens equal the whole
 model's; when the joined host's link goes down mid-stream, the stream completes on the workers
 that remain; Ctrl-C on a joined host moves its shards before it exits, and nothing is lost."""
@@ -25,6 +26,7 @@ from libs.models.chat import encode_chat
 from libs.models.shard import ShardModel, greedy
 from libs.models.store import prepare
 from libs.runtime.procs import ServiceProcess
+from tests.certificates import write_certificates
 from tests.e2e.cluster import RunningCluster
 
 pytestmark = pytest.mark.skipif(
@@ -60,6 +62,16 @@ def hosts(uid: str) -> Iterator[tuple[list[str], str, list[str]]]:
     finally:
         for ns in (a, b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def tls_files(folder: Path, address: str) -> dict[str, str]:
+    """A CA of the cluster's own and a certificate for NATS at ``address``, as settings."""
+    files = write_certificates(folder, address)
+    return {
+        "TESSERA_NATS_CA": str(files["ca"]),
+        "TESSERA_NATS_TLS_CERT": str(files["cert"]),
+        "TESSERA_NATS_TLS_KEY": str(files["key"]),
+    }
 
 
 def reference_text() -> str:
@@ -143,26 +155,34 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
     hosts: tuple[list[str], str, list[str]], tmp_path: Path
 ) -> None:
     on_a, address, on_b = hosts
+    tls = tls_files(tmp_path, address)
     head = RunningCluster(
         "--listen", address, "--workers", "1",
-        env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
+        env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB, **tls},
         prefix=on_a,
     )  # fmt: skip
     joined: list[ServiceProcess] = []
     try:
         said = head.wait_for("other hosts join with:", 60)
-        url, token = re.search(r"tessera join (\S+) --token (\S+)", said).groups()  # type: ignore[union-attr]
-        assert url.startswith(f"nats://{address}:")
+        found = re.search(r"tessera join (\S+) --token (\S+) --ca (\S+)", said)
+        assert found, said  # the command names the CA the joining host must trust
+        url, token, ca = found.groups()
+        assert url.startswith(f"nats://{address}:") and ca == tls["TESSERA_NATS_CA"]
         head.wait_for("ready:", 240)  # the model does not fit worker-0 alone: not deployed yet
         assert any("announced on the LAN (mDNS)" in line for line in head.lines)
         # Host B is given no URL: it finds the cluster over mDNS.
-        joined.append(joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB))
-        assert any(f"found {url} on the LAN" in str(line.get("msg")) for line in joined[0].lines)
+        joined.append(joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB, "--ca", ca))
+        said_b = [str(line.get("msg")) for line in joined[0].lines]
+        assert any(f"found {url} on the LAN" in line for line in said_b)
+        assert any("as device laptop-b (TLS)" in line for line in said_b), said_b
 
         on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
         rows = json.loads(run_in(on_a, on_head, "-m", "libs.cli.main", "devices", "--json"))
         laptop = next(r for r in rows if r["device_id"] == "laptop-b")
         assert laptop["state"] == "alive"
+        # Its own memory (this machine's), though it offers the cluster only MEMORY_GB of it.
+        assert laptop["sample"]["memory_total_gb"] > 4 * float(MEMORY_GB)
+        assert laptop["sample"]["memory_available_gb"] <= float(MEMORY_GB)
         deployed = run_in(on_a, on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
         assert "worker-0" in deployed and "laptop-b" in deployed, deployed
 
@@ -171,7 +191,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert "".join(json.loads(line)[1] for line in streamed) == reference
 
         # A spare worker joins on host A; host B's link goes down mid-stream.
-        joined.append(joins(on_a, url, token, "spare-a"))
+        joined.append(joins(on_a, url, token, "spare-a", "--ca", ca))
         link = f"v{hosts[2][-1]}"
         pieces = stream_and(on_a, f"{head.base_url}/v1", [*on_b, "ip", "link", "set", link, "down"])
         assert "".join(p for _, p in pieces) == reference  # nothing lost, nothing twice

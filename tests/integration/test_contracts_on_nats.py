@@ -15,11 +15,11 @@ from libs.runtime.bus import (
     Delivery,
     NatsBus,
     Unsubscribe,
-    ensure_streams,
     publish,
     subscribe,
 )
 from libs.runtime.memory_bus import MemoryBus
+from libs.runtime.nats_client import ensure_streams
 from tests.builders import make_telemetry, sample_messages
 from tests.waiting import wait_until, wait_until_async
 

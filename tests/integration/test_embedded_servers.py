@@ -7,7 +7,7 @@ import asyncio
 from redis.asyncio import Redis
 
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.store import connect_redis
 from tests.waiting import wait_until
 

@@ -12,8 +12,9 @@ import pytest
 
 from libs.cluster.access import AccessControl
 from libs.cluster.joining import JoinDesk, JoinRefused, ask_to_join, rotate_token
-from libs.cluster.servers import NatsServer
+from libs.cluster.servers import NatsCluster, NatsServer
 from libs.contracts import PLACEMENT_DECISION, TELEMETRY
+from libs.runtime.nats_client import close_nats, connect_nats
 from tests.integration.test_access import heard
 
 
@@ -89,3 +90,41 @@ async def test_a_rotated_token_is_refused_and_joined_hosts_stay(
     assert "laptop-2:" in await ask_to_join(server.url, new, "laptop-2")
     still = await nats.connect(joined, allow_reconnect=False)  # the joined host's own user
     await still.close()
+
+
+async def test_over_tls_a_host_joins_with_the_cluster_ca_and_is_told_to_give_it_without(
+    tmp_path: Path, pems: dict[str, Path]
+) -> None:
+    access = AccessControl([])
+    config = access.write_nats_config(tmp_path / "nats.conf")
+    with NatsServer(config=config, tls=(pems["cert"], pems["key"])) as server:
+        admin = access.nats_url(server.url, "admin")
+        desk = JoinDesk(access, server, admin, ca_file=pems["ca"]).start()
+        try:
+            with pytest.raises(JoinRefused, match="requires TLS: give its CA with --ca"):
+                await ask_to_join(server.url, access.token, "laptop-1", timeout_s=3)
+            url = await ask_to_join(server.url, access.token, "laptop-1", pems["ca"])
+            nc = await connect_nats(url, "joined", ca_file=pems["ca"])  # its own user, over TLS
+            await close_nats(nc)
+            assert await rotate_token(admin, pems["ca"]) == access.token
+        finally:
+            desk.close()
+
+
+async def test_a_host_joins_a_nats_cluster_and_every_server_lets_it_in(tmp_path: Path) -> None:
+    access = AccessControl([])
+    servers = NatsCluster(3)
+    servers.config = access.write_nats_config(servers.data_dir / "nats.conf")
+    servers.start()
+    try:
+        desk = JoinDesk(access, servers, access.nats_url(servers.url, "admin")).start()
+        try:
+            url = await ask_to_join(servers.url, access.token, "laptop-1")
+        finally:
+            desk.close()
+        assert url.count("laptop-1:") == 3  # one URL per server, each with its credentials
+        for one in url.split(","):
+            nc = await nats.connect(one, allow_reconnect=False, connect_timeout=3)
+            await nc.close()
+    finally:
+        servers.close()

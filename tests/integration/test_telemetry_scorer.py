@@ -175,7 +175,7 @@ async def test_garbage_and_hostile_samples_are_counted_by_reason_and_never_crash
     redis: Redis,
     uid: str,
 ) -> None:
-    from libs.runtime.bus import close_nats, connect_nats
+    from libs.runtime.nats_client import close_nats, connect_nats
     from tests.builders import make_telemetry
 
     scorer = ServiceProcess("scorer", service_env(big_payload_nats, redis_server, uid)).start()

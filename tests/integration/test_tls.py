@@ -10,29 +10,11 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-import trustme
 
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.runtime.bus import close_nats, connect_nats
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port
 from tests.processes import GATEWAY_STOPPED, ServiceProcess
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def pems(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("tls")
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": folder / "ca.pem", "cert": folder / "cert.pem", "key": folder / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    for i, blob in enumerate(cert.cert_chain_pems):  # the chain: server cert first
-        blob.write_to_path(str(paths["cert"]), append=i > 0)
-    return paths
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +44,7 @@ async def test_nats_over_tls_with_the_ca_works_and_nothing_else_connects(
 
 
 def test_the_gateway_serves_https_and_reaches_nats_over_tls(
-    tls_nats: NatsServer, redis_server: RedisServer, pems: dict[str, Path], ca: trustme.CA
+    tls_nats: NatsServer, redis_server: RedisServer, pems: dict[str, Path]
 ) -> None:
     port = free_port()
     gateway = ServiceProcess(

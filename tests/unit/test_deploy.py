@@ -106,3 +106,23 @@ def test_tessera_access_writes_every_credential_compose_asks_for(tmp_path: Path)
     assert "TESSERA_API_KEY" in defined  # the gateway's key, asked as ${TESSERA_API_KEY:?…}
     assert {"nats.conf", "users.acl"} <= {p.name for p in tmp_path.iterdir()}
     assert env.stat().st_mode & 0o077 == 0
+
+
+def test_tessera_access_for_three_nats_servers_routes_the_compose_profiles_servers(
+    tmp_path: Path,
+) -> None:
+    from libs.cluster.access import COMPOSE_DEVICES, AccessControl
+
+    env = AccessControl(list(COMPOSE_DEVICES)).write_compose(tmp_path, ["scorer"], nats_servers=3)
+    cluster = json.loads((tmp_path / "nats.conf").read_text())["cluster"]
+    servers = ["nats", "nats-2", "nats-3"]
+    assert cluster["routes"] == [f"nats://{s}:6222" for s in servers]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert all(s in compose for s in servers)
+    assert compose["nats-2"]["profiles"] == ["nats-cluster"]
+    scorer = next(
+        v
+        for k, v in (line.split("=", 1) for line in env.read_text().splitlines())
+        if k == "TESSERA_NATS_URL_SCORER"
+    )
+    assert [u.rsplit("@", 1)[1] for u in scorer.split(",")] == [f"{s}:4222" for s in servers]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from libs.cli.main import app
 from services.gateway.settings import GatewaySettings
 
 
@@ -32,3 +34,14 @@ def test_the_gateway_will_not_start_open_unless_told_to() -> None:
     assert GatewaySettings(auth="off").api_keys == []  # what `tessera up` runs locally
     with pytest.raises(ValidationError, match="both"):
         GatewaySettings(auth="off", tls_certfile="/tmp/cert.pem")
+
+
+def test_tessera_up_refuses_half_a_tls_setting_saying_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TESSERA_NATS_CA", "/tmp/ca.pem")  # no certificate or key for NATS
+    result = CliRunner().invoke(app, ["up", "--devices", "0"])
+    assert result.exit_code == 2
+    assert "TESSERA_NATS_TLS_CERT, TESSERA_NATS_TLS_KEY and TESSERA_NATS_CA together" in (
+        result.output
+    )

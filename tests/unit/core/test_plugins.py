@@ -186,3 +186,7 @@ def test_energy_mode_keeps_work_on_awake_devices_within_the_slack() -> None:
     # An awake device that would take 10 s against 5 s is past the 1.5× slack: the
     # sleeping one is woken.
     assert energy.place(FleetState([awake(1.0), asleep]), [task], 0, RNG)[0].device_id == ("asleep")
+    # Under energy mode's power policy a woken device sleeps again 1.1 s after its work, not
+    # 30 s: 150 J + 40 W × (5 s + 1/0.9 s).
+    short = fleet.marginal_j(task, BUILTIN_PROFILES[Mode.ENERGY].sleep_after_s).tolist()
+    assert short == pytest.approx([150.0, 150.0 + 40.0 * (5.0 + 1 / 0.9)])

