@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager chromium chromium-driver
 
-.PHONY: help deps venv vllm model lint typecheck unit integration e2e test up compose-test clean
+.PHONY: help deps venv vllm llama model lint typecheck unit integration e2e test up compose-test clean
 
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
@@ -56,6 +56,17 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
 	@echo "$(VLLM_PACKAGE)" > $@  # which build: `tessera up` starts a vLLM worker only for a GPU one
 
+## llama.cpp's server and RPC server (the llamacpp engine, the CPU workers' default where built):
+## compiled from llama-cpp-python's source on PyPI, ~4 min once, cached in ~/.cache/tessera.
+LLAMA := .llama
+llama: $(LLAMA)/.installed
+$(LLAMA)/.installed: deploy/build_llama.sh | venv
+	@command -v cmake >/dev/null && command -v ninja >/dev/null && command -v g++ >/dev/null || { \
+	  export DEBIAN_FRONTEND=noninteractive; SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
+	    cmake ninja-build g++ >/dev/null; }
+	PIP=$(BIN)/pip bash deploy/build_llama.sh $(LLAMA)
+
 ## The model folder, converted once from the shipped GGUF (~20 s the first time).
 model: venv
 	@$(BIN)/python -m libs.models >/dev/null
@@ -70,17 +81,17 @@ typecheck: venv
 unit: deps venv model
 	$(BIN)/pytest -q tests/unit
 
-integration: deps venv vllm model
+integration: deps venv vllm llama model
 	$(BIN)/pytest -q tests/integration
 
-e2e: deps venv model
+e2e: deps venv llama model
 	$(BIN)/pytest -q tests/e2e
 
-test: deps venv vllm model lint typecheck
+test: deps venv vllm llama model lint typecheck
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
-up: deps venv model
+up: deps venv llama model
 	$(BIN)/tessera up $(ARGS)
 
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
@@ -90,4 +101,4 @@ compose-test: venv
 	$(BIN)/python deploy/compose_test.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA) .mypy_cache .pytest_cache .ruff_cache

@@ -29,12 +29,21 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--faults", default=None, help="default: every fault the cluster has")
     parser.add_argument("--nats-servers", type=int, default=1, choices=(1, 3))
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "llamacpp"),
+        default=None,
+        help="the CPU workers' engine (default: as `make up` chooses)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     faults = FAULTS + (NATS_CLUSTER_FAULTS if args.nats_servers == 3 else ())
     args.faults = args.faults or ",".join(faults)
     chaos = Chaos(
-        concurrency=args.concurrency, max_tokens=args.max_tokens, nats_servers=args.nats_servers
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        nats_servers=args.nats_servers,
+        engine=args.engine,
     )
     chaos.start()
     outcomes = []
@@ -48,6 +57,7 @@ def main() -> int:
     report = {
         "requests_per_fault": args.requests,
         "nats_servers": args.nats_servers,
+        "engine": chaos.options.cpu_engine,
         "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
         "heartbeat_interval_s": chaos.interval_s,

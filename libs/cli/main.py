@@ -47,6 +47,13 @@ def up(
             "and vLLM's GPU build, else 0 (on CPU the shard workers, which can split a model).",
         ),
     ] = None,
+    engine: Annotated[
+        CpuEngine | None,
+        typer.Option(
+            help="The CPU workers' engine. Default: llamacpp where `make llama` built it "
+            "(the faster here), else torch.",
+        ),
+    ] = None,
     scheduler_replicas: Annotated[
         int | None,
         typer.Option(min=1, max=5, help="Scheduler replicas: one leads, the others stand by."),
@@ -69,7 +76,7 @@ def up(
     ] = 1,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.engines import choose_engines
+    from libs.cluster.engines import choose_cpu_engine, choose_engines
     from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 
@@ -85,13 +92,17 @@ def up(
             typer.echo(f"tessera up: {error['msg'].removeprefix('Value error, ')}", err=True)
         raise typer.Exit(2) from exc
     vllm, why = choose_engines(settings.vllm_workers if vllm_workers is None else vllm_workers)
+    cpu_engine, cpu_why = choose_cpu_engine(
+        engine.value if engine else settings.cpu_engine, listening=listen is not None
+    )
     options = UpOptions(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
         vllm_workers=vllm,
-        engines_note=why,
+        cpu_engine=cpu_engine,
+        engines_note=f"{cpu_why}; {why}",
         scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
         fleet=fleet,
         run_file=choose_run_file(settings.run_file),
@@ -124,7 +135,10 @@ def join(
     ] = None,
     engine: Annotated[
         str | None,
-        typer.Option(help="torch or vllm (default: vllm with an NVIDIA GPU and its build)."),
+        typer.Option(
+            help="torch, llamacpp (its RPC port takes no credentials: a trusted LAN only) or "
+            "vllm (default: vllm with an NVIDIA GPU and its build, else torch)."
+        ),
     ] = None,
     ca: Annotated[
         Path | None,
@@ -141,8 +155,8 @@ def join(
 
     if not token:
         raise typer.BadParameter("the cluster's token is needed", param_hint="--token")
-    if engine not in (None, "torch", "vllm"):
-        raise typer.BadParameter(f"{engine!r}: torch or vllm", param_hint="--engine")
+    if engine not in (None, "torch", "llamacpp", "vllm"):
+        raise typer.BadParameter(f"{engine!r}: torch, llamacpp or vllm", param_hint="--engine")
     options = JoinOptions(url, token, device_id, memory_gb, engine, ca)
     raise typer.Exit(run_joined(options))
 
@@ -195,6 +209,11 @@ def devices(
 SchedulerUrl = Annotated[
     str | None, typer.Option(help="Scheduler API (default: the running `tessera up`).")
 ]
+
+
+class CpuEngine(StrEnum):
+    torch = "torch"
+    llamacpp = "llamacpp"
 
 
 class PrecisionChoice(StrEnum):

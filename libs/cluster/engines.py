@@ -8,6 +8,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def choose_cpu_engine(
+    asked: str | None, repo: Path = REPO, listening: bool = False
+) -> tuple[str, str]:
+    """The CPU workers' engine (unless the user said) and why: llama.cpp where ``make llama``
+    built it (bench/serving.py: the faster one here, see the README), else the torch shards.
+
+    A cluster that others join (``--listen``) runs torch: a joined host's worker runs torch by
+    default (its shards talk over the cluster's NATS, with its credentials and TLS), and
+    llama.cpp's RPC servers take no credentials, so they stay off the LAN unless asked."""
+    if asked is not None:
+        return asked, f"CPU workers run {asked}, as asked"
+    if listening:
+        why = (
+            "CPU workers run torch shards (hosts join over NATS; llama.cpp's RPC port has no "
+            "authentication: --engine llamacpp to use it anyway)"
+        )
+        return "torch", why
+    if (repo / ".llama" / ".installed").exists():
+        return "llamacpp", "CPU workers run llama.cpp (its RPC backend splits a model)"
+    return "torch", "CPU workers run torch shards (`make llama` builds the faster llama.cpp)"
+
+
 def choose_engines(
     vllm_workers: int | None,
     repo: Path = REPO,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.text import Text
@@ -41,6 +43,14 @@ class JoinOptions:
     ready_timeout_s: float = 180.0
 
 
+def local_address(url: str) -> str:
+    """This host's address on the route to ``url``'s host (no packet is sent)."""
+    first = urlsplit(url.split(",")[0])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((first.hostname or "127.0.0.1", first.port or 4222))
+        return str(sock.getsockname()[0])
+
+
 def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     """Exit 0 after Ctrl-C/SIGTERM; 1 when the cluster cannot be reached or refuses, or the
     worker dies."""
@@ -67,7 +77,7 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         say(str(exc), "bold red")
         return 1
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
-    engine = "vllm" if vllm else "torch"
+    engine = "vllm" if vllm else options.engine or "torch"
     link = "TLS" if options.ca_file is not None else "plain TCP: no CA given"
     say(f"joined {url} as device {device_id} ({link}); engine {engine} ({why})")
     env = {  # on top of this process's environment, with JSON logs (ServiceProcess)
@@ -77,6 +87,9 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         "TESSERA_WORKER_ENGINE": engine,
         "TESSERA_WORKER_PRELOAD": "true",
     }
+    if engine == "llamacpp":  # the head of a split reaches this host's RPC server here
+        env["TESSERA_WORKER_RPC_HOST"] = address = local_address(nats_url)
+        say(f"llama.cpp's RPC server listens on {address} without authentication", "yellow")
     if options.memory_gb is not None:
         env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)
     if options.ca_file is not None:

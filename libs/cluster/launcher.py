@@ -46,6 +46,8 @@ class UpOptions:
     devices: int = 6
     #: CPU shard workers, each its own process and device (``worker-0``, ``worker-1``, …).
     workers: int = 2
+    #: The CPU workers' engine: ``torch`` or ``llamacpp`` (choose_cpu_engine).
+    cpu_engine: str = "torch"
     #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
     vllm_workers: int = 0
     #: Why these engines (choose_engines), said at start.
@@ -230,9 +232,10 @@ class Cluster:
         return out
 
     def worker_names(self) -> list[tuple[str, str]]:
-        """(device id, engine) of each worker: torch workers, then vLLM ones."""
-        torch = [(f"worker-{i}", "torch") for i in range(self.options.workers)]
-        return torch + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
+        """(device id, engine) of each worker: CPU workers, then vLLM ones."""
+        engine = self.options.cpu_engine
+        cpu = [(f"worker-{i}", engine) for i in range(self.options.workers)]
+        return cpu + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
 
     def _standby_exists(self, child: ServiceProcess) -> bool:
         """A scheduler replica may exit while another one runs: it takes over."""

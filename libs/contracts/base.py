@@ -18,6 +18,8 @@ DeviceId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 RequestId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 DeploymentId = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
 ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
+#: host:port (an IPv4 address or a host name) where a device serves something to its peers.
+Endpoint = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,253}:[0-9]{1,5}$")]
 #: How a CPU shard holds its weights: int8 (one scale per output row), bfloat16 or float32.
 Precision = Literal["int8", "bfloat16", "float32"]
 

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from libs.contracts.base import (
     DeviceClass,
     DeviceId,
+    Endpoint,
     Fraction,
     MemoryType,
     Mode,
@@ -62,6 +63,8 @@ class DeviceAnnounce(WireModel):
     engines: tuple[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")], ...] = Field(
         default=(), max_length=8
     )
+    #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker), else None.
+    rpc_endpoint: Endpoint | None = None
     ts: Timestamp
 
 

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from libs.contracts.base import (
     DeploymentId,
     DeviceId,
+    Endpoint,
     Fraction,
     Mode,
     ModelName,
@@ -161,6 +162,12 @@ class ShardTask(WireModel):
     ts: Timestamp
     #: The deployment's precision (None: the worker's own, ``TESSERA_WORKER_PRECISION``).
     precision: Precision | None = None
+    #: Every shard's layers (start, end), in route order (an engine that runs the whole
+    #: pipeline from its first shard, llama.cpp's, needs them all).
+    spans: tuple[tuple[int, int], ...] = Field(default=(), max_length=256)
+    #: Every device's llama.cpp RPC address (host:port), in route order; empty unless every
+    #: device of the route announced one.
+    endpoints: tuple[Endpoint, ...] = Field(default=(), max_length=256)
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -172,6 +179,11 @@ class ShardTask(WireModel):
             len(self.route) != self.shard_count or self.route[self.shard_index] != self.device_id
         ):
             raise ValueError("route must list shard_count devices with this one at shard_index")
+        for name in ("spans", "endpoints"):
+            if getattr(self, name) and len(getattr(self, name)) != self.shard_count:
+                raise ValueError(f"{name} must list shard_count entries")
+        if self.spans and self.spans[self.shard_index] != (self.layer_start, self.layer_end):
+            raise ValueError("spans must hold this shard's layers at shard_index")
         return self
 
 
@@ -183,11 +195,13 @@ def shard_ring(
     epoch: int,
     ts: float,
     precision: Precision | None = None,
+    endpoints: Sequence[str] = (),
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
-    order; each shard learns the next device and the whole route (the last one sends tokens
-    back to the first)."""
+    order; each shard learns the next device, the whole route (the last one sends tokens back
+    to the first), every shard's layers and, where given, every device's RPC address."""
     route = tuple(device for device, _, _ in shards)
+    spans = tuple((start, end) for _, start, end in shards)
     return [
         ShardTask(
             action=action,
@@ -203,6 +217,8 @@ def shard_ring(
             epoch=epoch,
             ts=ts,
             precision=precision,
+            spans=spans,
+            endpoints=tuple(endpoints),
         )
         for i, (device, start, end) in enumerate(shards)
     ]

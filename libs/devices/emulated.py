@@ -80,6 +80,8 @@ class EmulatedDevice:
     idle_s: float = 0.0
     #: Worker engines that run model shards on this device (empty: none).
     engines: tuple[str, ...] = ()
+    #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker sets it).
+    rpc_endpoint: str | None = None
     #: Set by a real worker: its measured rate replaces the emulated one.
     measured_tokens_per_s: float | None = None
     #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
@@ -235,6 +237,7 @@ class EmulatedDevice:
             emulated=True,
             interval_s=interval_s,
             engines=self.engines,
+            rpc_endpoint=self.rpc_endpoint,
             ts=now,
         )
 

@@ -35,6 +35,7 @@ import httpx
 import redis
 from rich.console import Console
 
+from libs.cluster.engines import choose_cpu_engine
 from libs.cluster.launcher import Cluster, UpOptions
 from libs.cluster.servers import NatsServer
 from libs.cluster.up import deploy_model
@@ -89,6 +90,7 @@ class Chaos:
         interval_s: float = 1.0,
         log_path: Path | None = None,
         nats_servers: int = 1,
+        engine: str | None = None,
     ) -> None:
         self.concurrency, self.max_tokens, self.interval_s = concurrency, max_tokens, interval_s
         self.devices = devices
@@ -99,6 +101,7 @@ class Chaos:
             gateway_port=port,
             devices=devices,
             workers=2,
+            cpu_engine=choose_cpu_engine(engine)[0],  # as `make up` chooses, unless asked
             scheduler_port=free_port(),
             scheduler_replicas=2,
             nats_servers=nats_servers,

@@ -85,10 +85,12 @@ def shard_tasks(
     ranges: Sequence[tuple[int, int]],
     epoch: int,
     action: Literal["load", "unload"] = "load",
+    endpoints: Sequence[str] = (),
 ) -> list[ShardTask]:
-    """The shard tasks of ``devices`` holding ``ranges`` (the scheduler's own builder)."""
+    """The shard tasks of ``devices`` holding ``ranges`` (the scheduler's own builder);
+    ``endpoints``: the devices' llama.cpp RPC addresses (llamacpp workers)."""
     shards = [(d, s, e) for d, (s, e) in zip(devices, ranges, strict=True)]
-    return shard_ring(action, deployment_id, model, shards, epoch, time.time())
+    return shard_ring(action, deployment_id, model, shards, epoch, time.time(), None, endpoints)
 
 
 async def place(

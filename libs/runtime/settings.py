@@ -63,6 +63,8 @@ class LauncherSettings(BaseSettings):
     workers: int = Field(2, ge=0, le=64)
     #: Unset: one when this machine has an NVIDIA GPU and the vLLM virtualenv, else none.
     vllm_workers: int | None = Field(None, ge=0, le=16)
+    #: The CPU workers' engine; unset: llamacpp where `make llama` built it, else torch.
+    cpu_engine: Literal["torch", "llamacpp"] | None = None
     scheduler_replicas: int = Field(1, ge=1, le=5)
     #: Unset: a free port (the run file records it).
     scheduler_http_port: int | None = Field(None, ge=1, le=65535)

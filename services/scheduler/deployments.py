@@ -259,6 +259,8 @@ class Deployments:
     ) -> None:
         """Durable shard tasks (JetStream) to each device of ``deployment``."""
         shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
+        announces = [self.view.announces.get(a.device_id) for a in shards]
+        endpoints = [a.rpc_endpoint if a else None for a in announces]
         ring = shard_ring(
             action,
             deployment.deployment_id,
@@ -267,6 +269,7 @@ class Deployments:
             deployment.epoch,
             now,
             deployment.precision,
+            [e for e in endpoints if e] if all(endpoints) else (),
         )
         for task in ring:
             if only is None or task.device_id in only:

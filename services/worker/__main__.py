@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ import numpy as np
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.host import HostDevice
-from libs.models.store import prepare
+from libs.models.store import gguf_path, prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
@@ -23,6 +24,9 @@ from libs.runtime.metrics import serve_metrics
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.runtime.tracing import configure_tracing
 from services.worker.base import DeviceWorker
+from services.worker.llama_server import RpcServer
+from services.worker.llamacpp import LlamaWorker
+from services.worker.llamacpp import server_factory as llama_servers
 from services.worker.metrics import WorkerMetrics
 from services.worker.service import Worker
 from services.worker.settings import WorkerSettings
@@ -85,6 +89,25 @@ def make_worker(
             start_s=settings.vllm_start_s,
             metrics=metrics,
         )
+    if settings.engine == "llamacpp":
+        threads = settings.llama_threads or os.cpu_count() or 1
+        make = llama_servers(
+            settings.llama_bin,
+            gguf_path(),
+            threads=threads,
+            parallel=settings.max_active,
+            context=settings.llama_context,
+        )
+        rpc = RpcServer(settings.llama_bin, settings.rpc_host, settings.rpc_port, threads)
+        return LlamaWorker(
+            bus,
+            device,
+            make,
+            rpc,
+            max_active=settings.max_active,
+            park_s=settings.park_s,
+            metrics=metrics,
+        )
     return Worker(
         bus,
         device,
@@ -108,7 +131,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     loop = asyncio.get_running_loop()
     folder = await loop.run_in_executor(torch_thread, lambda: prepare(cache_dir=settings.model_dir))
     host = None
-    if settings.engine == "torch":
+    if settings.engine != "vllm":
         host = await loop.run_in_executor(torch_thread, cached, settings.cache_dir)
     device = make_device(settings, time.time(), host)
     nc = await connect_nats(
@@ -118,7 +141,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     await ensure_streams(nc)
     worker = make_worker(bus, device, folder, settings, metrics, torch_thread)
     await worker.start()
-    if settings.preload and isinstance(worker, Worker):
+    if settings.preload and isinstance(worker, (Worker, LlamaWorker)):
         await worker.preload()
     agent = FleetAgent(bus, [device], settings.interval_s, seed=settings.seed)
     telemetry = asyncio.create_task(agent.run(stop))

@@ -30,8 +30,9 @@ class WorkerSettings(ServiceSettings):
     #: Overrides of the class's drawn memory (GB) and speed factor (1 = this CPU's own speed).
     memory_gb: float | None = Field(None, gt=0.0)
     speed_factor: float | None = Field(None, gt=0.0, le=1.0)
-    #: ``torch``: layer shards on the CPU; ``vllm``: whole models in a vLLM server process.
-    engine: Literal["torch", "vllm"] = "torch"
+    #: ``torch``: layer shards on the CPU in PyTorch; ``llamacpp``: layer shards in llama.cpp
+    #: (its RPC backend across devices); ``vllm``: whole models in a vLLM server process.
+    engine: Literal["torch", "llamacpp", "vllm"] = "torch"
     #: Telemetry and heartbeat period (s); the failure detector waits three of these.
     interval_s: float = Field(1.0, ge=0.1, le=10.0)
     #: How the torch engine holds weights: int8 (weight-only, a quarter of float32's bytes and
@@ -57,3 +58,11 @@ class WorkerSettings(ServiceSettings):
     #: CUDA graphs off: required by the CPU build, slower on a GPU (set false there).
     vllm_eager: bool = True
     vllm_start_s: float = Field(300.0, gt=0)
+    #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
+    #: on (reachable by the other devices: a joined host's own address), threads (default:
+    #: every core) and the KV cache's tokens shared by all requests.
+    llama_bin: Path = REPO / ".llama"
+    rpc_host: str = "127.0.0.1"
+    rpc_port: int = Field(0, ge=0, le=65535)
+    llama_threads: int | None = Field(None, ge=1, le=1024)
+    llama_context: int = Field(4096, ge=256, le=1_048_576)

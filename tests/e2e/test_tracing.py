@@ -30,6 +30,9 @@ def cluster() -> Iterator[RunningCluster]:
             # Too little memory for the whole model on one worker (0.48 GB at int8 with its
             # KV cache; 0.8 of 0.55 GB usable): it is split over both.
             "TESSERA_WORKER_MEMORY_GB": "0.55",
+            # The torch shards trace each shard's step; llama.cpp runs its split inside its
+            # own server, where there is no span to take.
+            "TESSERA_CPU_ENGINE": "torch",
         }
     )
     running.wait_for("ready:", 240)

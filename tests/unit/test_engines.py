@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from libs.cluster.engines import choose_engines
+from libs.cluster.engines import choose_cpu_engine, choose_engines
 
 
 def machine(tmp_path: Path, gpus: int, vllm_build: str | None) -> tuple[Path, Path]:
@@ -40,3 +40,17 @@ def test_a_gpu_with_only_the_cpu_build_says_how_to_get_the_gpu_one(tmp_path: Pat
 def test_what_the_user_asked_for_wins(tmp_path: Path) -> None:
     repo, driver = machine(tmp_path, gpus=0, vllm_build=None)
     assert choose_engines(2, repo, driver)[0] == 2
+
+
+def test_the_cpu_workers_run_llama_cpp_where_it_was_built(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    engine, why = choose_cpu_engine(None, repo)
+    assert engine == "torch" and "make llama" in why
+    (repo / ".llama").mkdir()
+    (repo / ".llama" / ".installed").write_text("0.3.36 d25c50ac\n")
+    assert choose_cpu_engine(None, repo)[0] == "llamacpp"
+    assert choose_cpu_engine("torch", repo) == ("torch", "CPU workers run torch, as asked")
+    # A cluster others join keeps its CPU workers on torch (the joined hosts' engine).
+    engine, why = choose_cpu_engine(None, repo, listening=True)
+    assert engine == "torch" and "no authentication" in why

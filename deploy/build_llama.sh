@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build llama.cpp's server and RPC server (the `llamacpp` engine of the worker) into $1.
+#
+# The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
+# under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.
+# -march=native dies with SIGILL on some VMs (AMX advertised, not enabled): the CPU's own
+# AVX-512/AVX2 flags are named instead (../shared/FINDINGS.md).
+set -euo pipefail
+
+DEST=${1:?usage: build_llama.sh DEST}
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+PIP=${PIP:-.venv/bin/pip}
+CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp/$VERSION
+BINS=(llama-server ggml-rpc-server)
+
+flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+for flag in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
+  avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+  if grep -qw "${flag%%:*}" /proc/cpuinfo; then flags+=("-DGGML_${flag##*:}=ON"); fi
+done
+key=$(echo "${flags[*]}" | md5sum | cut -c1-8)
+out=$CACHE/$key
+
+if [ ! -x "$out/bin/ggml-rpc-server" ] || [ ! -x "$out/bin/llama-server" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  echo "building llama.cpp (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
+  "$PIP" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" 2>&1 |
+    grep -v -e "^WARNING: Location" || true
+  tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
+  src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+  cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF -DGGML_RPC=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    "${flags[@]}" >"$work/configure.log" || { tail -30 "$work/configure.log"; exit 1; }
+  cmake --build "$work/build" --target "${BINS[@]}" -j "$(nproc)" >"$work/build.log" ||
+    { tail -30 "$work/build.log"; exit 1; }
+  mkdir -p "$out/bin"
+  for bin in "${BINS[@]}"; do install -m 0755 "$work/build/bin/$bin" "$out/bin/$bin"; done
+fi
+mkdir -p "$DEST"
+for bin in "${BINS[@]}"; do ln -sf "$out/bin/$bin" "$DEST/$bin"; done
+echo "$VERSION $key" >"$DEST/.installed"

@@ -1,0 +1,173 @@
+"""llama.cpp as an engine: ``llama-server`` runs a deployment, ``ggml-rpc-server`` lends a device.
+
+A split across devices is llama.cpp's RPC backend driven by Tessera's placement: the first
+shard's worker runs ``llama-server`` on the GGUF as shipped, keeps its own layers on its CPU, and
+offloads the rest to the RPC servers of the other shards' devices, each given exactly the layers
+the placement chose (``--n-gpu-layers`` counts the offloaded layers, which llama.cpp takes from
+the end; ``--tensor-split`` divides them in route order). Every llamacpp worker runs one
+``ggml-rpc-server`` for as long as it lives and announces its address (``rpc_endpoint``).
+
+The binaries come from ``make llama`` (``deploy/build_llama.sh``) in ``.llama/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from libs.contracts import Sampling, ShardTask
+from libs.runtime.procs import child_kwargs, free_port
+from libs.runtime.settings import child_env
+from services.worker.engine_server import EngineError, EngineServer, Piece
+
+log = logging.getLogger(__name__)
+
+FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+
+
+def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
+    """For the first shard's task of a placement: llama.cpp's ``--n-gpu-layers`` and
+    ``--tensor-split`` that give each RPC device exactly its shard's layers.
+
+    llama.cpp offloads the last ``n-gpu-layers`` of the ``layers + 1`` it counts (the output
+    layer is the last) and hands them out in proportion to the split: so the head keeps its
+    ``layer_end`` layers by offloading ``layers - layer_end + 1``, and the last shard's count
+    includes the output layer (the last shard computes the logits, as in the torch ring)."""
+    if task.shard_index != 0:
+        raise ValueError("only the first shard runs llama-server")
+    spans = list(task.spans) if task.spans else [(task.layer_start, task.layer_end)]
+    if spans[0][0] != 0 or spans[-1][1] != layers:
+        raise ValueError(f"the shards cover layers {spans[0][0]}..{spans[-1][1]}, not 0..{layers}")
+    counts = [end - start for start, end in spans[1:]]
+    if not counts:
+        return 0, []
+    counts[-1] += 1  # the output layer
+    return sum(counts), counts
+
+
+class LlamaServer(EngineServer):
+    engine = "llama.cpp"
+
+    def __init__(
+        self,
+        binaries: Path,
+        gguf: Path,
+        task: ShardTask,
+        layers: int,
+        *,
+        threads: int,
+        parallel: int = 16,
+        context: int = 4096,
+    ) -> None:
+        super().__init__()
+        self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
+        self.threads, self.parallel, self.context = threads, parallel, context
+
+    def check(self) -> None:
+        if not (self.binaries / "llama-server").exists():
+            raise EngineError(f"{self.binaries}/llama-server not found: build it with `make llama`")
+        if self.task.shard_count > 1 and len(self.task.endpoints) != self.task.shard_count:
+            raise EngineError(
+                f"shard 1 of {self.task.shard_count} needs the RPC address of every device of "
+                f"{', '.join(self.task.route)}: a device of that route runs no llamacpp worker"
+            )
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        offloaded, split = layer_split(self.task, self.layers)
+        command = [
+            str(self.binaries / "llama-server"),
+            *("-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port)),
+            *("-t", str(self.threads), "-np", str(self.parallel), "-c", str(self.context)),
+            *("--kv-unified", "--no-webui", "--no-warmup"),
+        ]
+        if split:
+            command += [
+                *("--rpc", ",".join(self.task.endpoints[1:])),
+                *("-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)),
+            ]
+        else:
+            command += ["-ngl", "0", "--device", "none"]
+        return command, child_env()
+
+    async def complete(
+        self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int
+    ) -> AsyncIterator[Piece]:
+        if self.http is None:
+            raise EngineError("llama-server is not running")
+        body: dict[str, object] = {
+            "prompt": list(prompt_ids),
+            "n_predict": max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop": list(sampling.stop),
+            "stream": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        async with self.http.stream("POST", "/completion", json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")
+                raise EngineError(f"llama-server answered {response.status_code}: {detail[:500]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise EngineError(f"llama-server: {event['error']}")
+                done = bool(event.get("stop"))
+                reason = FINISH.get(event.get("stop_type", ""), "stop") if done else None
+                tokens = tuple(int(t) for t in event.get("tokens") or ())
+                yield Piece(tokens, event.get("content") or "", reason)
+
+
+class RpcServer:
+    """This device's ``ggml-rpc-server``: its CPU, lent to the llama-server of a placement."""
+
+    def __init__(self, binaries: Path, host: str, port: int = 0, threads: int = 1) -> None:
+        self.binaries, self.host, self.threads = binaries, host, threads
+        self.port = port or free_port(host)
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self, timeout_s: float = 10.0) -> None:
+        binary = self.binaries / "ggml-rpc-server"
+        if not binary.exists():
+            raise EngineError(f"{binary} not found: build it with `make llama`")
+        command = [str(binary), "-H", self.host, "-p", str(self.port), "-t", str(self.threads)]
+        self.proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=child_env(),
+            **child_kwargs(),
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if self.proc.returncode is not None:
+                raise EngineError(f"ggml-rpc-server exited with {self.proc.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
+                log.info("rpc server up", extra={"endpoint": self.endpoint})
+                return
+            await asyncio.sleep(0.1)
+        raise EngineError(f"ggml-rpc-server did not listen on {self.endpoint} in {timeout_s} s")
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()

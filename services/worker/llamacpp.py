@@ -1,0 +1,139 @@
+"""The llamacpp worker: Tessera's placement, run by llama.cpp across devices.
+
+Every llamacpp worker lends its device through a ``ggml-rpc-server`` for as long as it runs and
+announces where (``rpc_endpoint``); the scheduler puts every device's address into a
+placement's shard tasks. The first shard's worker runs ``llama-server`` with its own layers on
+its CPU and each other shard's layers on that device's RPC server (``LlamaServer``); the other
+shards' workers only take their task (their RPC server does the work). A device lost from the
+route takes the head's server down with it; the scheduler's new placement arrives as tasks of a
+newer epoch, the head starts its server on the new route, and the owner re-sends its requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from libs.agents.fleet import shard_intensity, work_key
+from libs.contracts import Sampling, ShardTask, shard_ring
+from libs.core.catalogue import CATALOGUE
+from libs.devices.emulated import EmulatedDevice
+from libs.models.store import MODEL_NAME
+from libs.runtime.bus import Bus
+from services.worker.engine_server import EngineError, EngineServer
+from services.worker.llama_server import LlamaServer, RpcServer
+from services.worker.metrics import WorkerMetrics
+from services.worker.served import ServedWorker
+
+log = logging.getLogger(__name__)
+LAYERS = CATALOGUE[MODEL_NAME].layers
+
+
+class LlamaWorker(ServedWorker):
+    def __init__(
+        self,
+        bus: Bus,
+        device: EmulatedDevice,
+        make_server: Callable[[ShardTask], EngineServer],
+        rpc: RpcServer,
+        *,
+        max_active: int = 16,
+        park_s: float = 60.0,
+        start_s: float = 120.0,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            bus,
+            device,
+            make_server,
+            max_active=max_active,
+            park_s=park_s,
+            start_s=start_s,
+            metrics=metrics,
+            clock=clock,
+        )
+        self.rpc = rpc
+        #: Shards of other heads' placements that this device's RPC server runs.
+        self.lent: dict[str, ShardTask] = {}
+
+    async def start(self) -> None:
+        await self.rpc.start()
+        self.device.rpc_endpoint = self.rpc.endpoint
+        await super().start()
+
+    async def close(self) -> None:
+        await super().close()
+        await self.rpc.stop()
+
+    async def preload(self, new_tokens: int = 16) -> None:
+        """Measure this device on the model before any work: the whole model's greedy decode
+        for ``new_tokens`` (2 FLOPs per parameter per token), as the torch worker's warm-up
+        measures its steps, so the scorer checks the announced speed from the first report."""
+        task = shard_ring("load", "measure", MODEL_NAME, [(self.device_id, 0, LAYERS)], 0, 0.0)
+        server = self.make_server(task[0])
+        try:
+            await server.start(self.start_s)
+            prompt, sampling = list(range(1, 25)), Sampling(max_tokens=new_tokens)
+            times = [
+                time.perf_counter() async for _ in server.complete(prompt, sampling, new_tokens)
+            ]
+        except EngineError as exc:
+            log.warning("could not measure this device", extra={"reason": str(exc)[:300]})
+            return
+        finally:
+            await server.stop()
+        if len(times) > 2 and times[-1] > times[1]:  # decode steps after the first token
+            flops = 2.0 * CATALOGUE[MODEL_NAME].params * (len(times) - 2)
+            self.device.measured_gflops = flops / (times[-1] - times[1]) / 1e9
+            log.info("measured", extra={"gflops": round(self.device.measured_gflops, 2)})
+
+    def refusal(self, task: ShardTask) -> str | None:
+        if task.model != MODEL_NAME:
+            return f"{self.device_id} runs llama.cpp, which serves only {MODEL_NAME}'s GGUF here"
+        if task.shard_count > 1 and not task.endpoints:
+            return (
+                f"a device of {', '.join(task.route)} runs no llamacpp worker: llama.cpp "
+                "splits a model only across llama.cpp RPC servers"
+            )
+        return None
+
+    def same_server(self, current: ShardTask, task: ShardTask) -> bool:
+        return (current.spans, current.endpoints) == (task.spans, task.endpoints)
+
+    async def on_task(self, task: ShardTask) -> None:
+        if task.shard_index == 0:
+            await super().on_task(task)
+            return
+        current = self.lent.get(task.deployment_id)
+        if task.action == "unload":
+            if current is not None and current.epoch <= task.epoch:
+                self.device.unassign(work_key(current))
+                del self.lent[task.deployment_id]
+                await self.status(task, "unloaded")
+            return
+        if current is not None and current.epoch >= task.epoch:
+            return
+        reason = self.refusal(task)
+        if reason is not None:
+            await self.status(task, "refused", reason)
+            return
+        if current is not None:
+            self.device.unassign(work_key(current))
+        self.lent[task.deployment_id] = task
+        self.device.assign(work_key(task), shard_intensity(task))
+        await self.status(task, "loaded")  # the head's llama-server loads our layers
+
+
+def server_factory(
+    binaries: Path, gguf: Path, *, threads: int, parallel: int, context: int
+) -> Callable[[ShardTask], EngineServer]:
+    def make(task: ShardTask) -> EngineServer:
+        layers = CATALOGUE[task.model].layers
+        return LlamaServer(
+            binaries, gguf, task, layers, threads=threads, parallel=parallel, context=context
+        )
+
+    return make

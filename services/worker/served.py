@@ -1,0 +1,248 @@
+"""A worker whose deployment runs in an engine server process (vLLM, llama.cpp's server).
+
+A ``load`` task of a deployment's first shard starts (or keeps) the engine's server for it;
+each request streams from the server token by token into ``TokenChunk``s, from index
+``len(generated_token_ids)`` on, so a request re-run after a migration continues where the
+user's stream stopped. Requests of every epoch wait while the server starts (up to ``park_s``).
+A server that dies is started again for the same task, and the requests it was running carry
+on from their last token once it is back; a newer placement (the owner re-sends its requests
+there) ends them instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from libs.agents.fleet import shard_intensity, work_key
+from libs.contracts import GenerationCancel, GenerationRequest, ShardTask, TokenChunk
+from libs.devices.emulated import EmulatedDevice
+from libs.runtime.bus import Bus, Delivery
+from services.worker.base import DeviceWorker, failure
+from services.worker.engine_server import EngineError, EngineServer
+from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+FINISH = {"stop": "stop", "length": "length"}
+#: Seconds between attempts to start a server again after it died.
+RESTART_S = 1.0
+
+
+class ServedWorker(DeviceWorker):
+    def __init__(
+        self,
+        bus: Bus,
+        device: EmulatedDevice,
+        make_server: Callable[[ShardTask], EngineServer],
+        *,
+        max_active: int = 16,
+        park_s: float = 60.0,
+        start_s: float = 300.0,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(bus, device, metrics, clock)
+        self.make_server = make_server
+        self.max_active, self.park_s, self.start_s = max_active, park_s, start_s
+        self.task: ShardTask | None = None
+        self.server: EngineServer | None = None
+        self.ready = asyncio.Event()
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.watcher: asyncio.Task[None] | None = None
+
+    # -- what an engine decides ----------------------------------------------------------------
+    def refusal(self, task: ShardTask) -> str | None:
+        """Why this worker cannot run the first shard ``task`` names (None: it can)."""
+        return None
+
+    def same_server(self, current: ShardTask, task: ShardTask) -> bool:
+        """Whether the server started for ``current`` serves ``task`` too (a newer epoch)."""
+        return True
+
+    async def close(self) -> None:
+        await super().close()
+        for job in list(self.running.values()):
+            job.cancel()
+        await self._stop_server()
+
+    # -- shard tasks ---------------------------------------------------------------------------
+    async def on_task(self, task: ShardTask) -> None:
+        current = self.task
+        same = current is not None and current.deployment_id == task.deployment_id
+        if task.action == "unload":
+            if same and current is not None and current.epoch <= task.epoch:
+                await self._stop_server()
+                self.device.unassign(work_key(current))
+                self.task = None
+                await self.status(task, "unloaded")
+            return
+        if same and current is not None and current.epoch >= task.epoch:
+            return  # a repeat, or older than what runs here
+        reason = self.refusal(task)
+        if reason is None and current is not None and not same:
+            reason = f"{self.device_id} already serves {current.deployment_id}"
+        if reason is not None:
+            await self.status(task, "refused", reason)
+            return
+        self.task = task  # requests of this epoch wait for `ready` from now on
+        if current is not None:
+            self.device.unassign(work_key(current))
+        self.device.assign(work_key(task), shard_intensity(task))
+        if current is not None and self.ready.is_set() and self.same_server(current, task):
+            await self.status(task, "loaded")  # the same server, moved to a newer epoch
+            return
+        await self._stop_server()
+        try:
+            load_s = await self._start(task)
+        except EngineError as exc:
+            log.error("engine failed to start", extra={"reason": str(exc)})
+            self.device.unassign(work_key(task))
+            self.task = None
+            await self.status(task, "failed", str(exc)[:2000])
+            return
+        log.info("serving", extra={"deployment_id": task.deployment_id, "load_s": load_s})
+        await self.status(task, "loaded", load_s=load_s)
+
+    async def _start(self, task: ShardTask) -> float:
+        server = self.server = self.make_server(task)
+        try:
+            load_s = await server.start(self.start_s)
+        except EngineError:
+            await self._stop_server()
+            raise
+        self.ready.set()
+        self.watcher = asyncio.create_task(self._watch(task, server))
+        return load_s
+
+    async def _watch(self, task: ShardTask, server: EngineServer) -> None:
+        """Start the server again when it dies under ``task`` (a peer lost, a crash)."""
+        assert server.proc is not None
+        await server.proc.wait()
+        while self.task is task and self.server is server:
+            self.ready.clear()
+            log.warning("engine exited; starting it again", extra={"tail": server.tail()})
+            await server.stop()
+            try:
+                await self._start(task)
+                return
+            except EngineError as exc:
+                log.warning("engine did not start again", extra={"reason": str(exc)[:300]})
+                self.server = server  # keep trying while this task stands
+                await asyncio.sleep(RESTART_S)
+
+    async def _stop_server(self) -> None:
+        self.ready.clear()
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+        server, self.server = self.server, None
+        if server is not None:
+            await server.stop()
+
+    # -- requests ------------------------------------------------------------------------------
+    async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
+        if len(self.running) >= self.max_active:
+            self.metrics.refused.inc()
+            await self.emit(
+                failure(request, f"{self.device_id} is busy: {self.max_active} requests")
+            )
+            return
+        earlier = self.running.get(request.request_id)
+        if earlier is not None:
+            earlier.cancel()  # sent again by its owner: this run replaces that one
+        job = asyncio.create_task(self._serve(request))
+        self.running[request.request_id] = job
+        job.add_done_callback(lambda _: self._finished(request.request_id, job))
+
+    async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
+        job = self.running.get(cancel.request_id)
+        if job is not None:
+            job.cancel()
+            log.info("cancelled", extra={"request_id": cancel.request_id})
+
+    def _finished(self, request_id: str, job: asyncio.Task[None]) -> None:
+        if self.running.get(request_id) is job:
+            del self.running[request_id]
+        self._update_gauges()
+
+    async def _serve(self, request: GenerationRequest) -> None:
+        index = len(request.generated_token_ids)
+        generated = list(request.generated_token_ids)
+        last = TokenChunk(
+            request_id=request.request_id,
+            index=index,
+            finished=True,
+            finish_reason="length",
+            prompt_tokens=len(request.prompt_token_ids),
+            completion_tokens=index,
+            device_id=self.device_id,
+            epoch=request.epoch,
+            ts=self.clock(),
+        )
+        while True:
+            try:
+                await asyncio.wait_for(self.ready.wait(), self.park_s)
+            except TimeoutError:
+                await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
+                return
+            task, server = self.task, self.server
+            if task is None or server is None or task.deployment_id != request.deployment_id:
+                await self.emit(failure(request, f"{request.deployment_id} is not served here"))
+                return
+            if request.epoch < task.epoch:
+                return  # the owner re-runs it on the newer placement
+            left = request.sampling.max_tokens - len(generated)
+            try:
+                if left > 0:
+                    prompt = [*request.prompt_token_ids, *generated]
+                    async for piece in server.complete(prompt, request.sampling, left):
+                        for i, token in enumerate(piece.token_ids):
+                            text = piece.text if i == len(piece.token_ids) - 1 else ""
+                            await self.emit(self._token(request, len(generated), token, text))
+                            generated.append(token)
+                        self._update_gauges()
+                        if piece.finish_reason is not None:
+                            reason = FINISH.get(piece.finish_reason, "error")
+                            last = last.model_copy(update={"finish_reason": reason})
+                done = {"completion_tokens": len(generated), "index": len(generated)}
+                await self.emit(last.model_copy(update={**done, "ts": time.time()}))
+                return
+            except Exception as exc:  # the engine refused it, or went away
+                if await alive(server):
+                    log.warning("request failed", extra={"request_id": request.request_id})
+                    with contextlib.suppress(Exception):
+                        await self.emit(failure(request, f"{type(exc).__name__}: {exc}"))
+                    return
+                # The server died under it: carry on from the last token once it is back.
+                await asyncio.sleep(0.1)
+
+    def _token(self, request: GenerationRequest, index: int, token: int, text: str) -> TokenChunk:
+        return TokenChunk(
+            request_id=request.request_id,
+            index=index,
+            token_id=token,
+            text=text,
+            device_id=self.device_id,
+            epoch=request.epoch,
+            ts=time.time(),
+        )
+
+    def _update_gauges(self) -> None:
+        self.device.queue_depth = len(self.running)
+        self.device.measured_tokens_per_s = self.tokens_per_s()
+        self.metrics.active.set(len(self.running))
+        self.metrics.queue_depth.set(0 if self.ready.is_set() else len(self.running))
+
+
+async def alive(server: EngineServer, wait_s: float = 1.0) -> bool:
+    """Whether ``server``'s process still runs ``wait_s`` after a request to it failed."""
+    proc = server.proc
+    if proc is None:
+        return False
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), wait_s)
+    return proc.returncode is None

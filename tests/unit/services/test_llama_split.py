@@ -1,0 +1,52 @@
+"""How a placement becomes llama.cpp's split: the head keeps its layers on its own CPU, the other
+shards' layers go to their devices' RPC servers in route order (hand-checked layer counts)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from libs.contracts import shard_ring
+from services.worker.llama_server import LlamaServer, layer_split
+
+ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
+
+
+def ring(spans: list[tuple[int, int]], endpoints: tuple[str, ...] = ENDPOINTS):  # type: ignore[no-untyped-def]
+    shards = [(f"d{i}", start, end) for i, (start, end) in enumerate(spans)]
+    return shard_ring("load", "dep", "smollm2-135m-instruct", shards, 1, 0.0, None, endpoints)
+
+
+def test_the_head_keeps_its_layers_and_offloads_the_rest_in_route_order() -> None:
+    tasks = ring([(0, 12), (12, 21), (21, 30)])
+    # layers 12..20 to d1, 21..29 and the output layer to d2: 19 of llama.cpp's 31 offloaded
+    assert layer_split(tasks[0], 30) == (19, [9, 10])
+    server = LlamaServer(Path("/bin"), Path("m.gguf"), tasks[0], 30, threads=2)
+    command, _ = server.command()
+    flags = dict(itertools.pairwise(command))
+    assert flags["--rpc"] == "10.0.0.2:50052,10.0.0.3:50052"  # not the head's own
+    assert flags["-ngl"] == "19" and flags["-ts"] == "9,10"
+
+
+def test_a_whole_model_offloads_nothing() -> None:
+    [task] = ring([(0, 30)], ENDPOINTS[:1])
+    assert layer_split(task, 30) == (0, [])
+    command, _ = LlamaServer(Path("/bin"), Path("m.gguf"), task, 30, threads=1).command()
+    assert "--rpc" not in command and command[command.index("-ngl") + 1] == "0"
+
+
+def test_only_a_first_shard_covering_every_layer_runs_the_server() -> None:
+    tasks = ring([(0, 12), (12, 30)], ENDPOINTS[:2])
+    with pytest.raises(ValueError, match="first shard"):
+        layer_split(tasks[1], 30)
+    with pytest.raises(ValueError, match=r"not 0\.\.32"):
+        layer_split(tasks[0], 32)
+
+
+def test_a_task_lists_one_endpoint_and_one_span_per_shard() -> None:
+    with pytest.raises(ValueError, match="endpoints must list"):
+        ring([(0, 12), (12, 30)], ENDPOINTS)
+    tasks = ring([(0, 12), (12, 30)], ())
+    assert tasks[1].spans == ((0, 12), (12, 30)) and tasks[1].endpoints == ()
