@@ -3,8 +3,10 @@
 Starts three systems at once on this machine and measures them in turn (the order rotates each
 round, so drift and the idle systems' background load fall on all alike):
 
-- ``tessera_split``: ``tessera up`` as ``make up`` starts it, each worker given 0.55 GB so
-  that SmolLM2 (int8, 0.48 GB with its KV cache) is split across its 2 CPU shard workers;
+- ``tessera_split``: ``tessera up`` as ``make up`` starts it (its CPU workers' engine:
+  llama.cpp where ``make llama`` built it, else torch; ``--engine`` picks), each worker given
+  0.55 GB so that SmolLM2 (counted at int8, 0.48 GB with its KV cache) is split across its 2
+  CPU workers;
 - ``tessera_whole``: ``tessera up --workers 1`` (the same model whole on one CPU worker);
 - ``vllm_direct``: vLLM's CPU build served directly from ``.venv-vllm`` (``make vllm``), bf16.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
+from libs.cluster.engines import choose_cpu_engine
 from libs.models.store import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
 from services.worker.vllm_server import VllmServer
@@ -69,10 +72,13 @@ class Result:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def start_cluster(workers: int | None, memory_gb: str | None) -> tuple[ServiceProcess, str]:
+def start_cluster(
+    workers: int | None, memory_gb: str | None, engine: str
+) -> tuple[ServiceProcess, str]:
     port = free_port()
     env = {
         **({"TESSERA_WORKER_MEMORY_GB": memory_gb} if memory_gb else {}),
+        "TESSERA_CPU_ENGINE": engine,
         "TESSERA_GATEWAY_PORT": str(port),
         "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
         "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
@@ -146,8 +152,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     started = time.monotonic()
     # At int8 the model (0.48 GB with its KV cache) fits one emulated workstation, and the
     # scheduler places it whole; 0.55 GB per worker (0.44 usable) makes it split across both.
-    split, split_url = start_cluster(None, "0.55")
-    whole, whole_url = start_cluster(1, None)
+    engine = choose_cpu_engine(args.engine)[0]
+    split, split_url = start_cluster(None, "0.55", engine)
+    whole, whole_url = start_cluster(1, None, engine)
     await vllm.start()
     setup_s = time.monotonic() - started
     clients = {
@@ -169,6 +176,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     result = await measure(clients[name], MODEL_NAME, level, count)
                     results.setdefault((name, level), []).append(result)
         report = summarise(results, levels)
+        report["engine"] = engine
         report["placement_split"] = placement(split)
         report["placement_whole"] = placement(whole)
         report["setup_s"] = round(setup_s, 1)
@@ -218,6 +226,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
     parser.add_argument("--levels", default="1,4,8,16")
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "llamacpp"),
+        default=None,
+        help="the CPU workers' engine (default: as `make up` chooses)",
+    )
     args = parser.parse_args()
     report = asyncio.run(run(args))
     if args.json:

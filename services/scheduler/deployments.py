@@ -35,6 +35,8 @@ from services.scheduler.state import SchedulerState, replace_assignments
 from services.scheduler.tasks import assignments_of
 from services.scheduler.view import ClusterView
 
+#: Worker engines that run a layer range of a model (vLLM runs whole models only).
+SPLITTING_ENGINES = {"torch", "llamacpp"}
 log = logging.getLogger(__name__)
 
 
@@ -78,7 +80,9 @@ class Deployments:
         spec = in_precision(CATALOGUE[model], precision)
         options = previews(spec, devices, context_length, max_shards)
         whole_only = {
-            d for d, a in self.view.announces.items() if a.engines and "torch" not in a.engines
+            d
+            for d, a in self.view.announces.items()
+            if a.engines and not SPLITTING_ENGINES & set(a.engines)
         }
         return [whole_models_only(o, whole_only) for o in options]
 

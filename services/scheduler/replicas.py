@@ -23,9 +23,9 @@ from libs.core.partition import step_ms
 from libs.core.policy import Policy
 from services.scheduler.tasks import to_task
 
-#: Requests a replica runs at once: a vLLM engine batches; the torch shard engine steps one
-#: request at a time, so its requests share its speed.
-SLOTS = {"vllm": 8, "torch": 1}
+#: Requests a replica runs at once: vLLM and llama.cpp's server batch; the torch shard
+#: engine's requests are counted as sharing its speed.
+SLOTS = {"vllm": 8, "llamacpp": 8, "torch": 1}
 
 
 @dataclass(frozen=True)

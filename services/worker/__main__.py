@@ -95,7 +95,7 @@ def make_worker(
             settings.llama_bin,
             gguf_path(),
             threads=threads,
-            parallel=settings.max_active,
+            slots=settings.llama_slots,
             context=settings.llama_context,
         )
         rpc = RpcServer(settings.llama_bin, settings.rpc_host, settings.rpc_port, threads)

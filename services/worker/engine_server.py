@@ -69,8 +69,16 @@ class EngineServer(ABC):
         """Raise ``EngineError`` when the engine cannot start here (its build is missing)."""
 
     async def start(self, timeout_s: float = 300.0) -> float:
-        """Start the server and wait until it answers a request; returns the seconds it took."""
+        """Start the server and wait until it answers a request; returns the seconds it took
+        (on failure, it is stopped and ``EngineError`` says why)."""
         self.check()
+        try:
+            return await self._start(timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, timeout_s: float) -> float:
         started = time.monotonic()
         self.port = free_port()
         command, env = self.command()
@@ -94,7 +102,6 @@ class EngineServer(ABC):
                     break
             await asyncio.sleep(0.2)
         else:
-            await self.stop()
             raise EngineError(
                 f"{self.engine} did not answer within {timeout_s:.0f} s: {self.tail()}"
             )
@@ -103,7 +110,6 @@ class EngineServer(ABC):
                 async for _ in self.complete([0], Sampling(max_tokens=1), 1):
                     pass
         except (TimeoutError, httpx.HTTPError, EngineError) as exc:
-            await self.stop()
             message = f"{self.engine} did not answer a first request: {exc!r} {self.tail()}"
             raise EngineError(message) from exc
         return time.monotonic() - started

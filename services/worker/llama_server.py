@@ -61,12 +61,12 @@ class LlamaServer(EngineServer):
         layers: int,
         *,
         threads: int,
-        parallel: int = 16,
-        context: int = 4096,
+        slots: int = 8,
+        context: int = 1024,
     ) -> None:
         super().__init__()
         self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
-        self.threads, self.parallel, self.context = threads, parallel, context
+        self.threads, self.slots, self.context = threads, slots, context
 
     def check(self) -> None:
         if not (self.binaries / "llama-server").exists():
@@ -82,8 +82,13 @@ class LlamaServer(EngineServer):
         command = [
             str(self.binaries / "llama-server"),
             *("-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port)),
-            *("-t", str(self.threads), "-np", str(self.parallel), "-c", str(self.context)),
-            *("--kv-unified", "--no-webui", "--no-warmup"),
+            *("-t", str(self.threads), "-np", str(self.slots)),
+            # A KV cache of its own per request slot: with one cache shared by all, a request's
+            # attention runs over the others' entries too (masked), its sums round with the
+            # batch, and greedy tokens flip at near-ties; apart, a batched request's tokens
+            # are its lone run's (tests/integration/test_llamacpp_worker.py).
+            *("-c", str(self.slots * self.context), "--no-kv-unified"),
+            *("--no-webui", "--no-warmup"),
         ]
         if split:
             command += [
@@ -107,7 +112,10 @@ class LlamaServer(EngineServer):
             "stop": list(sampling.stop),
             "stream": True,
             "return_tokens": True,
-            "cache_prompt": True,
+            # Each prompt evaluated whole, as a lone run evaluates it: a reused prefix changes
+            # the shapes llama.cpp computes with and can flip a near-tie (greedy runs of one
+            # prompt would then depend on what the server ran before).
+            "cache_prompt": False,
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.core.catalogue import CATALOGUE
@@ -80,7 +82,7 @@ class LlamaWorker(ServedWorker):
             times = [
                 time.perf_counter() async for _ in server.complete(prompt, sampling, new_tokens)
             ]
-        except EngineError as exc:
+        except (EngineError, httpx.HTTPError) as exc:
             log.warning("could not measure this device", extra={"reason": str(exc)[:300]})
             return
         finally:
@@ -128,12 +130,12 @@ class LlamaWorker(ServedWorker):
 
 
 def server_factory(
-    binaries: Path, gguf: Path, *, threads: int, parallel: int, context: int
+    binaries: Path, gguf: Path, *, threads: int, slots: int, context: int
 ) -> Callable[[ShardTask], EngineServer]:
     def make(task: ShardTask) -> EngineServer:
         layers = CATALOGUE[task.model].layers
         return LlamaServer(
-            binaries, gguf, task, layers, threads=threads, parallel=parallel, context=context
+            binaries, gguf, task, layers, threads=threads, slots=slots, context=context
         )
 
     return make

@@ -108,36 +108,43 @@ class ServedWorker(DeviceWorker):
         await self.status(task, "loaded", load_s=load_s)
 
     async def _start(self, task: ShardTask) -> float:
+        """Start a server for ``task`` (it stops itself when it fails) and watch it."""
         server = self.server = self.make_server(task)
         try:
             load_s = await server.start(self.start_s)
         except EngineError:
-            await self._stop_server()
+            if self.server is server:
+                self.server = None
             raise
+        if self.task is not task or self.server is not server:  # a newer task came meanwhile
+            await server.stop()
+            raise EngineError("superseded by a newer task while starting")
         self.ready.set()
         self.watcher = asyncio.create_task(self._watch(task, server))
         return load_s
 
     async def _watch(self, task: ShardTask, server: EngineServer) -> None:
-        """Start the server again when it dies under ``task`` (a peer lost, a crash)."""
+        """Start the server again when it dies under ``task`` (a peer lost, a crash), every
+        ``RESTART_S`` until it starts or another task replaces this one."""
         assert server.proc is not None
         await server.proc.wait()
-        while self.task is task and self.server is server:
-            self.ready.clear()
-            log.warning("engine exited; starting it again", extra={"tail": server.tail()})
-            await server.stop()
+        if self.task is not task or self.server is not server:
+            return  # stopped on purpose
+        self.ready.clear()
+        log.warning("engine exited; starting it again", extra={"tail": server.tail()})
+        await server.stop()
+        while self.task is task:
             try:
                 await self._start(task)
                 return
             except EngineError as exc:
                 log.warning("engine did not start again", extra={"reason": str(exc)[:300]})
-                self.server = server  # keep trying while this task stands
                 await asyncio.sleep(RESTART_S)
 
     async def _stop_server(self) -> None:
         self.ready.clear()
         watcher, self.watcher = self.watcher, None
-        if watcher is not None and watcher is not asyncio.current_task():
+        if watcher is not None:
             watcher.cancel()
         server, self.server = self.server, None
         if server is not None:

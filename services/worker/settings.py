@@ -60,9 +60,10 @@ class WorkerSettings(ServiceSettings):
     vllm_start_s: float = Field(300.0, gt=0)
     #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
     #: on (reachable by the other devices: a joined host's own address), threads (default:
-    #: every core) and the KV cache's tokens shared by all requests.
+    #: every core), requests batched at once (more wait for a slot) and each one's context.
     llama_bin: Path = REPO / ".llama"
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)
     llama_threads: int | None = Field(None, ge=1, le=1024)
-    llama_context: int = Field(4096, ge=256, le=1_048_576)
+    llama_slots: int = Field(8, ge=1, le=256)
+    llama_context: int = Field(1024, ge=128, le=131_072)
