@@ -22,6 +22,7 @@ import httpx
 
 from libs.contracts import Sampling
 from libs.runtime.procs import child_kwargs, free_port
+from libs.runtime.settings import child_env
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,12 @@ class Piece:
 
 class EngineError(RuntimeError):
     pass
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """An engine process's environment: this one's without Tessera's settings (an engine
+    needs none, and a process carrying ``TESSERA_WORKER_DEVICE_ID`` looks like the worker)."""
+    return {k: v for k, v in child_env(**extra).items() if not k.startswith("TESSERA_")}
 
 
 class EngineServer(ABC):

@@ -22,8 +22,7 @@ from pathlib import Path
 
 from libs.contracts import Sampling, ShardTask
 from libs.runtime.procs import child_kwargs, free_port
-from libs.runtime.settings import child_env
-from services.worker.engine_server import EngineError, EngineServer, Piece
+from services.worker.engine_server import EngineError, EngineServer, Piece, engine_env
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class LlamaServer(EngineServer):
             ]
         else:
             command += ["-ngl", "0", "--device", "none"]
-        return command, child_env()
+        return command, engine_env()
 
     async def complete(
         self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int
@@ -156,7 +155,7 @@ class RpcServer:
             *command,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            env=child_env(),
+            env=engine_env(),
             **child_kwargs(),
         )
         loop = asyncio.get_running_loop()

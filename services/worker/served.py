@@ -18,9 +18,16 @@ import time
 from collections.abc import Callable
 
 from libs.agents.fleet import shard_intensity, work_key
-from libs.contracts import GenerationCancel, GenerationRequest, ShardTask, TokenChunk
+from libs.contracts import (
+    HIDDEN,
+    ContractError,
+    GenerationCancel,
+    GenerationRequest,
+    ShardTask,
+    TokenChunk,
+)
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import Bus, Delivery
+from libs.runtime.bus import Bus, Delivery, Unsubscribe
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.metrics import WorkerMetrics
@@ -62,6 +69,16 @@ class ServedWorker(DeviceWorker):
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         """Whether the server started for ``current`` serves ``task`` too (a newer epoch)."""
         return True
+
+    async def subscribe_more(self) -> list[Unsubscribe]:
+        """Hidden-state frames are the torch ring's: one sent here is refused and counted."""
+        return [
+            await self.bus.subscribe_bytes(HIDDEN.pattern(device_id=self.device_id), self.on_hidden)
+        ]
+
+    async def on_hidden(self, delivery: Delivery) -> None:
+        detail = f"{self.device_id} runs no torch shard: hidden-state frames do not belong here"
+        self.refuse(HIDDEN.name, ContractError("not_served", detail))
 
     async def close(self) -> None:
         await super().close()

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from libs.contracts import Sampling
-from libs.runtime.settings import child_env
-from services.worker.engine_server import EngineError, EngineServer, Piece
+from services.worker.engine_server import EngineError, EngineServer, Piece, engine_env
 
 VllmError = EngineError
 
@@ -54,7 +53,7 @@ class VllmServer(EngineServer):
             *("--dtype", self.dtype, "--max-model-len", str(self.max_model_len)),
             *(["--enforce-eager"] if self.eager else []),
         ]
-        env = child_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb), HF_HUB_OFFLINE="1")
+        env = engine_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb), HF_HUB_OFFLINE="1")
         return command, env
 
     async def complete(
