@@ -78,13 +78,26 @@ class Deployments:
         counted in ``precision``."""
         devices = [d for d in self.model_devices(now) if d.device_id not in without]
         spec = in_precision(CATALOGUE[model], precision)
-        options = previews(spec, devices, context_length, max_shards)
+        families: dict[str, list[Device]] = {}
+        for device in devices:  # a split runs on one engine: llama.cpp's, or the torch ring
+            families.setdefault(self.family(device.device_id), []).append(device)
+        options = [
+            option
+            for group in families.values() or [[]]
+            for option in previews(spec, group, context_length, max_shards)
+        ]
         whole_only = {
             d
             for d, a in self.view.announces.items()
             if a.engines and not SPLITTING_ENGINES & set(a.engines)
         }
         return [whole_models_only(o, whole_only) for o in options]
+
+    def family(self, device_id: str) -> str:
+        """Which devices a split may combine: llamacpp workers with each other (llama.cpp's
+        RPC backend), every other engine with the rest (the torch ring over NATS)."""
+        announce = self.view.announces.get(device_id)
+        return "llamacpp" if announce is not None and "llamacpp" in announce.engines else "ring"
 
     def model_devices(self, now: float, moving: str | None = None) -> list[Device]:
         """Devices that can hold shards: those with a worker engine, when any device has one.
@@ -285,7 +298,12 @@ class Deployments:
         for deployment in list(self.state.deployments.values()):
             if device_id not in self.state.devices_of(deployment.deployment_id):
                 continue
-            devices = self.model_devices(now, moving=deployment.deployment_id)
+            family = self.family(device_id)
+            devices = [
+                d
+                for d in self.model_devices(now, moving=deployment.deployment_id)
+                if self.family(d.device_id) == family
+            ]
             live = sum(not d.failed for d in devices)
             chosen = replan_deployment(
                 in_precision(CATALOGUE[deployment.model], deployment.precision),

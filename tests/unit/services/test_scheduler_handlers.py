@@ -42,16 +42,23 @@ DEVICES = ("ws-a", "ws-b", "ws-c")
 
 
 async def seed(
-    redis: Any, keys: Keys, device_id: str, memory_gb: float = 1.0, tflops: float = 1.0
+    redis: Any,
+    keys: Keys,
+    device_id: str,
+    memory_gb: float = 1.0,
+    tflops: float = 1.0,
+    engine: str = "torch",
 ) -> None:
-    """What the scorer would have written for a scored workstation with a torch worker."""
+    """What the scorer would have written for a scored workstation with a worker of
+    ``engine`` (a llamacpp one announces its RPC server's address)."""
     announce = DeviceAnnounce(
         device_id=device_id,
         device_class=DeviceClass.WORKSTATION,
         capabilities=make_capabilities(memory_total_gb=memory_gb, fp32_tflops=tflops),
         emulated=True,
         interval_s=1.0,
-        engines=("torch",),
+        engines=(engine,),
+        rpc_endpoint=f"{device_id}.lan:50052" if engine == "llamacpp" else None,
         ts=NOW,
     )
     sample = make_telemetry(
@@ -66,11 +73,15 @@ async def seed(
     await redis.zadd(keys.rank("total"), {device_id: 0.5})
 
 
-async def start(devices: dict[str, tuple[float, float]]) -> tuple[Scheduler, MemoryBus]:
-    """A scheduler over ``devices`` (id → memory GB, FP32 TFLOP/s) on in-memory servers."""
+async def start(
+    devices: dict[str, tuple[float, float]], engines: dict[str, str] | None = None
+) -> tuple[Scheduler, MemoryBus]:
+    """A scheduler over ``devices`` (id → memory GB, FP32 TFLOP/s; their workers' engines:
+    torch unless ``engines`` says) on in-memory servers."""
     bus, redis, keys = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Keys("u")
     for device_id, (memory_gb, tflops) in devices.items():
-        await seed(redis, keys, device_id, memory_gb, tflops)
+        engine = (engines or {}).get(device_id, "torch")
+        await seed(redis, keys, device_id, memory_gb, tflops, engine)
     settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
     checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)
     service = Scheduler(settings, bus, redis, checkpoints, SchedulerMetrics.create(), lambda: NOW)
@@ -232,3 +243,33 @@ async def test_a_deployments_precision_sizes_its_shards_and_reaches_each_worker(
     finally:
         await service.background.close()
         await bus.close()
+
+
+async def test_llamacpp_workers_get_a_split_with_every_devices_rpc_address() -> None:
+    """The llamacpp head runs the whole split from its shard task: every shard's layers and
+    every device's RPC address, in route order; torch workers' routes carry none, and a split
+    never mixes the two (llama.cpp's RPC servers and the torch ring do not talk)."""
+    mixed = {"ws-a": "llamacpp", "ws-b": "llamacpp", "ws-c": "torch"}
+    for engines, has_addresses in (
+        (dict.fromkeys(DEVICES, "llamacpp"), True),
+        ({}, False),
+        (mixed, True),
+    ):
+        service, bus = await start(dict.fromkeys(DEVICES, (0.6, 1.0)), engines)
+        try:
+            decision = await deploy(bus)
+            assert decision.placed and len(decision.assignments) >= 2, decision.reason
+            await bus.settle()
+            loads = sorted(
+                (t for t in bus.sent(SHARD_TASK) if t.action == "load"),
+                key=lambda t: t.shard_index,
+            )
+            spans = tuple((t.layer_start, t.layer_end) for t in loads)
+            assert all(t.spans == spans for t in loads)
+            addresses = tuple(f"{t.device_id}.lan:50052" for t in loads) if has_addresses else ()
+            assert all(t.endpoints == addresses for t in loads)
+            if engines is mixed:
+                assert {t.device_id for t in loads} == {"ws-a", "ws-b"}
+        finally:
+            await service.background.close()
+            await bus.close()
