@@ -1,6 +1,6 @@
 """Serving side by side: Tessera split across its CPU workers, Tessera whole on one, vLLM direct.
 
-Starts three systems at once on this machine and measures them in turn (the order rotates each
+Starts the systems at once on this machine and measures them in turn (the order rotates each
 round, so drift and the idle systems' background load fall on all alike):
 
 - ``tessera_split``: ``tessera up`` as ``make up`` starts it (its CPU workers' engine:
@@ -8,7 +8,10 @@ round, so drift and the idle systems' background load fall on all alike):
   0.55 GB so that SmolLM2 (counted at int8, 0.48 GB with its KV cache) is split across its 2
   CPU workers;
 - ``tessera_whole``: ``tessera up --workers 1`` (the same model whole on one CPU worker);
-- ``vllm_direct``: vLLM's CPU build served directly from ``.venv-vllm`` (``make vllm``), bf16.
+- ``vllm_direct``: vLLM's CPU build served directly from ``.venv-vllm`` (``make vllm``), bf16;
+- ``llamacpp_direct`` (with the llamacpp engine): llama.cpp's server on the whole GGUF, as the
+  worker starts it, served directly: ``ratio_whole_llamacpp_direct_*`` is what Tessera's path
+  (gateway, placement, NATS, the worker's re-streaming) keeps of the engine's speed.
 
 At each concurrency, that many clients each stream ``--requests`` (4 at one) greedy 64-token chat
 completions through the official ``openai`` client; tokens/s is all completion tokens over the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import sys
@@ -35,8 +39,13 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from libs.cluster.engines import choose_cpu_engine
-from libs.models.store import MODEL_NAME, prepare
+from libs.contracts import shard_ring
+from libs.models.store import MODEL_NAME, gguf_path, prepare
 from libs.runtime.procs import ServiceProcess, free_port
+from services.worker.engine_server import EngineServer
+from services.worker.llama_server import LlamaServer
+from services.worker.llamacpp import LAYERS
+from services.worker.settings import WorkerSettings
 from services.worker.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +79,23 @@ class Result:
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+#: Each system's column and the prefix of its TTFT columns.
+PREFIXES = {
+    "tessera_split": "",
+    "tessera_whole": "whole_",
+    "vllm_direct": "direct_",
+    "llamacpp_direct": "llamacpp_",
+}
+
+
+def llama_direct() -> LlamaServer:
+    """llama.cpp's server on the whole GGUF, as the llamacpp worker runs it, served directly."""
+    settings = WorkerSettings()
+    [task] = shard_ring("load", "direct", MODEL_NAME, [("direct", 0, LAYERS)], 0, 0.0)
+    threads = os.cpu_count() or 1
+    return LlamaServer(settings.llama_bin, gguf_path(), task, LAYERS, threads=threads)
 
 
 def start_cluster(
@@ -156,11 +182,16 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     split, split_url = start_cluster(None, "0.55", engine)
     whole, whole_url = start_cluster(1, None, engine)
     await vllm.start()
+    servers: list[EngineServer] = [vllm]
+    urls = {"tessera_split": split_url, "tessera_whole": whole_url, "vllm_direct": f"{vllm.url}/v1"}
+    if engine == "llamacpp":  # the engine itself, served directly: what Tessera's path costs
+        llama = llama_direct()
+        await llama.start()
+        servers.append(llama)
+        urls["llamacpp_direct"] = f"{llama.url}/v1"
     setup_s = time.monotonic() - started
     clients = {
-        "tessera_split": AsyncOpenAI(base_url=split_url, api_key="none", timeout=300),
-        "tessera_whole": AsyncOpenAI(base_url=whole_url, api_key="none", timeout=300),
-        "vllm_direct": AsyncOpenAI(base_url=f"{vllm.url}/v1", api_key="none", timeout=300),
+        name: AsyncOpenAI(base_url=url, api_key="none", timeout=300) for name, url in urls.items()
     }
     results: dict[tuple[str, int], list[Result]] = {}
     try:
@@ -184,18 +215,20 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     finally:
         split.stop(timeout_s=30)
         whole.stop(timeout_s=30)
-        await vllm.stop()
+        for server in servers:
+            await server.stop()
 
 
 def summarise(results: dict[tuple[str, int], list[Result]], levels: list[int]) -> dict[str, object]:
     table: dict[str, dict[str, float]] = {}
     for level in levels:
         row: dict[str, float] = {}
-        for name in ("tessera_split", "tessera_whole", "vllm_direct"):
+        for name, prefix in PREFIXES.items():
+            if (name, level) not in results:
+                continue
             runs = results[(name, level)]
             row[name] = round(statistics.median(r.rate for r in runs), 1)
             ttft = [t for r in runs for t in r.ttft]
-            prefix = "" if name == "tessera_split" else name.split("_")[1] + "_"
             row[f"{prefix}ttft_p50_s"] = round(quantile(ttft, 0.5), 3)
             row[f"{prefix}ttft_p99_s"] = round(quantile(ttft, 0.99), 3)
         table[str(level)] = row
@@ -207,7 +240,7 @@ def summarise(results: dict[tuple[str, int], list[Result]], levels: list[int]) -
         if str(level) not in table:
             return None
         row = table[str(level)]
-        return round(row[a] / row[b], 2) if row[b] else None
+        return round(row[a] / row[b], 2) if row.get(b) else None
 
     return {
         "model": MODEL_NAME,
@@ -215,6 +248,8 @@ def summarise(results: dict[tuple[str, int], list[Result]], levels: list[int]) -
         "ratio_split_vllm_c8": ratio("tessera_split", "vllm_direct", 8),
         "ratio_split_vllm_c1": ratio("tessera_split", "vllm_direct", 1),
         "ratio_split_whole_c8": ratio("tessera_split", "tessera_whole", 8),
+        "ratio_whole_llamacpp_direct_c1": ratio("tessera_whole", "llamacpp_direct", 1),
+        "ratio_whole_llamacpp_direct_c8": ratio("tessera_whole", "llamacpp_direct", 8),
         "identical_tokens": bool(shared) and all(split_texts[t] == whole_texts[t] for t in shared),
         "prompts_compared": len(shared),
     }

@@ -228,6 +228,8 @@ class Cluster:
                     # torch workers share this machine's cores
                     "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", str(threads)),
                 }
+                if engine == "llamacpp" and self.options.listen:  # joined heads reach it there
+                    env["TESSERA_WORKER_RPC_HOST"] = self.options.listen
                 out.append((name, service, env))
         return out
 
