@@ -111,10 +111,9 @@ class LlamaServer(EngineServer):
             "stop": list(sampling.stop),
             "stream": True,
             "return_tokens": True,
-            # Each prompt evaluated whole, as a lone run evaluates it: a reused prefix changes
-            # the shapes llama.cpp computes with and can flip a near-tie (greedy runs of one
-            # prompt would then depend on what the server ran before).
-            "cache_prompt": False,
+            # A slot reuses the KV of the prefix it shares with its last prompt (the chat
+            # template's): with a cache per slot, the tokens stay those of a fresh run.
+            "cache_prompt": True,
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
