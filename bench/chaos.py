@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos, table
@@ -70,11 +71,14 @@ def main() -> int:
     results = RESULTS if args.nats_servers == 1 else RESULTS.with_name("chaos-nats-cluster.md")
     results.parent.mkdir(exist_ok=True)
     servers = f" --nats-servers {args.nats_servers}" if args.nats_servers > 1 else ""
-    results.write_text(
-        f"# Chaos results\n\n`python bench/chaos.py --requests {args.requests}{servers}` "
+    title = "# Chaos results\n\n"
+    earlier = results.read_text().removeprefix(title) if results.exists() else ""
+    results.write_text(  # the newest run first, the earlier ones kept below it
+        f"{title}## {time.strftime('%Y-%m-%d')}: the {chaos.options.cpu_engine} engine\n\n"
+        f"`python bench/chaos.py --requests {args.requests}{servers}` "
         f"({args.concurrency} concurrent streams, {args.max_tokens} tokens each, heartbeat "
         f"every {chaos.interval_s} s; recovery goal 3 intervals + 1 s = {goal_s:g} s):\n\n"
-        f"{table(outcomes)}\n"
+        f"{table(outcomes)}\n\n{earlier}"
     )
     print(json.dumps(report, indent=None if args.json else 2))
     lost = sum(o.counts["lost"] + o.counts["corrupt"] for o in outcomes)
