@@ -18,7 +18,17 @@ from typing import Literal
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from libs.contracts import SHARD_STATUS, SHARD_TASK, ShardStatus, ShardTask, shard_ring
+from libs.contracts import (
+    GENERATION,
+    SHARD_STATUS,
+    SHARD_TASK,
+    TOKENS,
+    GenerationRequest,
+    ShardStatus,
+    ShardTask,
+    TokenChunk,
+    shard_ring,
+)
 from libs.runtime.bus import subscribe
 from libs.runtime.nats_client import ensure_streams
 from libs.runtime.procs import ServiceProcess
@@ -120,3 +130,27 @@ async def place(
     finally:
         await sub.unsubscribe()
     return [answers[(t.device_id, t.shard_index, t.epoch)] for t in tasks]
+
+
+async def generate_direct(
+    nc: NatsClient, request: GenerationRequest, device_id: str, timeout_s: float = 120.0
+) -> list[TokenChunk]:
+    """Send one request straight to the worker of ``device_id`` (its first shard) and gather
+    its chunks up to the finished one (no gateway: the owner's re-run after a move, by hand)."""
+    chunks: list[TokenChunk] = []
+    done = asyncio.Event()
+
+    async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
+        chunks.append(chunk)
+        if chunk.finished:
+            done.set()
+
+    subject = TOKENS.subject(request_id=request.request_id)
+    sub = await subscribe(nc, TOKENS, on_chunk, subject=subject)
+    try:
+        target = GENERATION.subject(deployment_id=request.deployment_id, device_id=device_id)
+        await nc.publish(target, GENERATION.encode(request))
+        await asyncio.wait_for(done.wait(), timeout_s)
+    finally:
+        await sub.unsubscribe()
+    return chunks

@@ -40,6 +40,18 @@ class EngineError(RuntimeError):
     pass
 
 
+async def stop_process(proc: asyncio.subprocess.Process | None, timeout_s: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited after ``timeout_s``."""
+    if proc is None or proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     """An engine process's environment: this one's without Tessera's settings (an engine
     needs none, and a process carrying ``TESSERA_WORKER_DEVICE_ID`` looks like the worker)."""
@@ -132,11 +144,4 @@ class EngineServer(ABC):
             await self.http.aclose()
             self.http = None
         proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 20.0)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc, 20.0)

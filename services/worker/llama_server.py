@@ -22,7 +22,13 @@ from pathlib import Path
 
 from libs.contracts import Sampling, ShardTask
 from libs.runtime.procs import child_kwargs, free_port
-from services.worker.engine_server import EngineError, EngineServer, Piece, engine_env
+from services.worker.engine_server import (
+    EngineError,
+    EngineServer,
+    Piece,
+    engine_env,
+    stop_process,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +176,4 @@ class RpcServer:
 
     async def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_process(proc, 5.0)

@@ -10,15 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from transformers import AutoTokenizer
 
 from libs.cluster.servers import NatsServer
-from libs.contracts import GENERATION, TOKENS, GenerationRequest, Sampling, TokenChunk
-from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
+from libs.contracts import GenerationRequest, Sampling, TokenChunk
+from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import NatsBus, subscribe
+from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.worker.settings import WorkerSettings
@@ -144,7 +143,7 @@ async def test_three_shards_a_resumed_request_and_a_route_without_rpc_refused(
         sampling=Sampling(max_tokens=NEW_TOKENS),
         ts=time.time(),
     )
-    rest = await run(nc, request, route.devices[0])
+    rest = await generate_direct(nc, request, route.devices[0], 60)
     assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
     assert rest[0].index == half and rest[-1].completion_tokens == len(want)
 
@@ -155,23 +154,3 @@ async def test_three_shards_a_resumed_request_and_a_route_without_rpc_refused(
     assert refused.state == "refused" and "llamacpp" in (refused.reason or ""), refused
     for done in (whole, route):
         await undeploy(nc, done)
-
-
-async def run(nc: NatsClient, request: GenerationRequest, head: str) -> list[TokenChunk]:
-    """Send one request straight to the head worker and gather its chunks."""
-    chunks: list[TokenChunk] = []
-    done = asyncio.Event()
-
-    async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
-        chunks.append(chunk)
-        if chunk.finished:
-            done.set()
-
-    sub = await subscribe(
-        nc, TOKENS, on_chunk, subject=TOKENS.subject(request_id=request.request_id)
-    )
-    subject = GENERATION.subject(deployment_id=request.deployment_id, device_id=head)
-    await nc.publish(subject, GENERATION.encode(request))
-    await asyncio.wait_for(done.wait(), 60)
-    await sub.unsubscribe()
-    return chunks

@@ -3,7 +3,6 @@ driven through the same shard tasks and NATS subjects as the torch workers."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,15 +10,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libs.cluster.servers import NatsServer
-from libs.contracts import GENERATION, TOKENS, GenerationRequest, Sampling, TokenChunk
-from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
+from libs.contracts import GenerationRequest, Sampling
+from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, prepare
-from libs.runtime.bus import NatsBus, subscribe
+from libs.runtime.bus import NatsBus
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.worker.settings import WorkerSettings
 
@@ -51,26 +49,6 @@ def reference_tokens(ids: list[int]) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(prepare(), dtype=torch.float32)
     out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
     return [int(t) for t in out[0, len(ids) :]]
-
-
-async def run(nc: NatsClient, request: GenerationRequest) -> list[TokenChunk]:
-    """Send one request straight to the worker and gather its chunks."""
-    chunks: list[TokenChunk] = []
-    done = asyncio.Event()
-
-    async def on_chunk(chunk: TokenChunk, msg: Msg) -> None:
-        chunks.append(chunk)
-        if chunk.finished:
-            done.set()
-
-    sub = await subscribe(
-        nc, TOKENS, on_chunk, subject=TOKENS.subject(request_id=request.request_id)
-    )
-    subject = GENERATION.subject(deployment_id=request.deployment_id, device_id=DEVICE)
-    await nc.publish(subject, GENERATION.encode(request))
-    await asyncio.wait_for(done.wait(), 120)
-    await sub.unsubscribe()
-    return chunks
 
 
 async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
@@ -116,7 +94,7 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
             sampling=Sampling(max_tokens=NEW_TOKENS),
             ts=time.time(),
         )
-        rest = await run(nc, resumed)
+        rest = await generate_direct(nc, resumed, DEVICE)
         assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
         assert rest[0].index == half and rest[-1].completion_tokens == len(want)
 
