@@ -241,6 +241,8 @@ class ServedWorker(DeviceWorker):
                     with contextlib.suppress(Exception):
                         await self.emit(failure(request, f"{type(exc).__name__}: {exc}"))
                     return
+                if self.task is not task:
+                    return  # stopped for a newer placement: the owner re-runs it there
                 # The server died under it: carry on from the last token once it is back.
                 await asyncio.sleep(0.1)
 
