@@ -78,6 +78,8 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         return 1
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
     engine = "vllm" if vllm else options.engine or "torch"
+    if options.engine is not None:
+        why = "as asked"
     link = "TLS" if options.ca_file is not None else "plain TCP: no CA given"
     say(f"joined {url} as device {device_id} ({link}); engine {engine} ({why})")
     env = {  # on top of this process's environment, with JSON logs (ServiceProcess)

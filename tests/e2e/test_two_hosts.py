@@ -84,11 +84,13 @@ def reference_text() -> str:
     return str(tokenizer.decode(tokens, skip_special_tokens=True))
 
 
-def stream_and(prefix: list[str], url: str, command: list[str]) -> list[tuple[float, str]]:
-    """A greedy answer streamed on host ``prefix``, running ``command`` after its 4th piece;
-    each piece with when it arrived."""
+def stream_and(
+    prefix: list[str], url: str, command: list[str], code: str = ""
+) -> list[tuple[float, str]]:
+    """A greedy answer streamed on host ``prefix`` (``code``: ``STREAM``'s unless given),
+    running ``command`` after its 4th piece; each piece with when it arrived."""
     stream = subprocess.Popen(
-        [*prefix, sys.executable, "-c", STREAM, url], stdout=subprocess.PIPE, text=True
+        [*prefix, sys.executable, "-c", code or STREAM, url], stdout=subprocess.PIPE, text=True
     )
     assert stream.stdout is not None
     pieces = []
@@ -124,15 +126,20 @@ def run_in(prefix: list[str], env: dict[str, str], *argv: str) -> str:
     return done.stdout
 
 
-#: A streaming greedy request through the gateway at argv[1]: one JSON line per piece.
-STREAM = (
-    "import json, sys, time, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
-    f"s = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
-    f" max_tokens={TOKENS}, temperature=0, stream=True)\n"
-    "for k in s:\n"
-    "    if k.choices and k.choices[0].delta.content:\n"
-    "        print(json.dumps([time.monotonic(), k.choices[0].delta.content]), flush=True)"
-)
+def stream_code(tokens: int) -> str:
+    """A streaming greedy request of ``tokens`` through the gateway at argv[1]: one JSON line
+    per piece."""
+    return (
+        "import json, sys, time, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
+        f"s = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
+        f" max_tokens={tokens}, temperature=0, stream=True)\n"
+        "for k in s:\n"
+        "    if k.choices and k.choices[0].delta.content:\n"
+        "        print(json.dumps([time.monotonic(), k.choices[0].delta.content]), flush=True)"
+    )
+
+
+STREAM = stream_code(TOKENS)
 
 
 def joins(
@@ -216,6 +223,56 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert left and "before its shards moved" not in left[0], said[-20:]
         gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces))
         print(f"the spare: {left[0].strip()}; longest wait between pieces {gap:.2f} s")
+    finally:
+        for process in joined:
+            process.stop(timeout_s=30)
+        head.stop()
+
+
+def test_llama_cpp_splits_across_both_hosts_and_survives_the_link_going_down(
+    hosts: tuple[list[str], str, list[str]],
+) -> None:
+    """The same two hosts with the llamacpp engine on both (a trusted LAN): the head of the
+    split runs llama.cpp's server and the other host's RPC server holds its layers, reached on
+    that host's own address; the joined host's link goes down mid-stream and the answer
+    completes identical on the workers that remain."""
+    on_a, address, on_b = hosts
+    head = RunningCluster(
+        "--listen", address, "--workers", "1", "--engine", "llamacpp",
+        env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
+        prefix=on_a,
+    )  # fmt: skip
+    joined: list[ServiceProcess] = []
+    try:
+        said = head.wait_for("other hosts join with:", 60)
+        found = re.search(r"tessera join (\S+) --token (\S+)", said)
+        assert found, said
+        url, token = found.groups()
+        head.wait_for("ready:", 240)
+        llama = ("--engine", "llamacpp")
+        joined.append(joins(on_b, url, token, "laptop-b", "--memory-gb", MEMORY_GB, *llama))
+        said_b = [str(line.get("msg")) for line in joined[0].lines]
+        b_address = address.rsplit(".", 1)[0] + ".2"
+        assert any(f"RPC server listens on {b_address}" in line for line in said_b), said_b
+        on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
+        deployed = run_in(on_a, on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
+        assert "worker-0" in deployed and "laptop-b" in deployed, deployed
+        # llama.cpp streams fast: a long answer, so that the link goes down mid-stream.
+        code = stream_code(128)
+        streamed = run_in(on_a, {}, "-c", code, f"{head.base_url}/v1").splitlines()
+        answer = "".join(json.loads(line)[1] for line in streamed)
+        assert len(streamed) > 40, answer
+
+        joined.append(joins(on_a, url, token, "spare-a", *llama))
+        link = f"v{hosts[2][-1]}"
+        down = [*on_b, "ip", "link", "set", link, "down"]
+        pieces = stream_and(on_a, f"{head.base_url}/v1", down, code)
+        assert "".join(p for _, p in pieces) == answer  # nothing lost, nothing twice
+        # The answer finished on the new placement (host A's workers alone), not on laptop-b.
+        placed = run_in(on_a, on_head, "-m", "libs.cli.main", "placements")
+        assert "(epoch 2)" in placed and "laptop-b" not in placed, placed
+        gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces[3:]))
+        print(f"llama.cpp: the longest wait between pieces after the link went down {gap:.2f} s")
     finally:
         for process in joined:
             process.stop(timeout_s=30)
