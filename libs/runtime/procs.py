@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import queue
 import signal
@@ -25,20 +26,23 @@ from libs.runtime.settings import child_env
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM this child when its parent dies, so nothing is left behind."""
+def _die_with_parent(signum: int = signal.SIGTERM) -> None:  # pragma: no cover - in the child
+    """Ask Linux to send ``signum`` to this child when its parent dies, so nothing is left
+    behind (runs in the child between fork and exec)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
 
 
-def child_kwargs() -> dict[str, Any]:
+def child_kwargs(death_signal: int = signal.SIGTERM) -> dict[str, Any]:
     """Keyword arguments for ``subprocess.Popen`` of a child that must not outlive us.
 
     The child gets its own process group, so a Ctrl-C at the terminal reaches only the parent,
-    which then stops its children in order (services first, servers last).
+    which then stops its children in order (services first, servers last). When the parent
+    dies, the child gets ``death_signal``: SIGKILL for one whose SIGTERM can hang (llama.cpp's
+    server waits on its open streams, and was found orphaned after its worker was killed).
     """
-    return {"preexec_fn": _die_with_parent, "process_group": 0}
+    return {"preexec_fn": functools.partial(_die_with_parent, death_signal), "process_group": 0}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

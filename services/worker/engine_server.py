@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -62,6 +63,8 @@ class EngineServer(ABC):
     #: The engine's name in messages, and the path that answers 200 once it is up.
     engine = "engine"
     health_path = "/health"
+    #: What the server gets when the worker dies without stopping it.
+    death_signal: int = signal.SIGTERM
 
     def __init__(self) -> None:
         self.port = 0
@@ -106,7 +109,11 @@ class EngineServer(ABC):
             self.log_path = Path(f.name)
         with self.log_path.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                *command, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env, **child_kwargs()
+                *command,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                **child_kwargs(self.death_signal),
             )
         log.info(f"starting {self.engine}", extra={"port": self.port, "log": str(self.log_path)})
         self.http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(30.0, read=None))

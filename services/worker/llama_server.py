@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -57,6 +58,7 @@ def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
 
 class LlamaServer(EngineServer):
     engine = "llama.cpp"
+    death_signal = signal.SIGKILL  # its SIGTERM waits on open streams: one hung, orphaned
 
     def __init__(
         self,
@@ -161,7 +163,7 @@ class RpcServer:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
             env=engine_env(),
-            **child_kwargs(),
+            **child_kwargs(signal.SIGKILL),
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
