@@ -39,12 +39,11 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from libs.cluster.engines import choose_cpu_engine
-from libs.contracts import shard_ring
 from libs.models.store import MODEL_NAME, gguf_path, prepare
 from libs.runtime.procs import ServiceProcess, free_port
 from services.worker.engine_server import EngineServer
 from services.worker.llama_server import LlamaServer
-from services.worker.llamacpp import LAYERS
+from services.worker.llamacpp import LAYERS, whole_task
 from services.worker.settings import WorkerSettings
 from services.worker.vllm_server import VllmServer
 
@@ -92,10 +91,9 @@ PREFIXES = {
 
 def llama_direct() -> LlamaServer:
     """llama.cpp's server on the whole GGUF, as the llamacpp worker runs it, served directly."""
-    settings = WorkerSettings()
-    [task] = shard_ring("load", "direct", MODEL_NAME, [("direct", 0, LAYERS)], 0, 0.0)
     threads = os.cpu_count() or 1
-    return LlamaServer(settings.llama_bin, gguf_path(), task, LAYERS, threads=threads)
+    task = whole_task("direct", "direct")
+    return LlamaServer(WorkerSettings().llama_bin, gguf_path(), task, LAYERS, threads=threads)
 
 
 def start_cluster(

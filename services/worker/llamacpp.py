@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,7 +27,6 @@ from libs.models.store import MODEL_NAME
 from libs.runtime.bus import Bus
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.llama_server import LlamaServer, RpcServer
-from services.worker.metrics import WorkerMetrics
 from services.worker.served import ServedWorker
 
 log = logging.getLogger(__name__)
@@ -40,23 +40,10 @@ class LlamaWorker(ServedWorker):
         device: EmulatedDevice,
         make_server: Callable[[ShardTask], EngineServer],
         rpc: RpcServer,
-        *,
-        max_active: int = 16,
-        park_s: float = 60.0,
-        start_s: float = 120.0,
-        metrics: WorkerMetrics | None = None,
-        clock: Callable[[], float] = time.time,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            bus,
-            device,
-            make_server,
-            max_active=max_active,
-            park_s=park_s,
-            start_s=start_s,
-            metrics=metrics,
-            clock=clock,
-        )
+        """``options``: ``ServedWorker``'s (max_active, park_s, start_s, metrics, clock)."""
+        super().__init__(bus, device, make_server, **{"start_s": 120.0, **options})
         self.rpc = rpc
         #: Shards of other heads' placements that this device's RPC server runs.
         self.lent: dict[str, ShardTask] = {}
@@ -74,8 +61,7 @@ class LlamaWorker(ServedWorker):
         """Measure this device on the model before any work: the whole model's greedy decode
         for ``new_tokens`` (2 FLOPs per parameter per token), as the torch worker's warm-up
         measures its steps, so the scorer checks the announced speed from the first report."""
-        task = shard_ring("load", "measure", MODEL_NAME, [(self.device_id, 0, LAYERS)], 0, 0.0)
-        server = self.make_server(task[0])
+        server = self.make_server(whole_task("measure", self.device_id))
         try:
             await server.start(self.start_s)
             prompt, sampling = list(range(1, 25)), Sampling(max_tokens=new_tokens)
@@ -127,6 +113,13 @@ class LlamaWorker(ServedWorker):
         self.lent[task.deployment_id] = task
         self.device.assign(work_key(task), shard_intensity(task))
         await self.status(task, "loaded")  # the head's llama-server loads our layers
+
+
+def whole_task(deployment_id: str, device_id: str) -> ShardTask:
+    """The task of the shipped model whole on one device (a server started outside a
+    placement: the worker's measurement, the benchmark's direct server)."""
+    [task] = shard_ring("load", deployment_id, MODEL_NAME, [(device_id, 0, LAYERS)], 0, 0.0)
+    return task
 
 
 def server_factory(
