@@ -65,6 +65,9 @@ class EngineServer(ABC):
     health_path = "/health"
     #: What the server gets when the worker dies without stopping it.
     death_signal: int = signal.SIGTERM
+    #: Whether a connection is reused for the next request (llama.cpp's server drops some
+    #: between requests without a word: the next request on it failed, 3 in 40 here).
+    keep_alive = True
 
     def __init__(self) -> None:
         self.port = 0
@@ -116,7 +119,11 @@ class EngineServer(ABC):
                 **child_kwargs(self.death_signal),
             )
         log.info(f"starting {self.engine}", extra={"port": self.port, "log": str(self.log_path)})
-        self.http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(30.0, read=None))
+        self.http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(30.0, read=None),
+            limits=httpx.Limits(max_keepalive_connections=20 if self.keep_alive else 0),
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:

@@ -59,6 +59,7 @@ def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
 class LlamaServer(EngineServer):
     engine = "llama.cpp"
     death_signal = signal.SIGKILL  # its SIGTERM waits on open streams: one hung, orphaned
+    keep_alive = False
 
     def __init__(
         self,
