@@ -35,6 +35,21 @@ log = logging.getLogger(__name__)
 
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
+#: How long (spin iterations) an OpenMP thread of llama.cpp busy-waits for the next work before
+#: it sleeps. libgomp's default, 300,000, keeps an idle thread spinning for milliseconds after
+#: every graph: a split's stages then spin on the cores the stage at work needs (on one host),
+#: and so do the worker, gateway and NATS beside them. 10,000 still spans the barriers inside a
+#: graph (OMP_WAIT_POLICY=passive, which sleeps at each, cut one stream to a third). On 2
+#: cores, 8 streams, llama-server direct split in 2: 130–145 → 170–183 tokens/s (FINDINGS.md).
+SPIN_COUNT = "10000"
+
+
+def llama_env() -> dict[str, str]:
+    """The environment of llama.cpp's processes (a ``GOMP_SPINCOUNT`` already set is kept)."""
+    env = engine_env()
+    env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+    return env
+
 
 def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
     """For the first shard's task of a placement: llama.cpp's ``--n-gpu-layers`` and
@@ -105,7 +120,7 @@ class LlamaServer(EngineServer):
             ]
         else:
             command += ["-ngl", "0", "--device", "none"]
-        return command, engine_env()
+        return command, llama_env()
 
     async def complete(
         self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int
@@ -163,7 +178,7 @@ class RpcServer:
             *command,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            env=engine_env(),
+            env=llama_env(),
             **child_kwargs(signal.SIGKILL),
         )
         loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.contracts import shard_ring
-from services.worker.llama_server import LlamaServer, layer_split
+from services.worker.llama_server import SPIN_COUNT, LlamaServer, layer_split
 
 ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
 
@@ -28,6 +28,19 @@ def test_the_head_keeps_its_layers_and_offloads_the_rest_in_route_order() -> Non
     flags = dict(itertools.pairwise(command))
     assert flags["--rpc"] == "10.0.0.2:50052,10.0.0.3:50052"  # not the head's own
     assert flags["-ngl"] == "19" and flags["-ts"] == "9,10"
+
+
+def test_llama_cpp_threads_stop_spinning_soon_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """libgomp's default spin (300,000) keeps a split's idle stage busy on the cores the working
+    stage needs; the servers get a short one, and an operator's own setting wins."""
+    [task] = ring([(0, 30)], ENDPOINTS[:1])
+    server = LlamaServer(Path("/bin"), Path("m.gguf"), task, 30, threads=2)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert server.command()[1]["GOMP_SPINCOUNT"] == SPIN_COUNT == "10000"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    assert server.command()[1]["GOMP_SPINCOUNT"] == "300000"
 
 
 def test_a_whole_model_offloads_nothing() -> None:
