@@ -5,8 +5,9 @@ round, so drift and the idle systems' background load fall on all alike):
 
 - ``tessera_split``: ``tessera up`` as ``make up`` starts it (its CPU workers' engine:
   llama.cpp where ``make llama`` built it, else torch; ``--engine`` picks), each worker given
-  0.55 GB so that SmolLM2 (counted at int8, 0.48 GB with its KV cache) is split across its 2
-  CPU workers;
+  the memory that splits SmolLM2 across its 2 CPU workers (0.55 GB for torch, where it counts
+  0.48 GB at int8 with its KV cache; 0.75 GB for llama.cpp, where it counts 0.72 GB as its
+  GGUF with 8 request slots' KV cache);
 - ``tessera_whole``: ``tessera up --workers 1`` (the same model whole on one CPU worker);
 - ``vllm_direct``: vLLM's CPU build served directly from ``.venv-vllm`` (``make vllm``), bf16;
 - ``llamacpp_direct`` (with the llamacpp engine): llama.cpp's server on the whole GGUF, as the
@@ -176,8 +177,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     started = time.monotonic()
     # At int8 the model (0.48 GB with its KV cache) fits one emulated workstation, and the
     # scheduler places it whole; 0.55 GB per worker (0.44 usable) makes it split across both.
+    # llama.cpp's GGUF with 8 slots' f16 KV cache counts 0.72 GB whole, 0.50 a half: 0.75 GB.
     engine = choose_cpu_engine(args.engine)[0]
-    split, split_url = start_cluster(None, "0.55", engine)
+    split, split_url = start_cluster(None, "0.75" if engine == "llamacpp" else "0.55", engine)
     whole, whole_url = start_cluster(1, None, engine)
     await vllm.start()
     servers: list[EngineServer] = [vllm]

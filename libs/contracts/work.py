@@ -168,6 +168,9 @@ class ShardTask(WireModel):
     #: Every device's llama.cpp RPC address (host:port), in route order; empty unless every
     #: device of the route announced one.
     endpoints: tuple[Endpoint, ...] = Field(default=(), max_length=256)
+    #: The deployment's context length, tokens (None: the worker's own; llama.cpp's server
+    #: gives each request slot this much KV cache, as the placement counted).
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -196,6 +199,7 @@ def shard_ring(
     ts: float,
     precision: Precision | None = None,
     endpoints: Sequence[str] = (),
+    context_length: int | None = None,
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device, the whole route (the last one sends tokens back
@@ -219,6 +223,7 @@ def shard_ring(
             precision=precision,
             spans=spans,
             endpoints=tuple(endpoints),
+            context_length=context_length,
         )
         for i, (device, start, end) in enumerate(shards)
     ]

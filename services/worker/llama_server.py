@@ -110,7 +110,11 @@ class LlamaServer(EngineServer):
             # attention runs over the others' entries too (masked), its sums round with the
             # batch, and greedy tokens flip at near-ties; apart, a batched request's tokens
             # are its lone run's (tests/integration/test_llamacpp_worker.py).
-            *("-c", str(self.slots * self.context), "--no-kv-unified"),
+            *(
+                "-c",
+                str(self.slots * (self.task.context_length or self.context)),
+                "--no-kv-unified",
+            ),
             *("--no-webui", "--no-warmup"),
         ]
         if split:

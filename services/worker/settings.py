@@ -60,7 +60,8 @@ class WorkerSettings(ServiceSettings):
     vllm_start_s: float = Field(300.0, gt=0)
     #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
     #: on (reachable by the other devices: a joined host's own address), threads (default:
-    #: every core), requests batched at once (more wait for a slot) and each one's context.
+    #: every core), requests batched at once (more wait for a slot; the scheduler counts 8
+    #: slots' KV cache) and each one's context where a task names none (a deployment's does).
     llama_bin: Path = REPO / ".llama"
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)

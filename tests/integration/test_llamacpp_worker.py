@@ -4,23 +4,27 @@ SmolLM2's shipped GGUF whole and split across worker processes by shard tasks ov
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NatsClient
 from transformers import AutoTokenizer
 
 from libs.cluster.servers import NatsServer
-from libs.contracts import GenerationRequest, Sampling, TokenChunk
+from libs.contracts import GenerationRequest, Sampling, TokenChunk, shard_ring
+from libs.core.catalogue import CATALOGUE, GB, as_gguf
 from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.store import MODEL_NAME, gguf_path, prepare
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook
-from services.worker.llama_server import LlamaServer
+from services.scheduler.replicas import SLOTS
+from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.llamacpp import LAYERS, whole_task
 from services.worker.settings import WorkerSettings
 
@@ -175,3 +179,31 @@ async def test_requests_back_to_back_on_one_llama_server_all_complete() -> None:
         assert failed == []
     finally:
         await server.stop()
+
+
+async def test_a_devices_shard_takes_the_memory_the_placement_counts_for_it() -> None:
+    """The scheduler counts a llamacpp shard in the GGUF's bytes and an f16 KV cache for each
+    of llama-server's 8 slots: the RPC server holding layers 15..29 and the LM head grows by
+    that much (its resident memory, within 10 %)."""
+    rpc = RpcServer(BINARIES, "127.0.0.1", threads=1)
+    await rpc.start()
+    assert rpc.proc is not None
+    before = resident_bytes(rpc.proc.pid)
+    endpoints = ("127.0.0.1:1", rpc.endpoint)  # the head's own is not used
+    shards = [("head", 0, 15), ("lender", 15, 30)]
+    tasks = shard_ring("load", "mem", MODEL_NAME, shards, 1, 0.0, None, endpoints, 1024)
+    server = LlamaServer(BINARIES, gguf_path(), tasks[0], LAYERS, threads=1)
+    try:
+        await server.start(60.0)
+        grown = resident_bytes(rpc.proc.pid) - before
+        spec = as_gguf(CATALOGUE[MODEL_NAME], SLOTS["llamacpp"])
+        counted = (spec.shard_gb(15, False, True, 1024) - spec.runtime_overhead_gb) * GB
+        assert abs(grown - counted) <= 0.1 * counted, (grown, counted)
+    finally:
+        await server.stop()
+        await rpc.stop()
+
+
+def resident_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]

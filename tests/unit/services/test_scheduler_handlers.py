@@ -248,14 +248,16 @@ async def test_a_deployments_precision_sizes_its_shards_and_reaches_each_worker(
 async def test_llamacpp_workers_get_a_split_with_every_devices_rpc_address() -> None:
     """The llamacpp head runs the whole split from its shard task: every shard's layers and
     every device's RPC address, in route order; torch workers' routes carry none, and a split
-    never mixes the two (llama.cpp's RPC servers and the torch ring do not talk)."""
+    never mixes the two (llama.cpp's RPC servers and the torch ring do not talk). Memory is
+    sized for a split of 2 in each engine's bytes (0.50 GB a shard for llama.cpp's GGUF with 8
+    slots' KV cache, 0.37 at int8 for torch)."""
     mixed = {"ws-a": "llamacpp", "ws-b": "llamacpp", "ws-c": "torch"}
-    for engines, has_addresses in (
-        (dict.fromkeys(DEVICES, "llamacpp"), True),
-        ({}, False),
-        (mixed, True),
+    for engines, has_addresses, memory in (
+        (dict.fromkeys(DEVICES, "llamacpp"), True, dict.fromkeys(DEVICES, 0.7)),
+        ({}, False, dict.fromkeys(DEVICES, 0.6)),
+        (mixed, True, {"ws-a": 0.7, "ws-b": 0.7, "ws-c": 0.6}),
     ):
-        service, bus = await start(dict.fromkeys(DEVICES, (0.6, 1.0)), engines)
+        service, bus = await start({d: (gb, 1.0) for d, gb in memory.items()}, engines)
         try:
             decision = await deploy(bus)
             assert decision.placed and len(decision.assignments) >= 2, decision.reason
@@ -268,6 +270,7 @@ async def test_llamacpp_workers_get_a_split_with_every_devices_rpc_address() -> 
             assert all(t.spans == spans for t in loads)
             addresses = tuple(f"{t.device_id}.lan:50052" for t in loads) if has_addresses else ()
             assert all(t.endpoints == addresses for t in loads)
+            assert all(t.context_length == 2048 for t in loads)  # llama.cpp's KV per slot
             if engines is mixed:
                 assert {t.device_id for t in loads} == {"ws-a", "ws-b"}
         finally:
