@@ -40,7 +40,8 @@ FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 #: every graph: a split's stages then spin on the cores the stage at work needs (on one host),
 #: and so do the worker, gateway and NATS beside them. 10,000 still spans the barriers inside a
 #: graph (OMP_WAIT_POLICY=passive, which sleeps at each, cut one stream to a third). On 2
-#: cores, 8 streams, llama-server direct split in 2: 130–145 → 170–183 tokens/s (FINDINGS.md).
+#: cores, 8 streams, llama-server direct split in 2: 130–145 → 170–183 tokens/s; through
+#: Tessera, 0.63 → 0.84 × the whole model (bench/results/serving.md).
 SPIN_COUNT = "10000"
 
 
