@@ -83,7 +83,8 @@ class Deployments:
         precision: str | None = None,
     ) -> list[Preview]:
         """Candidate placements of ``model`` (on devices other than ``without``), its layers
-        counted in ``precision``."""
+        counted as each engine family holds them (``model_spec``: the torch ring in
+        ``precision``)."""
         devices = [d for d in self.model_devices(now) if d.device_id not in without]
         families: dict[str, list[Device]] = {}
         for device in devices:  # a split runs on one engine: llama.cpp's, or the torch ring
