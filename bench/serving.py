@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import sys
@@ -40,11 +39,10 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from libs.cluster.engines import choose_cpu_engine
-from libs.models.store import MODEL_NAME, gguf_path, prepare
+from libs.models.store import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
 from services.worker.engine_server import EngineServer
-from services.worker.llama_server import LlamaServer
-from services.worker.llamacpp import LAYERS, whole_task
+from services.worker.llamacpp import server_factory, whole_task
 from services.worker.settings import WorkerSettings
 from services.worker.vllm_server import VllmServer
 
@@ -90,11 +88,9 @@ PREFIXES = {
 }
 
 
-def llama_direct() -> LlamaServer:
+def llama_direct() -> EngineServer:
     """llama.cpp's server on the whole GGUF, as the llamacpp worker runs it, served directly."""
-    threads = os.cpu_count() or 1
-    task = whole_task("direct", "direct")
-    return LlamaServer(WorkerSettings().llama_bin, gguf_path(), task, LAYERS, threads=threads)
+    return server_factory(WorkerSettings())(whole_task("direct", "direct"))
 
 
 def start_cluster(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ import numpy as np
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.host import HostDevice
-from libs.models.store import gguf_path, prepare
+from libs.models.store import prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
@@ -90,19 +89,12 @@ def make_worker(
             metrics=metrics,
         )
     if settings.engine == "llamacpp":
-        threads = settings.llama_threads or os.cpu_count() or 1
-        make = llama_servers(
-            settings.llama_bin,
-            gguf_path(),
-            threads=threads,
-            slots=settings.llama_slots,
-            context=settings.llama_context,
-        )
+        threads = settings.llama_thread_count
         rpc = RpcServer(settings.llama_bin, settings.rpc_host, settings.rpc_port, threads)
         return LlamaWorker(
             bus,
             device,
-            make,
+            llama_servers(settings),
             rpc,
             max_active=settings.max_active,
             park_s=settings.park_s,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,11 +22,12 @@ from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.core.catalogue import CATALOGUE
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME
+from libs.models.store import MODEL_NAME, gguf_path
 from libs.runtime.bus import Bus
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.served import ServedWorker
+from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 LAYERS = CATALOGUE[MODEL_NAME].layers
@@ -122,13 +122,20 @@ def whole_task(deployment_id: str, device_id: str) -> ShardTask:
     return task
 
 
-def server_factory(
-    binaries: Path, gguf: Path, *, threads: int, slots: int, context: int
-) -> Callable[[ShardTask], EngineServer]:
-    def make(task: ShardTask) -> EngineServer:
-        layers = CATALOGUE[task.model].layers
+def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServer]:
+    """llama-server for a task, on the shipped GGUF, as ``settings`` configure it (the worker's,
+    and the benchmark's direct server: the same flags)."""
+    gguf = gguf_path()
+
+    def make(task: ShardTask) -> LlamaServer:
         return LlamaServer(
-            binaries, gguf, task, layers, threads=threads, slots=slots, context=context
+            settings.llama_bin,
+            gguf,
+            task,
+            CATALOGUE[task.model].layers,
+            threads=settings.llama_thread_count,
+            slots=settings.llama_slots,
+            context=settings.llama_context,
         )
 
     return make

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -68,3 +69,7 @@ class WorkerSettings(ServiceSettings):
     llama_threads: int | None = Field(None, ge=1, le=1024)
     llama_slots: int = Field(8, ge=1, le=256)
     llama_context: int = Field(1024, ge=128, le=131_072)
+
+    @property
+    def llama_thread_count(self) -> int:
+        return self.llama_threads or os.cpu_count() or 1
