@@ -9,9 +9,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # pip's configured extra indexes print a warning per package when absent; keep the output readable.
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
-APT_PACKAGES := redis-server prometheus prometheus-alertmanager chromium chromium-driver
 
 .PHONY: help deps venv vllm llama model lint typecheck unit integration e2e test up compose-test clean
+
+# Independent set-up steps run side by side: llama.cpp compiles while pip and apt download
+# (`make test` from nothing: see the README). Recipes that must not overlap depend on each other.
+MAKEFLAGS += --jobs=3
 
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
@@ -25,6 +28,9 @@ deps:
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	command -v cmake >/dev/null || missing="$$missing cmake"; \
+	command -v ninja >/dev/null || missing="$$missing ninja-build"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
@@ -57,15 +63,12 @@ $(VLLM_VENV)/.installed:
 	@echo "$(VLLM_PACKAGE)" > $@  # which build: `tessera up` starts a vLLM worker only for a GPU one
 
 ## llama.cpp's server and RPC server (the llamacpp engine, the CPU workers' default where built):
-## compiled from llama-cpp-python's source on PyPI, ~4 min once, cached in ~/.cache/tessera.
+## compiled from llama-cpp-python's source on PyPI, ~5 min once, cached in ~/.cache/tessera.
+## It needs only deps' compilers, so it starts before the virtualenvs are installed.
 LLAMA := .llama
 llama: $(LLAMA)/.installed
-$(LLAMA)/.installed: deploy/build_llama.sh | venv
-	@command -v cmake >/dev/null && command -v ninja >/dev/null && command -v g++ >/dev/null || { \
-	  export DEBIAN_FRONTEND=noninteractive; SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    cmake ninja-build g++ >/dev/null; }
-	PIP=$(BIN)/pip bash deploy/build_llama.sh $(LLAMA)
+$(LLAMA)/.installed: deploy/build_llama.sh | deps
+	PYTHON=$(PYTHON) bash deploy/build_llama.sh $(LLAMA)
 
 ## The model folder, converted once from the shipped GGUF (~20 s the first time).
 model: venv
@@ -81,17 +84,17 @@ typecheck: venv
 unit: deps venv model
 	$(BIN)/pytest -q tests/unit
 
-integration: deps venv vllm llama model
+integration: deps llama venv vllm model
 	$(BIN)/pytest -q tests/integration
 
-e2e: deps venv llama model
+e2e: deps llama venv model
 	$(BIN)/pytest -q tests/e2e
 
-test: deps venv vllm llama model lint typecheck
+test: deps llama venv vllm model lint typecheck
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
-up: deps venv llama model
+up: deps llama venv model
 	$(BIN)/tessera up $(ARGS)
 
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when

@@ -9,7 +9,7 @@ set -euo pipefail
 
 DEST=${1:?usage: build_llama.sh DEST}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-PIP=${PIP:-.venv/bin/pip}
+PYTHON=${PYTHON:-python3}
 CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp/$VERSION
 BINS=(llama-server ggml-rpc-server)
 
@@ -25,7 +25,10 @@ if [ ! -x "$out/bin/ggml-rpc-server" ] || [ ! -x "$out/bin/llama-server" ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "building llama.cpp (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
-  "$PIP" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" 2>&1 |
+  # pip from a throwaway virtualenv: the build need not wait for the project's to install.
+  "$PYTHON" -m venv "$work/venv"
+  "$work/venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" \
+    -d "$work" 2>&1 |
     grep -v -e "^WARNING: Location" || true
   tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
   src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
