@@ -198,8 +198,8 @@ def jobs(seeds: int) -> dict[str, dict[str, list[float]]]:
         out[f"{trace_name}/{CEILING}"] = {
             "deadline_satisfaction_ratio": [ceiling.deadline_satisfaction_ratio] * seeds,
             "migration_s": [ceiling.migration_s] * seeds,
+            "edge_only_share": [edge_only(trace, profiles)] * seeds,
         }
-        out[f"{trace_name}/{CEILING}"]["edge_only_share"] = [edge_only(trace, profiles)] * seeds
     print(file=sys.stderr)
     return out
 
