@@ -258,22 +258,12 @@ def report(  # type: ignore[type-arg]
         return put["dwps-balanced"] / put[name] if put[name] > 0 else None
 
     traces = [t for t, _ in JOB_TRACES]
-    edge_gain = {
-        t: 100
-        * (
-            np.mean(job[f"{t}/edgeflow"]["deadline_satisfaction_ratio"])
-            - np.mean(job[f"{t}/elasticflow"]["deadline_satisfaction_ratio"])
-        )
-        for t in traces
-    }
-    edge_ceiling = {
-        t: 100
-        * (
-            np.mean(job[f"{t}/{CEILING}"]["deadline_satisfaction_ratio"])
-            - np.mean(job[f"{t}/elasticflow"]["deadline_satisfaction_ratio"])
-        )
-        for t in traces
-    }
+
+    def points(policy: str, trace: str) -> float:  # deadline satisfaction, in points
+        return 100 * float(np.mean(job[f"{trace}/{policy}"]["deadline_satisfaction_ratio"]))
+
+    edge_gain = {t: points("edgeflow", t) - points("elasticflow", t) for t in traces}
+    edge_ceiling = {t: points(CEILING, t) - points("elasticflow", t) for t in traces}
     p99 = "latency_p99_s"
     goals: dict[str, float | None] = {
         "p99_dwps_over_least_connections_worst_load": worst(
