@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +135,29 @@ def curve(profile: Profile, batch_size: int) -> dict[int, float]:
     """The throughput curve of the profiled batch size closest to ``batch_size``."""
     nearest = min(profile, key=lambda b: (abs(b - batch_size), b))
     return profile[nearest]
+
+
+def reachable(trace: Sequence[TraceJob], rate: Callable[[TraceJob], float]) -> float:
+    """The share of jobs that meet their deadline running at ``rate`` iterations/s from arrival."""
+    met = sum(t.iterations <= rate(t) * (t.deadline_s - t.submit_s) for t in trace)
+    return met / len(trace) if trace else 1.0
+
+
+def deadline_bound(
+    trace: Sequence[TraceJob],
+    profiles: Mapping[str, Profile],
+    gpus: int,
+    edge_speed: float = 0.0,
+) -> float:
+    """The most deadlines any policy can meet: each job alone from its arrival on its fastest
+    share of ``gpus`` cloud GPUs, or on an edge server of ``edge_speed`` if that is faster."""
+
+    def fastest(t: TraceJob) -> float:
+        rates = curve(profiles[t.model], t.batch_size)
+        cloud = max((r for g, r in rates.items() if g <= gpus), default=0.0)
+        return max(cloud, edge_speed * rates.get(1, 0.0))
+
+    return reachable(trace, fastest)
 
 
 @dataclass

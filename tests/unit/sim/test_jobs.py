@@ -12,7 +12,15 @@ import pytest
 
 from libs.core.edgeflow import EdgeServer
 from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
-from libs.sim.jobs import JobSimulation, MissingProfile, read_itp, read_profile
+from libs.sim.jobs import (
+    JOB_POLICIES,
+    JobSimulation,
+    MissingProfile,
+    deadline_bound,
+    read_itp,
+    read_profile,
+    read_profiles,
+)
 from libs.sim.workloads import WorkloadError
 
 PROFILE = read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))
@@ -40,6 +48,26 @@ def test_edgeflow_saves_a_job_the_cloud_alone_cannot() -> None:
     with_edge = JobSimulation("edgeflow", 1, edge).run(jobs, {"bert": PROFILE})
     assert cloud_only.deadline_satisfaction_ratio == 0.5
     assert with_edge.deadline_satisfaction_ratio == 1.0
+
+
+def test_no_policy_meets_more_deadlines_than_the_bound() -> None:
+    # 10, 18, 30 it/s on 1, 2, 4 GPUs. "tight" needs 300 iterations in 12 s (25 it/s): only
+    # 4 GPUs make it. "hopeless" needs 400 in 10 s (40 it/s): no share of the cloud does.
+    jobs = trace("tight,0,300,bert,12,64,1,30\n", "hopeless,0,400,bert,10,64,4,40\n")
+    assert deadline_bound(jobs, {"bert": PROFILE}, 4) == 0.5
+    assert deadline_bound(jobs, {"bert": PROFILE}, 2) == 0.0  # 18 it/s at most
+    assert deadline_bound(jobs, {"bert": PROFILE}, 2, edge_speed=3.0) == 0.5  # 30 it/s
+    assert JobSimulation("elasticflow", 4).run(jobs, {"bert": PROFILE}).jobs[0].finished_s <= 12
+    real = read_itp((ITP_TRACES / "cluster01.csv").open(), limit=150)
+    profiles = read_profiles(A100_PROFILES)
+    edge = [EdgeServer(f"e{i}", 32.0, 0.4) for i in range(4)]
+    bound = deadline_bound(real, profiles, 64, edge_speed=0.4)
+    met = {
+        policy: JobSimulation(policy, 64, edge).run(real, profiles).deadline_satisfaction_ratio
+        for policy in JOB_POLICIES
+    }
+    assert max(met.values()) <= bound < 1.0
+    assert met["elasticflow"] == bound  # GPUs to spare: ElasticFlow meets all that can be met
 
 
 def test_bad_traces_and_policies_are_refused() -> None:
