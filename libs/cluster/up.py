@@ -14,6 +14,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -28,9 +29,10 @@ def post_until_answered(
     timeout_s: float,
     pause_s: float,
     headers: dict[str, str] | None = None,
+    final: Callable[[], bool] = lambda: False,
 ) -> tuple[Any, str]:
-    """POST ``body`` as JSON until a 2xx answer (retried while services join or load); the
-    answer's JSON, or None and the last error."""
+    """POST ``body`` as JSON until a 2xx answer (retried while services join or load, until
+    ``final`` says a refusal will not change); the answer's JSON, or None and the last error."""
     deadline = time.monotonic() + timeout_s
     data = json.dumps(body).encode()
     headers = {"content-type": "application/json", **(headers or {})}
@@ -43,19 +45,46 @@ def post_until_answered(
                 return json.loads(response.read()), ""
         except urllib.error.HTTPError as exc:
             last = exc.read().decode(errors="replace")[:300]
+            if final():
+                break
         except OSError as exc:
             last = str(exc)
         time.sleep(pause_s)
     return None, last
 
 
-def deploy_model(options: UpOptions, model: str, timeout_s: float = 60.0) -> str:
-    """Ask the scheduler to deploy ``model`` under its own name (retried while workers join)."""
+def scheduler_devices(options: UpOptions) -> set[str]:
+    """The devices the scheduler places on now (none while it cannot be asked)."""
+    url = f"http://127.0.0.1:{options.scheduler_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return set(json.loads(response.read()).get("devices", ()))
+    except (OSError, ValueError):
+        return set()
+
+
+def deploy_model(
+    options: UpOptions,
+    model: str,
+    workers: Sequence[str] = (),
+    timeout_s: float = 60.0,
+    settle_s: float = 5.0,
+) -> str:
+    """Ask the scheduler to deploy ``model`` under its own name, retried while ``workers``
+    join; a refusal that holds ``settle_s`` after the scheduler sees them all is final."""
     url = f"http://127.0.0.1:{options.scheduler_port}/placements"
     body = {"model": model, "deployment_id": model}
-    placed, last = post_until_answered(url, body, timeout_s, pause_s=1.0)
+    all_in: list[float] = []  # when the scheduler first saw every worker
+
+    def final() -> bool:
+        if not all_in and workers and set(workers) <= scheduler_devices(options):
+            all_in.append(time.monotonic())
+        return bool(all_in) and time.monotonic() - all_in[0] >= settle_s
+
+    placed, last = post_until_answered(url, body, timeout_s, pause_s=1.0, final=final)
     if placed is None:
-        return f"could not deploy {model}: {last}"
+        later = f"; `tessera deploy {model}` once more devices join" if all_in else ""
+        return f"could not deploy {model}: {last}{later}"
     devices = [a["device_id"] for a in placed["assignments"]]
     return f"deployed {model} on {', '.join(devices)}"
 
@@ -98,7 +127,7 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         has_workers = any(cluster.is_worker(c) for c in cluster.children)
         deployed = []
         for model in options.deploy if has_workers else ():
-            said = deploy_model(options, model)
+            said = deploy_model(options, model, [d for d, _ in cluster.worker_names()])
             cluster.say("cluster", said, "white")
             if said.startswith("deployed"):
                 deployed.append(model)

@@ -8,11 +8,13 @@ that remain; Ctrl-C on a joined host moves its shards before it exits, and nothi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +118,19 @@ def wait_alive(prefix: list[str], env: dict[str, str], device_id: str) -> None:
     raise AssertionError(f"{device_id} not alive again within 60 s")
 
 
+def stop_all(processes: list[ServiceProcess]) -> None:
+    """Ctrl-C on every joined host at once: each serves on while its shards move (up to 20 s,
+    or never where its link is down), so one after the other would add those waits up."""
+    for process in processes:
+        if process.process is not None and process.process.poll() is None:
+            process.process.send_signal(signal.SIGINT)
+    for process in processes:
+        if process.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.process.wait(timeout=45)  # join stops its worker within 30 s
+        process.stop(timeout_s=5)
+
+
 def run_in(prefix: list[str], env: dict[str, str], *argv: str) -> str:
     done = subprocess.run(
         [*prefix, sys.executable, *argv],
@@ -177,7 +192,9 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert found, said  # the command names the CA the joining host must trust
         url, token, ca = found.groups()
         assert url.startswith(f"nats://{address}:") and ca == tls["TESSERA_NATS_CA"]
-        head.wait_for("ready:", 240)  # the model does not fit worker-0 alone: not deployed yet
+        head.wait_for("ready:", 240)
+        # The model does not fit worker-0 alone: once the scheduler sees it, up stops trying.
+        assert any("once more devices join" in line for line in head.lines), head.lines[-10:]
         assert any("announced on the LAN (mDNS)" in line for line in head.lines)
         # Host B is given no URL: it finds the cluster over mDNS.
         joined.append(joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB, "--ca", ca))
@@ -226,8 +243,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces))
         print(f"the spare: {left[0].strip()}; longest wait between pieces {gap:.2f} s")
     finally:
-        for process in joined:
-            process.stop(timeout_s=30)
+        stop_all(joined)
         head.stop()
 
 
@@ -276,6 +292,5 @@ def test_llama_cpp_splits_across_both_hosts_and_survives_the_link_going_down(
         gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces[3:]))
         print(f"llama.cpp: the longest wait between pieces after the link went down {gap:.2f} s")
     finally:
-        for process in joined:
-            process.stop(timeout_s=30)
+        stop_all(joined)
         head.stop()
