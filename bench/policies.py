@@ -44,9 +44,7 @@ from libs.sim.jobs import (
     JobSimulation,
     Profile,
     TraceJob,
-    curve,
     deadline_bound,
-    reachable,
     read_itp,
     read_profiles,
 )
@@ -209,9 +207,7 @@ def jobs(seeds: int) -> dict[str, dict[str, list[float]]]:
 
 def edge_only(trace: list[TraceJob], profiles: dict[str, Profile]) -> float:
     """The share of jobs that meet their deadline on the fastest edge server from arrival."""
-    return reachable(
-        trace, lambda t: curve(profiles[t.model], t.batch_size).get(1, 0.0) * EDGE_SPEED[1]
-    )
+    return deadline_bound(trace, profiles, 0, EDGE_SPEED[1])  # no cloud GPUs
 
 
 def speed(requests_n: int = 10_000, devices: int = 100) -> dict[str, float]:

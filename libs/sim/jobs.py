@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,12 +137,6 @@ def curve(profile: Profile, batch_size: int) -> dict[int, float]:
     return profile[nearest]
 
 
-def reachable(trace: Sequence[TraceJob], rate: Callable[[TraceJob], float]) -> float:
-    """The share of jobs that meet their deadline running at ``rate`` iterations/s from arrival."""
-    met = sum(t.iterations <= rate(t) * (t.deadline_s - t.submit_s) for t in trace)
-    return met / len(trace) if trace else 1.0
-
-
 def deadline_bound(
     trace: Sequence[TraceJob],
     profiles: Mapping[str, Profile],
@@ -157,7 +151,8 @@ def deadline_bound(
         cloud = max((r for g, r in rates.items() if g <= gpus), default=0.0)
         return max(cloud, edge_speed * rates.get(1, 0.0))
 
-    return reachable(trace, fastest)
+    met = sum(t.iterations <= fastest(t) * (t.deadline_s - t.submit_s) for t in trace)
+    return met / len(trace) if trace else 1.0
 
 
 @dataclass

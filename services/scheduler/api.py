@@ -33,7 +33,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             "status": "ok",
             "mode": scheduler.state.mode.value,
             "deployments": len(scheduler.state.deployments),
-            "devices": sorted(d.device_id for d in scheduler.devices(scheduler.clock())),
+            "devices": sorted(scheduler.view.rows.keys() - scheduler.view.failed),  # live
         }
 
     @app.get("/instance/previews")
