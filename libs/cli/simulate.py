@@ -69,13 +69,28 @@ def run_jobs(
     load: float,
     limit: int | None,
     profiles_dir: Path,
+    gpus: int | None = None,
+    edge_servers: int | None = None,
+    seed: int = 0,
 ) -> dict[str, float | int]:
-    """The deep-learning job simulator on a cloud + edge fleet (throughput profiles from
-    ``profiles_dir``: one ``<model>.csv`` per model a job names)."""
+    """The deep-learning job simulator (throughput profiles from ``profiles_dir``: one
+    ``<model>.csv`` per model a job names). The cloud has ``gpus`` GPUs and the edge
+    ``edge_servers`` servers drawn as the bench draws them (with ``seed``); unset, a shipped
+    trace gets the paper's cluster and the bench's 16 servers, any other trace ``fleet``'s."""
     import math
 
+    import numpy as np
+
     from libs.core.edgeflow import EdgeServer
-    from libs.sim.jobs import JobSimulation, MissingProfile, read_itp, read_profiles
+    from libs.sim.jobs import (
+        BENCH_EDGE_SERVERS,
+        PAPER_CLUSTER_GPUS,
+        JobSimulation,
+        MissingProfile,
+        bench_edge,
+        read_itp,
+        read_profiles,
+    )
 
     if not workload.exists():
         raise SystemExit(f"workload {workload} not found")
@@ -85,15 +100,26 @@ def run_jobs(
         profiles = read_profiles(profiles_dir)
     except WorkloadError as exc:
         raise SystemExit(str(exc)) from None
-    devices = build(fleet_spec(fleet))
-    gpus = sum(d.capabilities.gpu_count for d in devices if d.device_class == "cloud_gpu")
-    edge = [
-        EdgeServer(
-            d.device_id, d.capabilities.memory_total_gb, min(1.0, d.capabilities.fp32_tflops / 19.5)
-        )
-        for d in devices
-        if d.device_class == "edge_server"
-    ]
+    shipped = workload.stem in PAPER_CLUSTER_GPUS
+    need_fleet = not shipped and (gpus is None or edge_servers is None)
+    devices = build(fleet_spec(fleet)) if need_fleet else []
+    if gpus is None:
+        cloud = sum(d.capabilities.gpu_count for d in devices if d.device_class == "cloud_gpu")
+        gpus = PAPER_CLUSTER_GPUS[workload.stem] if shipped else cloud
+    if edge_servers is None and shipped:
+        edge_servers = BENCH_EDGE_SERVERS
+    if edge_servers is not None:
+        edge = bench_edge(edge_servers, np.random.default_rng(seed))
+    else:
+        edge = [
+            EdgeServer(
+                d.device_id,
+                d.capabilities.memory_total_gb,
+                min(1.0, d.capabilities.fp32_tflops / 19.5),
+            )
+            for d in devices
+            if d.device_class == "edge_server"
+        ]
     with workload.open() as lines:
         try:
             trace = read_itp(lines, limit=limit, load=load)
@@ -113,6 +139,7 @@ def run_jobs(
     return {
         "completed": len(done),
         "failed": len(result.jobs) - len(done),
+        "declined": sum(j.declined for j in result.jobs),
         "deadline_satisfaction_ratio": round(result.deadline_satisfaction_ratio, 4),
         "mean_completion_s": round(
             sum(j.finished_s - j.trace.submit_s for j in done) / max(1, len(done)), 1
@@ -135,9 +162,13 @@ def run_one(
     as_json: bool,
     model: str,
     profiles_dir: Path,
+    gpus: int | None = None,
+    edge_servers: int | None = None,
 ) -> None:
     if kind == "jobs":
-        metrics = run_jobs(workload, fleet, policy, load, limit, profiles_dir)
+        metrics = run_jobs(
+            workload, fleet, policy, load, limit, profiles_dir, gpus, edge_servers, seed
+        )
     else:
         reqs = requests(workload, kind, limit, load)
         metrics = summarise(simulate(policy, fleet_spec(fleet), reqs, mode, seed, model))
@@ -198,10 +229,15 @@ def compare(
     model: str,
     wide: bool,
     profiles_dir: Path,
+    gpus: int | None = None,
+    edge_servers: int | None = None,
 ) -> None:
     if kind == "jobs":
         runs_jobs = {
-            name: run_jobs(workload, fleet, name, load, limit, profiles_dir) for name in policies
+            name: run_jobs(
+                workload, fleet, name, load, limit, profiles_dir, gpus, edge_servers, seed
+            )
+            for name in policies
         }
         if as_json:
             print(json.dumps({"runs": runs_jobs}))

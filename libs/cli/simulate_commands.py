@@ -29,9 +29,25 @@ Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
 Profiles = Annotated[
     Path, typer.Option(help="Throughput profiles for --kind jobs: one <model>.csv per model.")
 ]
+Gpus = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Cloud GPUs for --kind jobs (default: the ElasticFlow paper's cluster for a "
+        "shipped trace — 128 for 195job, 512 for cluster01/03/05 — else the fleet's).",
+    ),
+]
+EdgeServers = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Edge servers for --kind jobs, drawn as the bench draws them (16/32 GB, "
+        "0.2–0.4 × an A100, from --seed; default: 16 for a shipped trace, else the fleet's).",
+    ),
+]
 DEFAULT_TRACE = AZURE_CODE
 REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
-JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias"
+JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias,elasticflow-noadmit"
 
 
 @simulate_app.callback()
@@ -50,6 +66,8 @@ def simulate(
     json_output: Json = False,
     model: Model = "llama-3.2-1b-instruct",
     profiles: Profiles = A100_PROFILES,
+    gpus: Gpus = None,
+    edge_servers: EdgeServers = None,
 ) -> None:
     """Simulate one policy and print its metrics (or use `compare`)."""
     if ctx.invoked_subcommand is not None:
@@ -68,6 +86,8 @@ def simulate(
         json_output,
         model,
         profiles,
+        gpus,
+        edge_servers,
     )
 
 
@@ -77,7 +97,8 @@ def simulate_compare(
         str | None,
         typer.Option(
             help="Comma-separated policy names (default: dwps,random,round_robin,"
-            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias)."
+            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias,"
+            "elasticflow-noadmit)."
         ),
     ] = None,
     workload: Workload = DEFAULT_TRACE,
@@ -92,6 +113,8 @@ def simulate_compare(
     model: Model = "llama-3.2-1b-instruct",
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however narrow.")] = False,
     profiles: Profiles = A100_PROFILES,
+    gpus: Gpus = None,
+    edge_servers: EdgeServers = None,
 ) -> None:
     """Run several policies on the same workload and seed; a table, JSON or charts."""
     from libs.cli.simulate import compare
@@ -113,4 +136,6 @@ def simulate_compare(
         model,
         wide,
         profiles,
+        gpus,
+        edge_servers,
     )

@@ -2,14 +2,16 @@
 
 Reads ElasticFlow/ITP traces (``job_id, submission_time, num_iteration, model_name, deadline,
 batch_size, num_gpu, duration``) and the ElasticFlow throughput profiles (iterations/s by
-global batch size and GPU count). Scheduling rounds run at every arrival and completion; a
-job progresses at its allocation's measured throughput (an edge server runs at ``speed`` × one
-GPU). A job whose placement changes pauses for the migration cost: memory-to-memory inside the
-cloud, a checkpoint through shared storage between cloud and edge.
+global batch size and GPU count). A job progresses at its allocation's measured throughput (an
+edge server runs at ``speed`` × one GPU).
 
-Policies: ``edgeflow`` (core ``edgeflow.allocate`` with the edge), ``elasticflow`` (the same,
-cloud only), ``edf`` (earliest deadline first, requested GPUs, no elasticity), ``tiresias``
-(least attained GPU-service first, requested GPUs).
+Policies, as the ElasticFlow paper and its simulator define them (``libs/sim/round_policies.py``,
+run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admission control,
+minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
+with the edge in admission and the seed's rules), ``edf``, ``tiresias``. Also
+``elasticflow-noadmit``: the earlier continuous variant without admission control (rounds at
+every arrival and completion, no slot, 5 s per placement change: ``libs/core/edgeflow.allocate``
+without the edge), kept to show what admission control is worth.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from libs.core.edgeflow import MIGRATE_EDGE_S, DlJob, EdgeServer, allocate
 from libs.sim.workloads import WorkloadError
@@ -43,7 +47,21 @@ MODEL_MEMORY_GB = {
     "deepspeech2": 8.0,
 }
 MIGRATE_CLOUD_S = 5.0
-JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias")
+#: The cloud each shipped trace runs on in the ElasticFlow paper: 195job on its 16 × 8 A100
+#: testbed (figure 6), the ITP cluster traces on the 64 × 8 GPUs (``n64g8``) of its figures.
+PAPER_CLUSTER_GPUS = {"195job": 128, "cluster01": 512, "cluster03": 512, "cluster05": 512}
+#: The edge the bench adds beside the cloud: 16 servers of 16 or 32 GB at 0.2–0.4 × an A100.
+BENCH_EDGE_SERVERS = 16
+BENCH_EDGE_SPEED = (0.2, 0.4)
+JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias", "elasticflow-noadmit")
+
+
+def bench_edge(count: int, rng: np.random.Generator) -> list[EdgeServer]:
+    """``count`` edge servers as the bench draws them: 16 or 32 GB, speed U(0.2, 0.4)."""
+    return [
+        EdgeServer(f"e{i}", float(rng.choice([16.0, 32.0])), float(rng.uniform(*BENCH_EDGE_SPEED)))
+        for i in range(count)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +73,8 @@ class TraceJob:
     deadline_s: float
     batch_size: int
     gpus: int
+    #: Seconds on ``gpus`` GPUs, as the trace states it (0 when unknown).
+    duration_s: float = 0.0
 
 
 def read_itp(
@@ -83,6 +103,7 @@ def read_itp(
             (deadline - start) / load,
             int(row["batch_size"]),
             int(row["num_gpu"]),
+            float(row["duration"] or 0.0) / load,
         )
         for at, row, deadline in rows
     ]
@@ -165,6 +186,7 @@ class JobState:
     paused_until: float = 0.0
     finished_s: float = math.nan
     migrations: int = 0
+    declined: bool = False
 
     def rate(self, edge_speed: Mapping[str, float]) -> float:
         where, count = self.placement
@@ -180,6 +202,8 @@ class JobResult:
     jobs: list[JobState]
     migration_s: float
     makespan_s: float
+    #: Counts a policy reports about itself (e.g. ElasticFlow's declined slots).
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def deadline_satisfaction_ratio(self) -> float:
@@ -189,10 +213,14 @@ class JobResult:
 
 @dataclass
 class JobSimulation:
+    """``policy`` on ``cloud_gpus`` GPUs and ``edge`` servers; the slotted policies schedule
+    every ``slot_s`` seconds at most (ElasticFlow's testbed: 240 s)."""
+
     policy: str
     cloud_gpus: int
     edge: Sequence[EdgeServer] = ()
     edge_speed: dict[str, float] = field(default_factory=dict)
+    slot_s: float = 240.0
 
     def __post_init__(self) -> None:
         if self.policy not in JOB_POLICIES:
@@ -202,35 +230,20 @@ class JobSimulation:
         self.edge_speed = {e.server_id: e.speed for e in self.edge}
 
     def decide(self, active: list[JobState], now: float) -> dict[str, tuple[str, int]]:
-        if self.policy in ("edgeflow", "elasticflow"):
-            edge = self.edge if self.policy == "edgeflow" else ()
-            jobs = [
-                DlJob(
-                    s.trace.job_id,
-                    s.trace.iterations - s.done,
-                    s.trace.deadline_s,
-                    s.curve,
-                    MODEL_MEMORY_GB.get(s.trace.model, 8.0),
-                    s.placement[0][5:] if s.placement[0].startswith("edge:") else None,
-                )
-                for s in active
-            ]
-            result = allocate(jobs, self.cloud_gpus, edge, now, MIGRATE_EDGE_S)
-            out = {j: ("cloud", g) for j, g in result.cloud_gpus.items()}
-            out |= {j: (f"edge:{e}", 1) for j, e in result.edge.items()}
-            return out
-        order = sorted(
-            active,
-            key=(lambda s: (s.trace.deadline_s, s.trace.submit_s))
-            if self.policy == "edf"
-            else (lambda s: (s.attained_gpu_s, s.trace.submit_s)),
-        )
-        free, out = self.cloud_gpus, {}
-        for state in order:
-            want = max((g for g in state.curve if g <= max(1, state.trace.gpus)), default=0)
-            if 0 < want <= free:
-                out[state.trace.job_id], free = ("cloud", want), free - want
-        return out
+        """The continuous variant's round (``elasticflow-noadmit``)."""
+        jobs = [
+            DlJob(
+                s.trace.job_id,
+                s.trace.iterations - s.done,
+                s.trace.deadline_s,
+                s.curve,
+                MODEL_MEMORY_GB.get(s.trace.model, 8.0),
+                s.placement[0][5:] if s.placement[0].startswith("edge:") else None,
+            )
+            for s in active
+        ]
+        result = allocate(jobs, self.cloud_gpus, (), now, MIGRATE_EDGE_S)
+        return {j: ("cloud", g) for j, g in result.cloud_gpus.items()}
 
     def run(self, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]) -> JobResult:
         """Run ``trace`` to the end. Raises ``MissingProfile`` when a job's model has no
@@ -238,6 +251,10 @@ class JobSimulation:
         missing = sorted({t.model for t in trace} - set(profiles))
         if missing:
             raise MissingProfile(missing, sorted(profiles))
+        if self.policy != "elasticflow-noadmit":
+            from libs.sim.round_policies import run_policy  # it imports this module
+
+            return run_policy(self, trace, profiles)
         states = [JobState(t, curve(profiles[t.model], t.batch_size)) for t in trace]
         pending = sorted(states, key=lambda s: s.trace.submit_s)
         active: list[JobState] = []

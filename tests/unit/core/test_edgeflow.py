@@ -6,7 +6,14 @@ A job of 300 iterations thus ends in 30 s on 1 GPU, 16.7 s on 2, 10 s on 4.
 
 from __future__ import annotations
 
-from libs.core.edgeflow import DlJob, EdgeServer, allocate, min_satisfactory_share
+from libs.core.edgeflow import (
+    DlJob,
+    EdgeCandidate,
+    EdgeServer,
+    allocate,
+    edge_admission,
+    min_satisfactory_share,
+)
 
 CURVE = {1: 10.0, 2: 18.0, 4: 30.0}
 
@@ -78,3 +85,18 @@ def test_only_jobs_whose_memory_fits_move_to_the_edge() -> None:
     result = allocate([job("busy", 10.0, iterations=100.0), big], 1, edge, 0.0)
     assert result.edge == {}
     assert result.waiting == ("big",)
+
+
+def test_edge_admission_takes_jobs_that_meet_their_deadline_on_the_slowest_server_that_fits() -> (
+    None
+):
+    # 300 iterations at 10/s on one GPU: 60 s at 0.5 ×, 100 s at 0.3 ×, from t = 10.
+    slow, fast = EdgeServer("slow", 16.0, 0.3), EdgeServer("fast", 16.0, 0.5)
+    loose = EdgeCandidate("loose", 300.0, 200.0, 10.0, memory_gb=8.0)
+    tight = EdgeCandidate("tight", 300.0, 75.0, 10.0, memory_gb=8.0)
+    late = EdgeCandidate("late", 300.0, 60.0, 10.0, memory_gb=8.0)  # 70 s even at 0.5 ×
+    big = EdgeCandidate("big", 300.0, 500.0, 10.0, memory_gb=32.0)  # no server holds it
+    taken = edge_admission([loose, tight, late, big], [fast, slow], 10.0)
+    # Earliest deadline first: "tight" needs the fast one; "loose" meets it on the slow one.
+    assert taken == {"tight": "fast", "loose": "slow"}
+    assert edge_admission([loose], [fast, slow], 10.0) == {"loose": "slow"}
