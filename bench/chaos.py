@@ -8,6 +8,9 @@ Writes the table to ``bench/results/chaos.md`` too.
     python bench/chaos.py --nats-servers 3 --faults nats_member_kill   # NATS as a cluster
 
 Goal: 0 lost in every fault; recovery within 3 heartbeat intervals + 1 s; no duplicate tokens.
+The placement faults (a worker that refuses its shard, a worker killed while loading) add: no
+request sent to that worker (``misrouted``), and the model placed again and serving within 3
+heartbeat intervals + 1 s of the refusal or the kill (``replace_s``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos, table
+from libs.harness.placement_faults import FAULTS as PLACEMENT_FAULTS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos.md"
 
@@ -66,6 +70,11 @@ def main() -> int:
         "faults": {o.fault: o.row() for o in outcomes},
         "all_within_goal": all(
             o.recovery_s is not None and o.recovery_s <= goal_s for o in outcomes
+        ),
+        "placement_goals_met": all(
+            o.misrouted == 0 and o.replace_s is not None and o.replace_s <= goal_s
+            for o in outcomes
+            if o.fault in PLACEMENT_FAULTS
         ),
     }
     results = RESULTS if args.nats_servers == 1 else RESULTS.with_name("chaos-nats-cluster.md")

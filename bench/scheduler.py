@@ -1,12 +1,16 @@
-"""Decision speed of the full DWPS pipeline against two references, measured in one run.
+"""Decision speed of the full DWPS pipeline against three references, measured in one run.
 
 For each fleet size: placements/s and p50/p99 per-decision latency of DWPS (filters, scores,
-priorities, load updates, i.e. ``Dwps.place`` on a cycle of tasks), and on the same capability
-matrix and tasks:
+priorities, load updates, i.e. ``Dwps.place`` on cycles of tasks; on a large fleet it searches
+the fleet's blocks, ``libs/core/search.py``), and on the same devices and tasks:
+* the same pipeline scoring every device (``FleetState(block_size=None)``), with whether it
+  made the same decisions, device and score, for every task;
 * the bare kernel: numpy cosine similarity + argmax, nothing else;
-* a straightforward per-device Python loop computing the same filters and scores.
+* a straightforward per-device Python loop computing balanced mode's filters and scores.
+The process's peak resident memory so far is given with each size.
 
-    python bench/scheduler.py --devices 10000 --json
+    python bench/scheduler.py --devices 10000 --json          # 100, 1,000 and 10,000 devices
+    python bench/scheduler.py --devices 10000 100000 --json   # exactly these sizes
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse
 import json
 import math
+import resource
 import sys
 import time
 
@@ -26,11 +31,14 @@ import numpy as np
 
 from libs.contracts import DeviceClass
 from libs.core import energy
+from libs.core.blocks import BLOCK_SIZE
 from libs.core.dwps import Dwps
 from libs.core.fleet import FleetState
 from libs.core.model import Device, Placement, Task
 
 CLASSES = list(DeviceClass)
+#: The largest fleet the bench builds (its devices are Python objects: about 1 KB each).
+MAX_DEVICES = 100_000
 
 
 def random_fleet(n: int, rng: np.random.Generator) -> list[Device]:
@@ -43,7 +51,7 @@ def random_fleet(n: int, rng: np.random.Generator) -> list[Device]:
             Device(
                 device_id=f"d{i}",
                 device_class=CLASSES[i % len(CLASSES)],
-                capability=tuple(rng.uniform(0.05, 1.0, 5).tolist()),  # type: ignore[arg-type]
+                capability=tuple(rng.uniform(0.05, 1.0, 5).tolist()),
                 memory_total_gb=memory,
                 memory_free_gb=memory * float(rng.uniform(0.2, 1.0)),
                 power_max_w=power_max,
@@ -65,7 +73,7 @@ def random_tasks(n: int, rng: np.random.Generator) -> list[Task]:
     return [
         Task(
             f"t{i}",
-            demand=tuple(rng.uniform(0.0, 1.0, 5).tolist()),  # type: ignore[arg-type]
+            demand=tuple(rng.uniform(0.0, 1.0, 5).tolist()),
             urgency=float(rng.random()),
             complexity=float(rng.random()),
             memory_gb=float(rng.uniform(0.01, 2.0)),
@@ -79,24 +87,24 @@ def percentile_us(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1e6, q))
 
 
-def bench_dwps(devices: list[Device], tasks: list[Task], cycle: int) -> dict[str, float]:
+def bench_dwps(
+    devices: list[Device], tasks: list[Task], cycle: int, block_size: int | None = BLOCK_SIZE
+) -> tuple[dict[str, float], list[Placement]]:
     latencies: list[float] = []
     policy = Dwps(observer=lambda placement, seconds: latencies.append(seconds))
-    fleet = FleetState(devices)
-    placed = 0
+    fleet = FleetState(devices, block_size=block_size)
+    placements: list[Placement] = []
     started = time.perf_counter()
     for i in range(0, len(tasks), cycle):
-        placements: list[Placement] = policy.place(
-            fleet, tasks[i : i + cycle], 0.0, np.random.default_rng(0)
-        )
-        placed += sum(p.placed for p in placements)
+        placements += policy.place(fleet, tasks[i : i + cycle], 0.0, np.random.default_rng(0))
     elapsed = time.perf_counter() - started
-    return {
+    figures = {
         "placements_per_s": len(tasks) / elapsed,
         "p50_us": percentile_us(latencies, 50),
         "p99_us": percentile_us(latencies, 99),
-        "placed_share": placed / len(tasks),
+        "placed_share": sum(p.placed for p in placements) / len(tasks),
     }
+    return figures, placements
 
 
 def bench_kernel(devices: list[Device], tasks: list[Task]) -> float:
@@ -110,8 +118,13 @@ def bench_kernel(devices: list[Device], tasks: list[Task]) -> float:
     return len(tasks) / (time.perf_counter() - started)
 
 
-def naive_pick(devices: list[Device], task: Task, load: list[float]) -> int | None:
-    """The same filters and scores, one device at a time in plain Python."""
+def naive_pick(
+    devices: list[Device], task: Task, load: list[float], wait: list[float]
+) -> int | None:
+    """Balanced mode's filters and scores, one device at a time in plain Python: match 0.2,
+    capability total 0.1, completion 0.7 (earliest ÷ this device's), × battery × heat."""
+    finish = [wait[i] + task.work / d.speed for i, d in enumerate(devices)]
+    earliest = min((f for f, d in zip(finish, devices, strict=True) if not d.failed), default=0.0)
     best, best_score = None, -math.inf
     demand_norm = math.sqrt(sum(x * x for x in task.demand))
     for i, d in enumerate(devices):
@@ -132,31 +145,53 @@ def naive_pick(devices: list[Device], task: Task, load: list[float]) -> int | No
             cap_norm * demand_norm
         )
         total = sum(a * b for a, b in zip(d.capability, (0.3, 0.2, 0.2, 0.15, 0.15), strict=True))
+        completion = max(earliest, 1e-12) / max(finish[i], 1e-12)
         battery = min(1.0, (d.battery_percent or 100.0) / 20.0) if d.on_battery else 1.0
         thermal = min(1.0, max(0.0, (d.thermal_limit_c - d.temperature_c) / 10.0))
-        score = (0.45 * match + 0.3 * total + 0.25 / (1.0 + load[i])) * battery * thermal
+        score = (0.2 * match + 0.1 * total + 0.7 * completion) * battery * thermal
         if score > best_score:
             best, best_score = i, score
     if best is not None:
-        load[best] += 1.0 / devices[best].slots
+        slots = devices[best].slots
+        if load[best] + 1.0 / slots >= 1.0 - 1e-9:  # its last free slot: later tasks wait
+            wait[best] += task.work / devices[best].speed / slots
+        load[best] += 1.0 / slots
     return best
 
 
 def bench_naive(devices: list[Device], tasks: list[Task]) -> float:
     load = [d.load for d in devices]
+    wait = [0.0 for _ in devices]
     started = time.perf_counter()
     for task in tasks:
-        naive_pick(devices, task, load)
+        naive_pick(devices, task, load, wait)
     return len(tasks) / (time.perf_counter() - started)
 
 
-def run(max_devices: int, tasks_per_size: int, cycle: int, seed: int) -> dict[str, object]:
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def sizes(devices: list[int]) -> list[int]:
+    """One size: the standard sizes up to it (or it alone); several: exactly those."""
+    if len(devices) > 1:
+        return devices
+    standard = [s for s in (100, 1_000, 10_000, 100_000) if s <= devices[0]]
+    return standard if devices[0] in standard else [*standard, devices[0]]
+
+
+def run(fleet_sizes: list[int], tasks_per_size: int, cycle: int, seed: int) -> dict[str, object]:
     results = []
-    for n in [s for s in (100, 1_000, 10_000) if s <= max_devices] or [max_devices]:
+    for n in fleet_sizes:
         rng = np.random.default_rng(seed)
         devices = random_fleet(n, rng)
         tasks = random_tasks(tasks_per_size, rng)
-        dwps = bench_dwps(devices, tasks, cycle)
+        dwps, decided = bench_dwps(devices, tasks, cycle)
+        every, reference = bench_dwps(devices, tasks, cycle, block_size=None)
+        same = [(p.device_id, p.score) for p in decided] == [
+            (p.device_id, p.score) for p in reference
+        ]
         kernel = bench_kernel(devices, tasks)
         naive_tasks = tasks[: max(20, min(len(tasks), 2_000_000 // n))]
         naive = bench_naive(devices, naive_tasks)
@@ -167,10 +202,18 @@ def run(max_devices: int, tasks_per_size: int, cycle: int, seed: int) -> dict[st
                 "p50_us": round(dwps["p50_us"], 1),
                 "p99_us": round(dwps["p99_us"], 1),
                 "placed_share": round(dwps["placed_share"], 3),
+                "every_device_placements_per_s": round(every["placements_per_s"], 1),
+                "every_device_p50_us": round(every["p50_us"], 1),
+                "every_device_p99_us": round(every["p99_us"], 1),
+                "every_device_ratio": round(
+                    dwps["placements_per_s"] / every["placements_per_s"], 2
+                ),
+                "same_decisions": same,
                 "kernel_placements_per_s": round(kernel, 1),
                 "kernel_ratio": round(dwps["placements_per_s"] / kernel, 3),
                 "naive_placements_per_s": round(naive, 1),
                 "naive_ratio": round(dwps["placements_per_s"] / naive, 1),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
             }
         )
     return {"cycle_tasks": cycle, "tasks_per_size": tasks_per_size, "results": results}
@@ -180,15 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--devices", type=int, default=10_000, help="largest fleet size")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        nargs="+",
+        default=[10_000],
+        help=f"fleet sizes, up to {MAX_DEVICES:,} (one: the standard sizes up to it)",
+    )
     parser.add_argument("--tasks", type=int, default=5_000, help="tasks placed per fleet size")
     parser.add_argument("--cycle", type=int, default=500, help="tasks per decision cycle")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    if args.devices < 1 or args.tasks < 1 or args.cycle < 1:
+    if min(args.devices) < 1 or args.tasks < 1 or args.cycle < 1:
         parser.error("--devices, --tasks and --cycle must be positive")
-    report = run(args.devices, args.tasks, args.cycle, args.seed)
+    if max(args.devices) > MAX_DEVICES:
+        parser.error(f"--devices goes up to {MAX_DEVICES:,}")
+    report = run(sizes(args.devices), args.tasks, args.cycle, args.seed)
     if args.json:
         print(json.dumps(report))
     else:

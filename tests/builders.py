@@ -11,12 +11,12 @@ from libs.contracts import (
     ANNOUNCE_REQUEST,
     CANCEL,
     CHECKPOINT,
+    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     DEVICE_LEAVING,
     DEVICE_RECOVERED,
     DVFS_HINT,
     GENERATION,
-    HEARTBEAT,
     JOIN,
     JOIN_ANSWER,
     MODE_CHANGE,
@@ -35,6 +35,7 @@ from libs.contracts import (
     Capabilities,
     Channel,
     DeploymentState,
+    DeploymentStatus,
     DeviceAnnounce,
     DeviceClass,
     DeviceFailed,
@@ -43,7 +44,6 @@ from libs.contracts import (
     DvfsHint,
     GenerationCancel,
     GenerationRequest,
-    Heartbeat,
     InferenceRequest,
     JoinAnswer,
     JoinRequest,
@@ -55,6 +55,7 @@ from libs.contracts import (
     PlacementRequest,
     SchedulerCheckpoint,
     ScoreUpdate,
+    ShardProgress,
     ShardStatus,
     ShardTask,
     TelemetrySample,
@@ -148,7 +149,6 @@ def sample_messages(
         ),
         (ANNOUNCE_REQUEST, AnnounceRequest(reason="scorer started", ts=NOW), {}),
         (TELEMETRY, make_telemetry(device_id), dev),
-        (HEARTBEAT, Heartbeat(device_id=device_id, seq=3, ts=NOW), dev),
         (
             SCORE,
             ScoreUpdate(
@@ -249,6 +249,23 @@ def sample_messages(
                 ts=NOW,
             ),
             {"device_id": device_id},
+        ),
+        (
+            DEPLOYMENT_STATUS,
+            DeploymentStatus(
+                deployment_id="dep-1",
+                model="smollm2-135m-instruct",
+                phase="loading",
+                epoch=1,
+                progress=0.5,
+                shards=(
+                    ShardProgress(
+                        device_id=device_id, shard_index=0, state="loading", progress=0.5
+                    ),
+                ),
+                ts=NOW,
+            ),
+            {"deployment_id": "dep-1"},
         ),
         (
             MODE_CHANGE,

@@ -1,9 +1,15 @@
 """Many emulated devices in one process.
 
 Each interval every device steps its models and publishes one sample, spread evenly over the
-interval. The devices react to the work actually sent to them: the fleet listens on the work
-and DVFS-hint subjects (one wildcard subscription each, dispatched to the device named in the
-subject) and adjusts utilisation and clock speed.
+interval. The devices react to the work sent to them and to DVFS hints: the fleet listens on
+the hint subjects (one wildcard subscription, dispatched to the device named in the subject)
+and adjusts clock speed.
+
+A device's work has one owner. A device a worker stands in for (``follow_work=False``, the
+worker's own agent) is assigned work by its worker alone, once a shard really loaded, so its
+power and load follow only what is loaded. An emulated fleet without workers
+(``follow_work=True``: the simulator, scheduling demos) owns its devices' work itself: it
+follows the shard tasks sent to them (nothing loads there; the scheduler expects no answer).
 """
 
 from __future__ import annotations
@@ -60,8 +66,11 @@ class FleetAgent:
         announce_every_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         published: Counter | None = None,
+        follow_work: bool = True,
     ) -> None:
+        """``follow_work``: whether this agent owns its devices' work (no worker runs them)."""
         self.bus = bus
+        self.follow_work = follow_work
         self.published = published
         self.devices = {d.device_id: d for d in devices}
         self.interval_s = interval_s
@@ -79,6 +88,7 @@ class FleetAgent:
                 await self.bus.publish(ANNOUNCE, message, device_id=device.device_id)
 
     async def on_work(self, task: ShardTask, msg: Delivery) -> None:
+        """A shard task for a device no worker runs: its work follows the task."""
         device = self.devices.get(task.device_id)
         if device is None:
             return
@@ -124,11 +134,9 @@ class FleetAgent:
         return [channel.pattern(device_id=d) for d in self.devices]
 
     async def run(self, stop: asyncio.Event) -> None:
+        work = self._mine(SHARD_TASK) if self.follow_work else []
         subs = [
-            *[
-                await self.bus.subscribe(SHARD_TASK, self.on_work, subject=s)
-                for s in self._mine(SHARD_TASK)
-            ],
+            *[await self.bus.subscribe(SHARD_TASK, self.on_work, subject=s) for s in work],
             *[
                 await self.bus.subscribe(DVFS_HINT, self.on_hint, subject=s)
                 for s in self._mine(DVFS_HINT)

@@ -1,5 +1,6 @@
-"""The real host as a device (``TESSERA_TELEMETRY_MODE=host``): announced and sampled from
-``HostProbe`` (psutil, NVML where a GPU is present; unknown readings sent as none)."""
+"""The real host as a device (``TESSERA_TELEMETRY_MODE=host``): a ``HostDevice`` announced and
+sampled as a worker's host is (psutil, NVML where a GPU is present; unknown readings sent as
+none), with the round trip to NATS measured at each sample."""
 
 from __future__ import annotations
 
@@ -8,19 +9,11 @@ import contextlib
 import logging
 import time
 
-import psutil
+import numpy as np
 
-from libs.contracts import (
-    ANNOUNCE,
-    ANNOUNCE_REQUEST,
-    TELEMETRY,
-    AnnounceRequest,
-    DeviceAnnounce,
-    DeviceClass,
-    TelemetrySample,
-)
+from libs.contracts import ANNOUNCE, ANNOUNCE_REQUEST, TELEMETRY, AnnounceRequest, TelemetrySample
 from libs.devices.calibration import Calibration
-from libs.devices.host import HostProbe, host_capabilities, host_device_id
+from libs.devices.host import HostDevice, host_device_id
 from libs.runtime.bus import Bus, Delivery
 
 log = logging.getLogger(__name__)
@@ -29,11 +22,9 @@ log = logging.getLogger(__name__)
 class HostAgent:
     def __init__(self, bus: Bus, calibration: Calibration, interval_s: float) -> None:
         self.bus, self.interval_s = bus, interval_s
-        self.host = HostProbe()
-        self.device_id = host_device_id()
-        battery = psutil.sensors_battery()
-        self.capabilities = host_capabilities(calibration, self.host.gpus)
-        self.device_class = DeviceClass.LAPTOP if battery else DeviceClass.WORKSTATION
+        self.device = HostDevice.probe(host_device_id(), calibration)
+        self.device_id = self.device.device_id
+        self.rng = np.random.default_rng()  # the host's readings draw nothing from it
         self.seq = 0
 
     async def rtt_ms(self) -> float:
@@ -42,33 +33,12 @@ class HostAgent:
         return (time.perf_counter() - started) * 1000.0
 
     async def sample(self) -> TelemetrySample:
-        read = self.host.read()
+        self.device.base_rtt_ms = await self.rtt_ms()  # measured, not the device's default
         self.seq += 1
-        return TelemetrySample(
-            device_id=self.device_id,
-            seq=self.seq,
-            ts=time.time(),
-            cpu_utilisation=read.cpu_utilisation,
-            memory_total_gb=self.capabilities.memory_total_gb,
-            memory_available_gb=min(read.memory_available_gb, self.capabilities.memory_total_gb),
-            power_w=read.power_w,  # None where the host measures none: unknown, not guessed
-            temperature_c=read.temperature_c,
-            battery_percent=read.battery_percent,
-            plugged=read.plugged,
-            network_rtt_ms=await self.rtt_ms(),
-            network_bandwidth_mbps=self.capabilities.network_bandwidth_mbps,
-            gpu=read.gpu,
-        )
+        return self.device.sample(self.seq, time.time(), self.rng)
 
     async def run(self, stop: asyncio.Event) -> None:
-        announce = DeviceAnnounce(
-            device_id=self.device_id,
-            device_class=self.device_class,
-            capabilities=self.capabilities,
-            emulated=False,
-            interval_s=self.interval_s,
-            ts=time.time(),
-        )
+        announce = self.device.announce(time.time(), self.interval_s)
 
         async def again(request: AnnounceRequest, msg: Delivery) -> None:
             await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)

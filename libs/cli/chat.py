@@ -8,15 +8,13 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from libs.cluster import runfile
+
 
 def gateway_url(explicit: str | None, run_file: Path) -> str:
     if explicit:
         return explicit.rstrip("/")
-    if run_file.exists():
-        return str(json.loads(run_file.read_text())["gateway_url"])
-    raise SystemExit(
-        f"no running cluster found ({run_file} is missing): start one with `make up`, or pass --url"
-    )
+    return str(runfile.read(run_file)["gateway_url"])
 
 
 def reply(

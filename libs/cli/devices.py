@@ -8,21 +8,18 @@ import time
 from pathlib import Path
 
 from libs.cli.tables import Column, show
+from libs.cluster import runfile
 from libs.contracts import DeviceState
 from libs.contracts.keys import SCORE_FIELDS, DeviceRow, Keys
 from libs.runtime.store import connect_redis, ranked_devices
 
 
 def redis_url(explicit: str | None, run_file: Path) -> str:
-    """An explicit URL, else the one `tessera up` recorded, else a clear error."""
+    """An explicit URL, else the one the running `tessera up` recorded (a file left by a
+    cluster that is gone is not read), else a clear error."""
     if explicit:
         return explicit
-    if run_file.exists():
-        return str(json.loads(run_file.read_text())["redis_url"])
-    raise SystemExit(
-        f"no running cluster found ({run_file} is missing): start one with `make up`, "
-        "or pass --redis-url / set TESSERA_REDIS_URL"
-    )
+    return str(runfile.read(run_file)["redis_url"])
 
 
 #: The fleet table's columns, units in the headers; the narrower the terminal, the fewer.

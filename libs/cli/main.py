@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from libs.cli.simulate_commands import simulate_app
+from libs.cluster import runfile
 from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
 
@@ -74,6 +75,14 @@ def up(
             "goes; JetStream keeps three copies). Default 1.",
         ),
     ] = 1,
+    deploy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deploy",
+            help="A model to deploy once the cluster is up (repeat for more; default "
+            "smollm2-135m-instruct). Each is followed until it serves, or its refusal is said.",
+        ),
+    ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.cluster.engines import choose_cpu_engine, choose_engines
@@ -114,6 +123,8 @@ def up(
         else None,
         nats_ca=settings.nats_ca,
     )
+    if deploy:
+        options = dataclasses.replace(options, deploy=tuple(deploy))
     raise typer.Exit(run_cluster(options))
 
 
@@ -174,9 +185,9 @@ def token_rotate() -> None:
 
     settings = LauncherSettings()
     try:
-        running = json.loads(settings.run_file.read_text())
+        running = runfile.read(settings.run_file)
         admin, ca = running["nats_url"], running.get("nats_ca")
-    except (OSError, ValueError, KeyError) as exc:
+    except (SystemExit, OSError, ValueError, KeyError) as exc:
         typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
         raise typer.Exit(1) from exc
     try:
@@ -256,13 +267,23 @@ def deploy(
         int, typer.Option(min=1, max=16, help="Copies; each request goes to one of them.")
     ] = 1,
     precision: PrecisionOption = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0, help="Seconds to wait until it serves (0: do not wait); exit 2 past them."
+        ),
+    ] = 600.0,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
-    """Deploy MODEL across the fleet (split into shards where needed)."""
+    """Deploy MODEL across the fleet (split into shards where needed) and wait until it
+    serves, showing its progress; exit 1 with the reason when it is refused or fails."""
     from libs.cli.scheduling import deploy as run
 
     chosen = precision and precision.value
-    run(_scheduler(scheduler_url), model, deployment_id, max_shards, replicas, chosen)
+    code = run(
+        _scheduler(scheduler_url), model, deployment_id, max_shards, replicas, chosen, timeout
+    )
+    raise typer.Exit(code)
 
 
 @app.command()

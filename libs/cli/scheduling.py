@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from libs.cli.tables import Column, fitted
+from libs.cluster import runfile
+from libs.cluster.up import FINAL_PHASES, follow_deployment, phase_text
 
 
 def scheduler_url(explicit: str | None, run_file: Path) -> str:
     if explicit:
         return explicit.rstrip("/")
-    if run_file.exists():
-        return str(json.loads(run_file.read_text())["scheduler_url"])
-    raise SystemExit(
-        f"no running cluster found ({run_file} is missing): start one with `make up`, "
-        "or pass --scheduler-url"
-    )
+    return str(runfile.read(run_file)["scheduler_url"])
 
 
 def call(method: str, url: str, **kwargs: Any) -> Any:
@@ -78,29 +75,68 @@ def deploy(
     max_shards: int,
     replicas: int = 1,
     precision: str | None = None,
-) -> None:
+    timeout_s: float = 600.0,
+    console: Console | None = None,
+) -> int:
+    """Deploy ``model`` and follow it until it serves (exit status 0), is refused or fails
+    (1, with the reason) or ``timeout_s`` passes (2); ``timeout_s`` 0: do not wait."""
+    console = console or Console()
     body: dict[str, Any] = {"model": model, "max_shards": max_shards, "replicas": replicas}
     if deployment_id:
         body["deployment_id"] = deployment_id
     if precision:
         body["precision"] = precision
     decision = call("POST", f"{base}/placements", json=body)
-    console = Console()
+    name = decision["task_id"]
     console.print(
-        shards_table(
-            f"deployed {decision['task_id']} (epoch {decision['epoch']})", decision["assignments"]
-        )
+        shards_table(f"placed {name} (epoch {decision['epoch']})", decision["assignments"])
     )
+    copies = [name]
     if replicas > 1:
-        placed = [
-            d
-            for d in call("GET", f"{base}/placements")
-            if d.get("replica_of") == decision["task_id"]
-        ]
+        placed = [d for d in call("GET", f"{base}/placements") if d.get("replica_of") == name]
         for d in placed:
             console.print(shards_table(f"replica {d['deployment_id']}", d["assignments"]))
+            copies.append(d["deployment_id"])
         if len(placed) < replicas - 1:
             console.print(f"{1 + len(placed)} of {replicas} replicas placed: the fleet is full")
+    if timeout_s <= 0:
+        return 0
+    worst = 0
+    for copy in copies:
+        status = follow(base, copy, timeout_s, console)
+        phase = status["phase"] if status else None
+        line = phase_text(copy, status, timeout_s)
+        console.print(f"[green]{line}[/green]" if phase == "serving" else f"[red]{line}[/red]")
+        code = 0 if phase == "serving" else 1 if phase in FINAL_PHASES else 2
+        worst = max(worst, code)
+    return worst
+
+
+def follow(
+    base: str, deployment_id: str, timeout_s: float, console: Console
+) -> dict[str, Any] | None:
+    """Follow a deployment until its phase is final, with a progress bar on a terminal (a
+    line per phase, and per tenth loaded, elsewhere)."""
+    if not console.is_terminal:
+        said: list[tuple[str, int]] = []
+
+        def line(status: dict[str, Any]) -> None:
+            key = (status["phase"], int(status.get("progress", 0.0) * 10))
+            if status["phase"] not in FINAL_PHASES and key not in said:
+                said.append(key)
+                console.print(f"{deployment_id} {key[0]}: {key[1] * 10} %")
+
+        return follow_deployment(base, deployment_id, timeout_s, on_change=line)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console
+    ) as bar:
+        task = bar.add_task(f"{deployment_id} pending", total=1.0)
+
+        def draw(status: dict[str, Any]) -> None:
+            description = f"{deployment_id} {status['phase']}"
+            bar.update(task, completed=status.get("progress", 0.0), description=description)
+
+        return follow_deployment(base, deployment_id, timeout_s, on_change=draw)
 
 
 def show_placements(base: str) -> None:
@@ -109,9 +145,15 @@ def show_placements(base: str) -> None:
     if not deployments:
         console.print("no deployments")
     for d in deployments:
+        phase = d.get("phase", "serving")
+        if phase == "loading":
+            phase = f"loading {d.get('progress', 0.0) * 100:.0f} %"
+        if d.get("reason") and d.get("phase") in ("refused", "failed"):
+            phase = f"{phase}: {d['reason']}"
         console.print(
             shards_table(
-                f"{d['deployment_id']}: {d['model']} (epoch {d['epoch']})", d["assignments"]
+                f"{d['deployment_id']}: {d['model']} (epoch {d['epoch']}), {phase}",
+                d["assignments"],
             )
         )
 

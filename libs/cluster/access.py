@@ -2,7 +2,7 @@
 
 ``nats_config`` writes a nats-server ``authorization`` block (JSON is valid nats-server
 config): one user per service, and one per worker device. A device agent may publish only its
-own device's announce, telemetry, heartbeat and shard status, and read only its own work,
+own device's announce, telemetry and shard status, and read only its own work,
 hints and requests; only the scheduler publishes placements and shard tasks. Everything a user
 is not granted is refused by the server. ``redis_acl`` gives each service a Redis user with
 only the key patterns and command categories it needs. Passwords are drawn per cluster.
@@ -21,12 +21,12 @@ from libs.contracts import (
     ANNOUNCE_REQUEST,
     CANCEL,
     CHECKPOINT,
+    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     DEVICE_LEAVING,
     DEVICE_RECOVERED,
     DVFS_HINT,
     GENERATION,
-    HEARTBEAT,
     HIDDEN,
     JOIN,
     MODE_CHANGE,
@@ -72,7 +72,7 @@ def service_grants() -> dict[str, Grant]:
     every = (ANNOUNCE_REQUEST.wildcard, INBOX)
     return {
         "telemetry": Grant(  # the emulated fleet: many devices under one agent
-            (ANNOUNCE.wildcard, TELEMETRY.wildcard, HEARTBEAT.wildcard),
+            (ANNOUNCE.wildcard, TELEMETRY.wildcard),
             (SHARD_TASK.wildcard, DVFS_HINT.wildcard, *every),
         ),
         "scorer": Grant(
@@ -85,7 +85,6 @@ def service_grants() -> dict[str, Grant]:
             (
                 ANNOUNCE.wildcard,
                 TELEMETRY.wildcard,
-                HEARTBEAT.wildcard,
                 DEVICE_LEAVING.wildcard,
                 MODE_CHANGE.wildcard,
                 *every,
@@ -94,6 +93,7 @@ def service_grants() -> dict[str, Grant]:
         "scheduler": Grant(
             (
                 PLACEMENT_DECISION.wildcard,
+                DEPLOYMENT_STATUS.wildcard,
                 SHARD_TASK.wildcard,
                 DVFS_HINT.wildcard,
                 MODE_CHANGE.wildcard,
@@ -117,6 +117,7 @@ def service_grants() -> dict[str, Grant]:
                 DEVICE_FAILED.wildcard,
                 DEVICE_RECOVERED.wildcard,
                 SCORE.wildcard,  # the dashboard's live feed
+                DEPLOYMENT_STATUS.wildcard,
                 MODE_CHANGE.wildcard,
                 *every,
             ),
@@ -133,7 +134,6 @@ def device_grant(device_id: str) -> Grant:
         (
             ANNOUNCE.pattern(**me),
             TELEMETRY.pattern(**me),
-            HEARTBEAT.pattern(**me),
             DEVICE_LEAVING.pattern(**me),
             SHARD_STATUS.pattern(**me),
             TOKENS.wildcard,

@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from libs.cluster import runfile
 from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.discovery import Announcement
 from libs.cluster.joining import JoinDesk
@@ -93,6 +94,8 @@ class Cluster:
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
         self.children: list[ServiceProcess] = []
+        #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``).
+        self.run_lock: int | None = None
         self.colours: dict[str, str] = {}
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
@@ -303,30 +306,29 @@ class Cluster:
             self.desk.close()
         self.nats.close()
         self.redis.close()
-        if self.options.run_file is not None:
-            self.options.run_file.unlink(missing_ok=True)
+        if self.options.run_file is not None and self.run_lock is not None:
+            runfile.release(self.options.run_file, self.run_lock)
+            self.run_lock = None
 
     def _write_run_file(self) -> None:
         """Tell `tessera devices` and friends where this cluster's servers listen."""
         if self.options.run_file is None:
             return
-        self.options.run_file.parent.mkdir(parents=True, exist_ok=True)
+        # Locked for the cluster's life: a file no one holds is stale, whatever its pid says.
+        self.options.run_file, self.run_lock = runfile.claim(self.options.run_file)
         url = f"http://{self.options.gateway_host}:{self.options.gateway_port}"
         admin = self.urls("admin")
-        self.options.run_file.touch()
-        self.options.run_file.chmod(0o600)  # it holds the admin's passwords
-        self.options.run_file.write_text(
-            json.dumps(
-                {
-                    "nats_url": admin["nats"],
-                    "nats_ca": str(self.options.nats_ca) if self.options.nats_ca else None,
-                    "redis_url": admin["redis"],
-                    "gateway_url": url,
-                    "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
-                    "metrics": self.metrics_targets(),
-                    "pid": os.getpid(),
-                }
-            )
+        runfile.write(
+            self.run_lock,
+            {
+                "nats_url": admin["nats"],
+                "nats_ca": str(self.options.nats_ca) if self.options.nats_ca else None,
+                "redis_url": admin["redis"],
+                "gateway_url": url,
+                "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
+                "metrics": self.metrics_targets(),
+                "pid": os.getpid(),
+            },
         )
         write_prometheus_config(
             self.options.run_file.with_name(
@@ -355,12 +357,10 @@ def choose_port(host: str, preferred: int) -> int:
 
 
 def choose_run_file(preferred: Path) -> Path:
-    """``preferred``, unless a running cluster already wrote it: then ``cluster-<pid>.json``
-    beside it (commands given no address keep finding the first cluster)."""
-    try:
-        pid = int(json.loads(preferred.read_text())["pid"])
-        os.kill(pid, 0)
-    except (OSError, ValueError, KeyError, TypeError):
+    """``preferred``, unless a running cluster holds it (its lock, not its pid: see
+    ``libs/cluster/runfile.py``): then ``cluster-<pid>.json`` beside it (commands given no
+    address keep finding the first cluster). The cluster claims it when it starts."""
+    if not runfile.held(preferred):
         return preferred
     return preferred.with_name(f"{preferred.stem}-{os.getpid()}{preferred.suffix}")
 

@@ -1,15 +1,17 @@
 """``tessera up`` in the foreground: start the cluster, deploy the models, watch it.
 
-Prints one ``ready`` line once every service is up and every deployed model has answered a
-request through the gateway (so the first user request finds its shards loaded and warm, not a
-placement still on its way). A service that exits is reported and brings the cluster down
-(nothing is restarted silently), except a worker: a worker is a device, and losing one is a
-failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the servers.
+Prints one ``ready`` line once every service is up and every deployed model serves (its
+workers said so; their loading progress is printed meanwhile, a refusal with its reasons) and
+has answered a request through the gateway (so the first user request finds its shards loaded
+and warm, not a placement still on its way). A service that exits is reported and brings the
+cluster down (nothing is restarted silently), except a worker: a worker is a device, and losing
+one is a failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the servers.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -63,17 +65,83 @@ def scheduler_devices(options: UpOptions) -> set[str]:
         return set()
 
 
+#: Phases after which a deployment's status changes no more by itself.
+FINAL_PHASES = frozenset({"serving", "refused", "failed", "removed"})
+
+
+def get_json(url: str, timeout_s: float = 5.0) -> Any:
+    """``GET url``'s JSON; raises ``OSError`` (``HTTPError`` included) or ``ValueError``."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def follow_deployment(
+    base_url: str,
+    deployment_id: str,
+    timeout_s: float,
+    pause_s: float = 0.5,
+    on_change: Callable[[dict[str, Any]], None] = lambda status: None,
+) -> dict[str, Any] | None:
+    """Ask ``GET {base_url}/placements/{deployment_id}`` (the scheduler's, or the gateway's
+    ``/v1/cluster`` proxy) until the deployment's phase is final (serving, refused, failed;
+    ``removed`` when it is gone after being seen) or ``timeout_s`` passes; ``on_change`` gets
+    each status whose phase or progress changed. Returns the last status read (None: none).
+    Errors while the scheduler is away (a restart, a new leader) are waited out."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] | None = None
+    url = f"{base_url}/placements/{deployment_id}"
+    while True:
+        try:
+            status = get_json(url)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404 or last is None:
+                status = None
+            else:  # seen, and now gone: undeployed meanwhile
+                status = {**last, "phase": "removed", "reason": "undeployed"}
+        except (OSError, ValueError):
+            status = None
+        if isinstance(status, dict) and "phase" in status:
+            key = (status["phase"], status.get("progress"))
+            if last is None or key != (last["phase"], last.get("progress")):
+                on_change(status)
+            last = status
+            if status["phase"] in FINAL_PHASES:
+                return last
+        if time.monotonic() >= deadline:
+            return last
+        time.sleep(pause_s)
+
+
+def phase_text(deployment_id: str, status: dict[str, Any] | None, timeout_s: float) -> str:
+    """One line for where ``status`` left a deployment."""
+    if status is None:
+        return f"{deployment_id}: no status from the scheduler within {timeout_s:.0f} s"
+    phase, reason = status["phase"], status.get("reason")
+    devices = ", ".join(s["device_id"] for s in status.get("shards", ()))
+    if phase == "serving":
+        return f"{deployment_id} serving on {devices}"
+    if phase in FINAL_PHASES:
+        return f"{deployment_id} {phase}: {reason or 'no reason given'}"
+    done = f"{status.get('progress', 0.0) * 100:.0f} %"
+    return f"{deployment_id} still {phase} ({done}) after {timeout_s:.0f} s"
+
+
 def deploy_model(
     options: UpOptions,
     model: str,
     workers: Sequence[str] = (),
     timeout_s: float = 60.0,
     settle_s: float = 5.0,
+    load_timeout_s: float = 300.0,
+    say: Callable[[str], None] = lambda line: None,
 ) -> str:
-    """Ask the scheduler to deploy ``model`` under its own name, retried while ``workers``
-    join; a refusal that holds ``settle_s`` after the scheduler sees them all is final."""
-    url = f"http://127.0.0.1:{options.scheduler_port}/placements"
-    body = {"model": model, "deployment_id": model}
+    """Ask the scheduler to deploy ``model`` under its own name (dots made dashes), retried
+    while ``workers`` join (a refusal that holds ``settle_s`` after the scheduler sees them
+    all is final), then follow it until it serves (``say`` hears its progress) or is refused.
+    The answer starts with ``deployed`` only when the deployment serves."""
+    base = f"http://127.0.0.1:{options.scheduler_port}"
+    deployment_id = re.sub(r"[^A-Za-z0-9_-]", "-", model)  # a model's name may hold dots
+    body = {"model": model, "deployment_id": deployment_id}
     all_in: list[float] = []  # when the scheduler first saw every worker
 
     def final() -> bool:
@@ -81,12 +149,25 @@ def deploy_model(
             all_in.append(time.monotonic())
         return bool(all_in) and time.monotonic() - all_in[0] >= settle_s
 
-    placed, last = post_until_answered(url, body, timeout_s, pause_s=1.0, final=final)
+    placed, last = post_until_answered(
+        f"{base}/placements", body, timeout_s, pause_s=1.0, final=final
+    )
     if placed is None:
         later = f"; `tessera deploy {model}` once more devices join" if all_in else ""
         return f"could not deploy {model}: {last}{later}"
-    devices = [a["device_id"] for a in placed["assignments"]]
-    return f"deployed {model} on {', '.join(devices)}"
+    said: list[int] = []  # the tenths of progress said so far
+
+    def progress(status: dict[str, Any]) -> None:
+        tenth = int(status.get("progress", 0.0) * 10)
+        if status["phase"] == "loading" and (not said or tenth > said[-1]):
+            said.append(tenth)
+            say(f"loading {model}: {tenth * 10} %")
+
+    status = follow_deployment(base, deployment_id, load_timeout_s, on_change=progress)
+    if status is not None and status["phase"] == "serving":
+        devices = [s["device_id"] for s in status.get("shards", ())]
+        return f"deployed {model} on {', '.join(devices)}"
+    return f"could not deploy {model}: {phase_text(deployment_id, status, load_timeout_s)}"
 
 
 def first_answer(
@@ -127,8 +208,13 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         has_workers = any(cluster.is_worker(c) for c in cluster.children)
         deployed = []
         for model in options.deploy if has_workers else ():
-            said = deploy_model(options, model, [d for d, _ in cluster.worker_names()])
-            cluster.say("cluster", said, "white")
+            said = deploy_model(
+                options,
+                model,
+                [d for d, _ in cluster.worker_names()],
+                say=lambda line: cluster.say("cluster", line, "white"),
+            )
+            cluster.say("cluster", said, "white" if said.startswith("deployed") else "bold red")
             if said.startswith("deployed"):
                 deployed.append(model)
         env = cluster.child_env()

@@ -30,12 +30,12 @@ from libs.contracts.device import (
     DeviceLeaving,
     DeviceRecovered,
     DvfsHint,
-    Heartbeat,
     ScoreUpdate,
     TelemetrySample,
 )
 from libs.contracts.errors import ContractError
 from libs.contracts.work import (
+    DeploymentStatus,
     GenerationCancel,
     GenerationRequest,
     PlacementDecision,
@@ -143,7 +143,6 @@ ANNOUNCE_REQUEST = Channel(
     "announce_request", "tessera.v1.device.announce_request", AnnounceRequest
 )
 TELEMETRY = Channel("telemetry", "tessera.v1.telemetry.{device_id}", TelemetrySample)
-HEARTBEAT = Channel("heartbeat", "tessera.v1.heartbeat.{device_id}", Heartbeat)
 SCORE = Channel("score", "tessera.v1.score.{device_id}", ScoreUpdate)
 DEVICE_FAILED = Channel("device_failed", "tessera.v1.device.failed.{device_id}", DeviceFailed)
 DEVICE_LEAVING = Channel("device_leaving", "tessera.v1.device.leaving.{device_id}", DeviceLeaving)
@@ -162,6 +161,10 @@ GENERATION = Channel(
 TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}", TokenChunk)
 CANCEL = Channel("cancel", "tessera.v1.cancel.{deployment_id}", GenerationCancel)
 SHARD_STATUS = Channel("shard_status", "tessera.v1.shard.status.{device_id}", ShardStatus)
+#: A deployment's phase and progress, published by the scheduler on every change.
+DEPLOYMENT_STATUS = Channel(
+    "deployment_status", "tessera.v1.deployment.status.{deployment_id}", DeploymentStatus
+)
 #: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
 HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}")
 MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
@@ -179,7 +182,6 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     ANNOUNCE,
     ANNOUNCE_REQUEST,
     TELEMETRY,
-    HEARTBEAT,
     SCORE,
     DEVICE_FAILED,
     DEVICE_LEAVING,
@@ -192,6 +194,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     TOKENS,
     CANCEL,
     SHARD_STATUS,
+    DEPLOYMENT_STATUS,
     MODE_CHANGE,
     CHECKPOINT,
     JOIN,

@@ -8,7 +8,13 @@ from pydantic import Field
 
 from libs.contracts.base import DeviceId, Mode, Precision, Timestamp, WireModel
 from libs.contracts.profiles import DimensionWeights
-from libs.contracts.work import Assignment, PlacementDecision, PlacementRequest
+from libs.contracts.work import (
+    Assignment,
+    DeploymentPhase,
+    PlacementDecision,
+    PlacementRequest,
+    ShardProgress,
+)
 
 CHECKPOINT_SCHEMA_VERSION = 1  # the Literal on SchedulerCheckpoint.schema_version
 
@@ -35,6 +41,17 @@ class DeploymentState(WireModel):
     replica_of: str | None = None
     #: Its weights' precision on the CPU shard engine (None: the model's default).
     precision: Precision | None = None
+    #: Where it stands, as its workers report (``DeploymentPhase``); a checkpoint written
+    #: before phases existed held only deployments that served.
+    phase: DeploymentPhase = "serving"
+    #: Why it is refused or failed, or why it was last re-planned.
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+    #: The current epoch's shards as their workers last reported them.
+    shards: tuple[ShardProgress, ...] = Field(default=(), max_length=1024)
+    #: Devices whose workers refused or failed it: its re-plans leave them out.
+    refused_by: tuple[DeviceId, ...] = Field(default=(), max_length=1024)
+    #: The most devices one copy may be split over (the deploy's ``max_shards``).
+    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
 
 
 class SchedulerCheckpoint(WireModel):

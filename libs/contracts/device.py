@@ -1,4 +1,5 @@
-"""Device-side messages: announce, telemetry, heartbeat, score updates, failure and recovery."""
+"""Device-side messages: announce, telemetry (each sample is the device's heartbeat), score
+updates, failure and recovery."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ class DeviceAnnounce(WireModel):
     )
     #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker), else None.
     rpc_endpoint: Endpoint | None = None
+    #: Requests its worker engine serves at once (llama.cpp's slots, vLLM's sequences; the
+    #: torch ring: 1), and the context each gets where a task names none. None: no worker
+    #: (the scheduler then assumes its engine's default). The scheduler plans with these.
+    slots: Annotated[int, Field(ge=1, le=1024)] | None = None
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     ts: Timestamp
 
 
@@ -84,7 +90,8 @@ class GpuSample(WireModel):
 
 
 class TelemetrySample(WireModel):
-    """A periodic measurement of one device (default every 5 s). Counts as a heartbeat too."""
+    """A periodic measurement of one device (default every 5 s). It is the device's heartbeat:
+    the scorer declares a device failed after ``missed_heartbeats`` intervals without one."""
 
     device_id: DeviceId
     seq: Annotated[int, Field(ge=0)]
@@ -117,12 +124,6 @@ class TelemetrySample(WireModel):
         return self
 
 
-class Heartbeat(WireModel):
-    device_id: DeviceId
-    seq: Annotated[int, Field(ge=0)]
-    ts: Timestamp
-
-
 class ScoreUpdate(WireModel):
     """The five capability dimensions and their weighted total, each in [0, 1] (design §2)."""
 
@@ -139,7 +140,7 @@ class ScoreUpdate(WireModel):
 
 
 class DeviceFailed(WireModel):
-    """A device missed ``missed_heartbeats`` heartbeats in a row (3 by default)."""
+    """A device sent no telemetry sample for ``missed_heartbeats`` intervals (3 by default)."""
 
     device_id: DeviceId
     ts: Timestamp

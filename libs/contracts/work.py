@@ -121,7 +121,12 @@ class Assignment(WireModel):
 
 
 class PlacementDecision(WireModel):
-    """The scheduler's answer: where the task goes, or why it could not be placed."""
+    """The scheduler's answer: where the task goes, or why it could not be placed.
+
+    ``task_id`` is always the id of the task it answers, of the type ``kind`` names (an
+    inference request's ``request_id``, a deployment's ``deployment_id``, a job's ``job_id``);
+    ``deployment_id`` is always the deployment whose shards ``assignments`` lists (the one
+    deployed, or the replica an inference request was routed to), None for a job."""
 
     task_id: RequestId
     kind: Literal["inference", "deployment", "job"]
@@ -132,7 +137,8 @@ class PlacementDecision(WireModel):
     mode: Mode
     epoch: Annotated[int, Field(ge=0)] = 0
     ts: Timestamp
-    #: The deployment (replica) an inference request was routed to.
+    #: The deployment (replica) the assignments belong to: the one deployed, or the one an
+    #: inference request was routed to.
     deployment_id: DeploymentId | None = None
 
     @model_validator(mode="after")
@@ -311,15 +317,62 @@ class GenerationCancel(WireModel):
     ts: Timestamp
 
 
+ShardState = Literal["loading", "loaded", "refused", "unloaded", "failed"]
+
+
 class ShardStatus(WireModel):
-    """A worker's answer to a ``ShardTask``: the shard is loaded, refused, unloaded or failed."""
+    """A worker's answer to a ``ShardTask``: the shard is loading (with ``progress``, sent as
+    it goes), loaded, refused (it cannot serve it: ``reason`` says why, re-placing elsewhere
+    may help), unloaded or failed (it tried and broke: ``reason``)."""
 
     deployment_id: DeploymentId
     device_id: DeviceId
     shard_index: Annotated[int, Field(ge=0)]
     epoch: Annotated[int, Field(ge=0)]
-    state: Literal["loaded", "refused", "unloaded", "failed"]
+    state: ShardState
     engine: Annotated[str, Field(max_length=32)] = "torch"
     reason: Annotated[str, Field(max_length=2000)] | None = None
+    #: Share of the shard loaded so far (``loading``); 1.0 once ``loaded``.
+    progress: Fraction | None = None
     load_s: Annotated[float, Field(ge=0.0)] = 0.0
+    ts: Timestamp
+
+
+#: Where a deployment stands, driven by what its workers report: ``pending`` (tasks sent, no
+#: worker has answered), ``loading`` (some shards loading or loaded), ``serving`` (every shard
+#: of the current epoch loaded: requests are routed to it only now), ``refused`` (no placement
+#: is left without the devices that refused), ``failed`` (a worker failed and no placement is
+#: left). ``refused`` and ``failed`` are final until the user deploys again. ``removed``: the
+#: user undeployed it (published once, so followers forget it; the scheduler does too).
+DeploymentPhase = Literal["pending", "loading", "serving", "refused", "failed", "removed"]
+
+
+class ShardProgress(WireModel):
+    """One shard of a deployment as its worker last reported it."""
+
+    device_id: DeviceId
+    shard_index: Annotated[int, Field(ge=0)]
+    state: Literal["pending"] | ShardState
+    progress: Fraction = 0.0
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+
+
+class DeploymentStatus(WireModel):
+    """A deployment's phase as the scheduler holds it (``DEPLOYMENT_STATUS``, and the
+    scheduler's ``GET /placements/{deployment_id}``): published on every change of phase or
+    progress, so the gateway, the dashboard and ``tessera deploy`` follow one source."""
+
+    deployment_id: DeploymentId
+    model: ModelName
+    phase: DeploymentPhase
+    epoch: Annotated[int, Field(ge=0)] = 0
+    #: Share of the current placement's shards loaded (loading progress included).
+    progress: Fraction = 0.0
+    #: Why it is refused or failed, or why it was last re-planned.
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+    shards: tuple[ShardProgress, ...] = Field(default=(), max_length=1024)
+    #: The deployment this one is a replica of (None: the first, or the only one).
+    replica_of: DeploymentId | None = None
+    #: Tokens of context each request may use (prompt and completion).
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
     ts: Timestamp

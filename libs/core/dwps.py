@@ -19,7 +19,7 @@ from libs.contracts.profiles import Profile
 from libs.core.fleet import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
-from libs.core.policy import Observer, in_input_order, place_in_order
+from libs.core.policy import Observer, in_input_order, place_each
 from libs.core.profiles import BUILTIN_PROFILES
 
 
@@ -48,9 +48,9 @@ class Dwps:
     def place(
         self, fleet: FleetState, tasks: Sequence[Task], now: float, rng: np.random.Generator
     ) -> list[Placement]:
-        def choose(task: Task, feasible: np.ndarray) -> tuple[int | None, float]:
-            index, score = self.pipeline.best(task, feasible)
+        def pick(task: Task) -> tuple[int | None, float]:
+            index, score = self.pipeline.pick(task)
             return index, self.task_priority(task) + score
 
-        decided = place_in_order(self.pipeline, fleet, self.order(tasks), choose, self.observer)
+        decided = place_each(self.pipeline, fleet, self.order(tasks), pick, self.observer)
         return in_input_order(tasks, decided)

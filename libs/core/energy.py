@@ -72,20 +72,35 @@ def marginal_joules(
     return np.asarray(service_s) * dynamic + np.asarray(idle_w) * kept_on  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
+def _at_least(value: Num, low: float) -> Num:
+    """max(value, low), elementwise; plain floats stay floats (one device: no numpy call,
+    and the same value numpy would give)."""
+    if isinstance(value, float):
+        return max(value, low)
+    return np.maximum(value, low)  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
+def _minus(a: Num, b: Num) -> Num:
+    """a − b, elementwise (``a`` may be a list or a plain float)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a - b
+    return np.asarray(a) - b  # type: ignore[no-any-return, return-value, unused-ignore]
+
+
 def estimated_power_w(power_idle_w: Num, power_max_w: Num, intensity: float) -> Num:
     """Power a task adds: base overhead + compute power × intensity (W)."""
-    dynamic = np.maximum(np.asarray(power_max_w) - power_idle_w, 0.0)
+    dynamic = _at_least(_minus(power_max_w, power_idle_w), 0.0)
     return dynamic * (TASK_OVERHEAD_SHARE + intensity)  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def available_power_budget_w(power_max_w: Num, power_now_w: Num) -> Num:
     """Device max power − current power (W), never negative."""
-    return np.maximum(np.asarray(power_max_w) - power_now_w, 0.0)  # type: ignore[no-any-return, return-value, unused-ignore]
+    return _at_least(_minus(power_max_w, power_now_w), 0.0)
 
 
 def max_intensity_for_power(power_idle_w: Num, power_max_w: Num, power_now_w: Num) -> Num:
     """The largest task intensity whose estimated power fits the budget (may be < 0)."""
-    dynamic = np.maximum(np.asarray(power_max_w) - power_idle_w, 1e-9)
+    dynamic = _at_least(_minus(power_max_w, power_idle_w), 1e-9)
     budget = available_power_budget_w(power_max_w, power_now_w)
     return budget / dynamic - TASK_OVERHEAD_SHARE  # type: ignore[no-any-return, return-value, unused-ignore]
 
@@ -97,13 +112,16 @@ def predicted_temperature_c(temperature_c: Num, delta_t_c: Num, intensity: float
 
 def max_intensity_for_heat(temperature_c: Num, delta_t_c: Num, limit_c: Num) -> Num:
     """The largest intensity whose predicted temperature stays below the limit."""
-    headroom = np.asarray(limit_c) - temperature_c
-    return headroom / np.maximum(delta_t_c, 1e-9)  # type: ignore[no-any-return, return-value, unused-ignore]
+    headroom = _minus(limit_c, temperature_c)
+    return headroom / _at_least(delta_t_c, 1e-9)  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def thermal_backoff(temperature_c: Num, limit_c: Num) -> Num:
     """1 when cool, falling linearly to 0 over the last ``THERMAL_BACKOFF_C`` before the limit."""
-    return np.clip((np.asarray(limit_c) - temperature_c) / THERMAL_BACKOFF_C, 0.0, 1.0)  # type: ignore[no-any-return, return-value, unused-ignore]
+    share = _minus(limit_c, temperature_c) / THERMAL_BACKOFF_C
+    if isinstance(share, float):  # one device: the same value as numpy's, without its cost
+        return min(max(share, 0.0), 1.0)
+    return np.minimum(np.maximum(share, 0.0), 1.0)  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def battery_weight(battery_fraction: Num, on_battery: npt.ArrayLike | bool) -> Num:

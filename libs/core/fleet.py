@@ -14,10 +14,31 @@ import numpy.typing as npt
 
 from libs.contracts import DeviceClass
 from libs.core import energy
+from libs.core.blocks import BLOCK_SIZE, MIN_BLOCKS, FleetBlocks
 from libs.core.model import Device, Task
 
 F64 = npt.NDArray[np.float64]
 Bool = npt.NDArray[np.bool_]
+#: Which devices a per-device function covers: all (``slice(None)``), one, or an index array.
+At = slice | int | npt.NDArray[np.intp]
+
+
+def lowest(costs: F64, alive: Bool) -> float:
+    """The least of ``costs`` among live devices (all, when none is alive; 0 for no device)."""
+    usable = costs[alive] if alive.any() else costs
+    return float(usable.min()) if len(usable) else 0.0
+
+
+def service_seconds(task: Task, speed: F64, prefill: F64, decode: F64) -> F64:
+    """``task``'s own seconds on devices of these rates (``FleetState.service_s``), arrays of
+    any shape."""
+    by_work = task.work / speed
+    if task.output_tokens <= 0:
+        return np.asarray(by_work)
+    known = (prefill > 0) & (decode > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # unknown rates: by_work instead
+        by_tokens = task.prompt_tokens / prefill + task.output_tokens / decode
+    return np.asarray(np.where(known, by_tokens, by_work))
 
 
 def wait_by_load(load: float, slots: float, speed: float) -> float:
@@ -28,9 +49,15 @@ def wait_by_load(load: float, slots: float, speed: float) -> float:
 
 
 class FleetState:
-    """Struct of arrays over devices. Index ``i`` is ``ids[i]``."""
+    """Struct of arrays over devices. Index ``i`` is ``ids[i]``.
 
-    def __init__(self, devices: Sequence[Device]) -> None:
+    A fleet of ``MIN_BLOCKS`` blocks or more is also grouped into ``blocks`` (fastest
+    first) with bounds on each block's expected completion, so that ``earliest_s`` and the
+    pipeline's search visit only the blocks that can hold the answer; ``block_size=None``
+    scores every device (the reference the block search is tested against).
+    """
+
+    def __init__(self, devices: Sequence[Device], block_size: int | None = BLOCK_SIZE) -> None:
         self.devices = list(devices)
         self.ids = [d.device_id for d in devices]
         self.index = {device_id: i for i, device_id in enumerate(self.ids)}
@@ -47,8 +74,8 @@ class FleetState:
         norms = np.linalg.norm(self.capability, axis=1)
         #: Rows scaled to unit length (all-zero rows stay zero): cosine needs one dot product.
         self.capability_unit = self.capability / np.where(norms > 0, norms, 1.0)[:, None]
-        #: The same, transposed and in float32: the hot matrix-vector product reads it.
-        self.capability_unit_t32 = np.ascontiguousarray(self.capability_unit.T, dtype=np.float32)
+        #: The same, one row per dimension: a dimension's values over the fleet are contiguous.
+        self.capability_unit_t = np.ascontiguousarray(self.capability_unit.T)
         self.memory_total_gb = arr([d.memory_total_gb for d in devices])
         self.memory_free_gb = arr([d.memory_free_gb for d in devices])
         self.power_max_w = arr([d.power_max_w for d in devices])
@@ -77,22 +104,23 @@ class FleetState:
             ]
         )
         self._derive(slice(None))
+        #: Bumped by every change of live state (memoised per-task values are then stale).
+        self.version = 0
+        self._earliest: tuple[Task, int, float] | None = None
+        self.blocks: FleetBlocks | None = None
+        if block_size is not None and len(self) >= MIN_BLOCKS * block_size:
+            self.blocks = FleetBlocks(self, block_size)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     # -- time estimates ---------------------------------------------------------------------
-    def service_s(self, task: Task, at: slice | int = slice(None)) -> F64:
+    def service_s(self, task: Task, at: At = slice(None)) -> F64:
         """Seconds ``task`` takes on each device once started: its prefill and decode at the
         device's token rates where known, else ``work / speed``."""
-        by_work = task.work / self.speed[at]
         if task.output_tokens <= 0:
-            return np.asarray(by_work)
-        prefill, decode = self.prefill_tps[at], self.decode_tps[at]
-        known = (prefill > 0) & (decode > 0)
-        with np.errstate(divide="ignore"):
-            by_tokens = task.prompt_tokens / prefill + task.output_tokens / decode
-        return np.asarray(np.where(known, by_tokens, by_work))
+            return np.asarray(task.work / self.speed[at])
+        return service_seconds(task, self.speed[at], self.prefill_tps[at], self.decode_tps[at])
 
     def marginal_j(self, task: Task, sleep_after_s: float = energy.SLEEP_AFTER_S) -> F64:
         """Joules ``task`` would add on each device (``energy.marginal_joules``), devices
@@ -109,10 +137,56 @@ class FleetState:
             )
         )
 
-    def completion_s(self, task: Task, at: slice | int = slice(None)) -> F64:
+    def completion_s(self, task: Task, at: At = slice(None)) -> F64:
         """Expected seconds from now until ``task`` would finish on each device: the wait for
         a slot plus its own service time (what HEFT-style list scheduling minimises)."""
         return np.asarray(self.backlog_s[at] + self.service_s(task, at))
+
+    def earliest_s(self, task: Task, floor: F64 | None = None) -> float:
+        """The earliest expected completion of ``task`` among live devices (among all when
+        none is alive), i.e. ``lowest(completion_s(task), alive)``, exactly; remembered until
+        the fleet changes. ``floor``: ``completion_floor(task)`` where the caller has it."""
+        memo = self._earliest
+        if memo is not None and memo[0] is task and memo[1] == self.version:
+            return memo[2]
+        if self.blocks is None or not self.alive.any():
+            value = lowest(self.completion_s(task), self.alive)
+        else:
+            if floor is None:
+                floor = self.completion_floor(task)
+            value = self._earliest_by_blocks(task, self.blocks, floor)
+        self._earliest = (task, self.version, value)
+        return value
+
+    def completion_floor(self, task: Task) -> F64:
+        """Per block, a value no live member's ``completion_s(task)`` is below (+inf for a
+        block without a live device); needs ``blocks``."""
+        assert self.blocks is not None
+        return self.blocks.floor(task.work, task.prompt_tokens, task.output_tokens)
+
+    def _earliest_by_blocks(self, task: Task, blocks: FleetBlocks, floor: F64) -> float:
+        first = int(np.argmin(floor))
+        best = self._lowest_in(task, blocks, slice(first, first + 1))
+        more = np.flatnonzero(floor < best)
+        if more.size:
+            best = min(best, self._lowest_in(task, blocks, more))
+        return best
+
+    def _lowest_in(
+        self, task: Task, blocks: FleetBlocks, at: slice | npt.NDArray[np.intp]
+    ) -> float:
+        """The least completion among the live devices of blocks ``at`` (inf: none alive)."""
+        rows = blocks.table[:, at]
+        finish = rows[blocks.BACKLOG] + service_seconds(
+            task, rows[blocks.SPEED], rows[blocks.PREFILL], rows[blocks.DECODE]
+        )
+        return float(np.where(rows[blocks.ALIVE] > 0, finish, np.inf).min())
+
+    def _changed(self, i: int) -> None:
+        """Device ``i``'s live state changed."""
+        self.version += 1
+        if self.blocks is not None:
+            self.blocks.changed(self, i)
 
     def _derive(self, where: slice | int) -> None:
         """Recompute the values derived from live state (all devices, or one)."""
@@ -135,17 +209,19 @@ class FleetState:
     def assign(self, i: int, task: Task) -> None:
         """Account for ``task`` starting on device ``i``: memory, power, heat, load and the
         wait it adds (its time shared by the slots, once it fills the last free one)."""
-        full_after = self.load[i] + 1.0 / self.slots[i] >= 1.0 - 1e-9
-        if full_after:
-            self.backlog_s[i] += float(self.service_s(task, i)) / self.slots[i]
+        # Plain floats: the same arithmetic as on numpy's, without its cost per element.
+        slots, load = float(self.slots[i]), float(self.load[i])
+        if load + 1.0 / slots >= 1.0 - 1e-9:  # it fills the last free slot
+            self.backlog_s[i] += float(self.service_s(task, i)) / slots
         self.memory_free_gb[i] -= task.memory_gb
         self.power_now_w[i] += energy.estimated_power_w(
             float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
         )
-        self.temperature_c[i] += self.delta_t_c[i] * task.intensity
-        self.load[i] += 1.0 / self.slots[i]
+        self.temperature_c[i] += float(self.delta_t_c[i]) * task.intensity
+        self.load[i] = load + 1.0 / slots
         self.idle_s[i] = 0.0
         self._derive(i)
+        self._changed(i)
 
     def set_live_state(
         self,
@@ -179,8 +255,10 @@ class FleetState:
             self.battery[i] = battery
         self.alive[i] = alive
         self._derive(i)
+        self._changed(i)
 
     def fail(self, device_id: str) -> int:
         i = self.index[device_id]
         self.alive[i] = False
+        self._changed(i)
         return i

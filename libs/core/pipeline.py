@@ -1,8 +1,11 @@
 """filter → score → weight → pick over a ``FleetState``, for one profile, vectorised.
 
 ``prepare`` computes the static parts (fleet-only filters, scores and multipliers) once per
-cycle; each placement then costs one matrix-vector product for the match score plus a few
-array comparisons, and ``refresh`` recomputes the static parts of the one device it changed.
+cycle; ``refresh`` recomputes the static parts of the one device a placement changed. ``pick``
+finds a task's best device: on a fleet grouped into blocks (``FleetState.blocks``) by a search
+that scores only the blocks that can hold it (``libs/core/search.py``), else by scoring every
+device (``best``). Both give the same device and score: a device's score is computed the same
+way, value by value in float64, whichever devices are scored with it.
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from libs.contracts.profiles import Profile
-from libs.core.fleet import F64, Bool, FleetState
+from libs.core.fleet import F64, At, Bool, FleetState
 from libs.core.model import Task
 from libs.core.plugins import resolve
+from libs.core.search import BlockSearch
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +42,9 @@ class Pipeline:
         self.task_scores = [(s, w) for s, w in scores if not s.static and w > 0]
         self.multipliers = multipliers
         self.fleet: FleetState | None = None
-        self.static_scaled: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
-        self.task_scale: list[npt.NDArray[np.float32]] = []
+        self.search: BlockSearch | None = None
+        self.static_scaled: F64 = np.zeros(0)
+        self.task_scale: list[F64] = []
         self.filter_values: list[Bool] = []
         self.score_values: list[F64] = []
         self.multiplier_values: list[F64] = []
@@ -60,10 +64,24 @@ class Pipeline:
         self.static_mask = np.ones(n, dtype=bool)
         self.static_score = np.zeros(n)
         self.factor = np.ones(n)
-        # float32: the per-task sum reads these for every device, so half the bytes matter.
-        self.static_scaled = np.zeros(n, dtype=np.float32)
-        self.task_scale = [np.zeros(n, dtype=np.float32) for _ in self.task_scores]
+        self.static_scaled = np.zeros(n)
+        self.task_scale = [np.zeros(n) for _ in self.task_scores]
         self._combine(everything)
+        #: What ``refresh`` recomputes: the volatile plugins, with the arrays they fill.
+        filters = zip(self.static_filters, self.filter_values, strict=True)
+        self.volatile_filters = [(f, mask) for f, mask in filters if f.volatile]
+        self.volatile_scores = [
+            (s, values)
+            for s, values in zip(
+                [s for s, _ in self.static_scores] + self.multipliers,
+                self.score_values + self.multiplier_values,
+                strict=True,
+            )
+            if s.volatile
+        ]
+        self.search = None
+        if fleet.blocks is not None and BlockSearch.supports(self):
+            self.search = BlockSearch(self, fleet, fleet.blocks)
 
     def _combine(self, at: slice) -> None:
         """Combine stored plugin values; fold weights and multipliers so that a task's score
@@ -84,16 +102,10 @@ class Pipeline:
     def refresh(self, i: int) -> None:
         """Recompute the volatile static values of device ``i`` after its state changed."""
         fleet = self._fleet()
-        at = slice(i, i + 1)
-        for f, mask in zip(self.static_filters, self.filter_values, strict=True):
-            if f.volatile:
-                mask[at] = f.mask(fleet, None, at)
-        for (s, _), values in zip(self.static_scores, self.score_values, strict=True):
-            if s.volatile:
-                values[at] = s.values(fleet, None, self.profile, at)
-        for m, values in zip(self.multipliers, self.multiplier_values, strict=True):
-            if m.volatile:
-                values[at] = m.values(fleet, None, self.profile, at)
+        for f, mask in self.volatile_filters:
+            mask[i] = f.mask(fleet, None, i)
+        for s, values in self.volatile_scores:
+            values[i] = s.values(fleet, None, self.profile, i)
         # The same combination as ``_combine``, in scalars: a one-element slice costs more.
         self.static_mask[i] = all(mask[i] for mask in self.filter_values)
         score = 0.0
@@ -103,8 +115,10 @@ class Pipeline:
         for values in self.multiplier_values:
             factor *= float(values[i])
         self.static_score[i], self.factor[i], self.static_scaled[i] = score, factor, score * factor
-        for k, (_, weight) in enumerate(self.task_scores):
-            self.task_scale[k][i] = weight * factor
+        for scale, (_, weight) in zip(self.task_scale, self.task_scores, strict=True):
+            scale[i] = weight * factor
+        if self.search is not None:
+            self.search.changed(i)
 
     # -- per task -------------------------------------------------------------------------
     def feasible(self, task: Task) -> Bool:
@@ -114,12 +128,12 @@ class Pipeline:
             mask &= f.mask(fleet, task, slice(None))
         return mask
 
-    def scores(self, task: Task) -> npt.NDArray[np.float32]:
-        """Σ w_k·score_k × multipliers, for every device (feasible or not), in float32."""
+    def scores(self, task: Task, at: At = slice(None)) -> F64:
+        """Σ w_k·score_k × multipliers, for every device (feasible or not) or those ``at``."""
         fleet = self._fleet()
-        total = self.static_scaled.copy()
+        total = self.static_scaled[at].copy()
         for (s, _), scale in zip(self.task_scores, self.task_scale, strict=True):
-            total += s.values(fleet, task, self.profile, slice(None)) * scale
+            total += s.values(fleet, task, self.profile, at) * scale[at]
         return total
 
     def best(self, task: Task, feasible: Bool) -> tuple[int | None, float]:
@@ -134,7 +148,10 @@ class Pipeline:
         return index, float(scores[index])
 
     def pick(self, task: Task) -> tuple[int | None, float]:
-        """The best feasible device's index and score, or (None, 0.0)."""
+        """The best feasible device's index and score, or (None, 0.0); ties go to the lowest
+        index. Searches the blocks when the fleet has them, else scores every device."""
+        if self.search is not None:
+            return self.search.pick(task)
         return self.best(task, self.feasible(task))
 
     def why_not(self, task: Task) -> str:

@@ -12,6 +12,7 @@ device a placement changes. The others depend on the task too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,7 @@ import numpy as np
 from libs.contracts.profiles import Profile
 from libs.core import energy
 from libs.core.capability import total_score
-from libs.core.fleet import F64, Bool, FleetState
+from libs.core.fleet import F64, At, Bool, FleetState, lowest
 from libs.core.model import Task
 
 #: How much later than the earliest expected completion ``completion_slack`` lets a task end.
@@ -35,7 +36,7 @@ class Filter(Protocol):
     @property
     def volatile(self) -> bool: ...
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool: ...
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool: ...
 
 
 class Score(Protocol):
@@ -46,21 +47,33 @@ class Score(Protocol):
     @property
     def volatile(self) -> bool: ...
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64: ...
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64: ...
 
 
-def lowest(costs: F64, alive: Bool) -> float:
-    """The least of ``costs`` among live devices (all, when none is alive; 0 for no device)."""
-    usable = costs[alive] if alive.any() else costs
-    return float(usable.min()) if len(usable) else 0.0
+def best_over(least: float, costs: F64) -> F64:
+    """``least`` (the lowest cost among live devices) ÷ each of ``costs``: 1 for the cheapest
+    live device, ½ at twice its cost."""
+    return np.asarray(max(least, 1e-12) / np.maximum(costs, 1e-12))
 
 
-def best_over(costs: F64, alive: Bool, at: slice | int) -> F64:
-    """Lowest cost ÷ each device's cost: 1 for the cheapest live device, ½ at twice its cost."""
-    best = max(lowest(costs, alive), 1e-12)
-    return np.asarray(best / np.maximum(costs[at], 1e-12))
+def unit(demand: tuple[float, ...]) -> tuple[float, ...]:
+    """A demand vector scaled to unit length."""
+    norm = math.sqrt(sum(x * x for x in demand))
+    return tuple(x / norm for x in demand)
+
+
+def cosine(capability: F64, demand: tuple[float, ...]) -> F64:
+    """Σ capability[k] × demand[k] over the dimensions (the first axis of ``capability``),
+    one dimension at a time: each device's value is the same whichever others are with it."""
+    total = capability[0] * demand[0]
+    for k in range(1, len(demand)):
+        total = total + capability[k] * demand[k]
+    return np.asarray(total)
+
+
+def within_slack(finish: F64, earliest: float) -> Bool:
+    """Devices that finish within ``COMPLETION_SLACK`` × the earliest completion."""
+    return np.asarray(finish <= COMPLETION_SLACK * earliest + 1e-9)
 
 
 # -- filters --------------------------------------------------------------------------------
@@ -74,7 +87,7 @@ class Alive:
     static: bool = True
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         return np.asarray(fleet.alive[at])
 
 
@@ -86,7 +99,7 @@ class MemoryFits:
     static: bool = False
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         assert task is not None
         return np.asarray(fleet.memory_free_gb[at] >= task.memory_gb)
 
@@ -99,7 +112,7 @@ class PowerBudget:
     static: bool = False
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         assert task is not None
         return np.asarray(fleet.max_intensity_power[at] >= task.intensity)
 
@@ -112,7 +125,7 @@ class Thermal:
     static: bool = False
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         assert task is not None
         return np.asarray(fleet.max_intensity_heat[at] > task.intensity)
 
@@ -125,7 +138,7 @@ class BatteryFloor:
     static: bool = True
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         return np.asarray(~fleet.on_battery[at] | (fleet.battery[at] >= energy.BATTERY_FLOOR))
 
 
@@ -138,10 +151,9 @@ class CompletionSlack:
     static: bool = False
     volatile: bool = False
 
-    def mask(self, fleet: FleetState, task: Task | None, at: slice | int) -> Bool:
+    def mask(self, fleet: FleetState, task: Task | None, at: At) -> Bool:
         assert task is not None
-        finish = fleet.completion_s(task)
-        return np.asarray(finish[at] <= COMPLETION_SLACK * lowest(finish, fleet.alive) + 1e-9)
+        return within_slack(fleet.completion_s(task, at), fleet.earliest_s(task))
 
 
 # -- scores ---------------------------------------------------------------------------------
@@ -149,21 +161,19 @@ class CompletionSlack:
 
 @dataclass(frozen=True)
 class DeviceMatch:
-    """Cosine similarity of the task's demand and the device's capability: the best *fit*."""
+    """Cosine similarity of the task's demand and the device's capability: the best *fit*.
+
+    Summed one dimension at a time, so that a device's value is the same whether it is scored
+    alone, with a few others or with the whole fleet (a matrix product's rounding depends on
+    how many rows it is given, and the block search must agree with scoring every device)."""
 
     name: str = "device_match"
     static: bool = False
     volatile: bool = False
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         assert task is not None
-        demand = np.asarray(task.demand, dtype=np.float64)
-        demand /= np.linalg.norm(demand)
-        if at == slice(None):  # the hot path: whole fleet, float32, contiguous rows
-            return demand.astype(np.float32) @ fleet.capability_unit_t32  # type: ignore[return-value]
-        return np.asarray(fleet.capability_unit[at] @ demand)
+        return cosine(fleet.capability_unit_t[:, at], unit(task.demand))
 
 
 @dataclass(frozen=True)
@@ -174,9 +184,7 @@ class Capability:
     static: bool = True
     volatile: bool = False
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         return total_score(fleet.capability[at], profile.dimensions.as_tuple())
 
 
@@ -188,9 +196,7 @@ class Idle:
     static: bool = True
     volatile: bool = True
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         return np.asarray(1.0 / (1.0 + fleet.load[at]))
 
 
@@ -204,11 +210,9 @@ class Completion:
     static: bool = False
     volatile: bool = False
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         assert task is not None
-        return best_over(fleet.completion_s(task), fleet.alive, at)
+        return best_over(fleet.earliest_s(task), fleet.completion_s(task, at))
 
 
 @dataclass(frozen=True)
@@ -221,11 +225,10 @@ class Energy:
     static: bool = False
     volatile: bool = False
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         assert task is not None
-        return best_over(fleet.marginal_j(task, profile.sleep_after_s), fleet.alive, at)
+        joules = fleet.marginal_j(task, profile.sleep_after_s)
+        return best_over(lowest(joules, fleet.alive), joules[at])
 
 
 # -- multipliers ----------------------------------------------------------------------------
@@ -239,9 +242,7 @@ class Battery:
     static: bool = True
     volatile: bool = False
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         return np.asarray(energy.battery_weight(fleet.battery[at], fleet.on_battery[at]))
 
 
@@ -253,9 +254,7 @@ class ThermalBackoff:
     static: bool = True
     volatile: bool = True
 
-    def values(
-        self, fleet: FleetState, task: Task | None, profile: Profile, at: slice | int
-    ) -> F64:
+    def values(self, fleet: FleetState, task: Task | None, profile: Profile, at: At) -> F64:
         return np.asarray(
             energy.thermal_backoff(fleet.temperature_c[at], fleet.thermal_limit_c[at])
         )

@@ -24,6 +24,7 @@ class Policy(Protocol):
 
 
 Chooser = Callable[[Task, np.ndarray], tuple[int | None, float]]
+Picker = Callable[[Task], tuple[int | None, float]]
 Observer = Callable[[Placement, float], None]
 """Called after each decision with the placement and the seconds it took (for metrics)."""
 
@@ -41,12 +42,28 @@ def place_in_order(
     fleet (and the pipeline's static parts for that device) before the next is decided.
     The clock is read only to report decision times; it never affects a decision.
     """
+
+    def pick(task: Task) -> tuple[int | None, float]:
+        feasible = pipeline.feasible(task)
+        return choose(task, feasible) if feasible.any() else (None, 0.0)
+
+    return place_each(pipeline, fleet, ordered, pick, observer)
+
+
+def place_each(
+    pipeline: Pipeline,
+    fleet: FleetState,
+    ordered: Sequence[Task],
+    pick: Picker,
+    observer: Observer | None = None,
+) -> list[Placement]:
+    """``place_in_order`` for a policy that finds a task's device itself (``pick(task)``:
+    an index and score, or None), without a feasibility mask over the whole fleet."""
     pipeline.prepare(fleet)
     placements = []
     for task in ordered:
         started = time.perf_counter()
-        feasible = pipeline.feasible(task)
-        index, score = choose(task, feasible) if feasible.any() else (None, 0.0)
+        index, score = pick(task)
         if index is None:
             placement = Placement(task.task_id, None, reason=pipeline.why_not(task))
         else:

@@ -16,12 +16,12 @@ Models (``step`` advances them by ``dt`` seconds):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 import numpy as np
 
-from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, TelemetrySample
+from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, GpuSample, TelemetrySample
 from libs.core.energy import SLEEP_AFTER_S, SLEEP_SHARE, device_power_w
 from libs.devices.classes import CLASS_PROFILES
 
@@ -53,6 +53,26 @@ class Fault:
         return self.at_s <= elapsed_s < self.at_s + self.duration_s
 
 
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """What a device measured of itself at one moment (emulated, or read from the host); None
+    where it cannot measure (readers show unknown, never a number of their own)."""
+
+    cpu_utilisation: float
+    memory_available_gb: float
+    power_w: float | None
+    temperature_c: float | None
+    battery_percent: float | None
+    plugged: bool | None
+    gpu: GpuSample | None = None
+    #: None: the device's own base figures (a host does not measure its network).
+    network_rtt_ms: float | None = None
+    network_bandwidth_mbps: float | None = None
+    measured_tokens_per_s: float | None = None
+    energy_j: float | None = None
+    frequency_scale: float = 1.0
+
+
 def _draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
     low, high = bounds
     return float(rng.uniform(low, high)) if high > low else float(low)
@@ -82,11 +102,17 @@ class EmulatedDevice:
     engines: tuple[str, ...] = ()
     #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker sets it).
     rpc_endpoint: str | None = None
+    #: A worker's capacity: requests its engine serves at once, and each one's context where
+    #: a task names none (None: no worker, the scheduler assumes its engine's defaults).
+    slots: int | None = None
+    context_length: int | None = None
     #: Set by a real worker: its measured rate replaces the emulated one.
     measured_tokens_per_s: float | None = None
     #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
     measured_gflops: float | None = None
-    queue_depth: int = 0
+    #: Set by a real worker: the requests it serves or queues. None: an emulated device, whose
+    #: tasks each count as one request it serves (what the scheduler's auto mode reads as demand).
+    queue_depth: int | None = None
     #: Seconds without work before it sleeps: the power policy of the scheduling mode.
     sleep_after_s: float = SLEEP_AFTER_S
 
@@ -238,19 +264,18 @@ class EmulatedDevice:
             interval_s=interval_s,
             engines=self.engines,
             rpc_endpoint=self.rpc_endpoint,
+            slots=self.slots,
+            context_length=self.context_length,
             ts=now,
         )
 
-    def sample(self, seq: int, now: float, rng: np.random.Generator) -> TelemetrySample:
+    def read(self, now: float, rng: np.random.Generator) -> Readings:
+        """The emulated readings at ``now`` (a host device reads its own instead)."""
         caps = self.capabilities
         jitter = float(rng.lognormal(0.0, 0.2))
         available = max(0.0, caps.memory_total_gb * 0.8 - self.reserved_memory_gb)
-        return TelemetrySample(
-            device_id=self.device_id,
-            seq=seq,
-            ts=now,
+        return Readings(
             cpu_utilisation=self.utilisation,
-            memory_total_gb=caps.memory_total_gb,
             memory_available_gb=min(available, caps.memory_total_gb),
             power_w=self.power_at(now),
             temperature_c=min(self.temperature_c, 199.0),
@@ -258,10 +283,27 @@ class EmulatedDevice:
             plugged=self.plugged if caps.has_battery else None,
             network_rtt_ms=self.base_rtt_ms * jitter,
             network_bandwidth_mbps=caps.network_bandwidth_mbps / jitter,
-            running_tasks=len(self.work),
-            queue_depth=self.queue_depth,
             measured_tokens_per_s=self._measured(),
-            measured_gflops=self.measured_gflops,
             energy_j=self.energy_j,
             frequency_scale=self.frequency_scale,
+        )
+
+    def sample(self, seq: int, now: float, rng: np.random.Generator) -> TelemetrySample:
+        """This device's telemetry sample: its ``read`` and the work it holds. The one builder
+        of a device's ``TelemetrySample`` (emulated devices, a worker's host, the host agent)."""
+        read = self.read(now, rng)
+        measured = {f.name: getattr(read, f.name) for f in fields(read)}
+        if read.network_rtt_ms is None:
+            measured["network_rtt_ms"] = self.base_rtt_ms
+        if read.network_bandwidth_mbps is None:
+            measured["network_bandwidth_mbps"] = self.capabilities.network_bandwidth_mbps
+        return TelemetrySample(
+            device_id=self.device_id,
+            seq=seq,
+            ts=now,
+            memory_total_gb=self.capabilities.memory_total_gb,
+            running_tasks=len(self.work),
+            queue_depth=len(self.work) if self.queue_depth is None else self.queue_depth,
+            measured_gflops=self.measured_gflops,
+            **measured,
         )

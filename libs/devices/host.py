@@ -27,10 +27,9 @@ from libs.contracts import (
     DeviceClass,
     GpuSample,
     MemoryType,
-    TelemetrySample,
 )
 from libs.devices.calibration import Calibration
-from libs.devices.emulated import EmulatedDevice
+from libs.devices.emulated import EmulatedDevice, Readings
 
 log = logging.getLogger(__name__)
 GB = 1e9
@@ -139,19 +138,6 @@ def gpu_sample(nvml: Any | None) -> GpuSample | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class HostReadings:
-    """One reading of this host; None where the host does not expose it."""
-
-    cpu_utilisation: float
-    memory_available_gb: float
-    power_w: float | None
-    temperature_c: float | None
-    battery_percent: float | None
-    plugged: bool | None
-    gpu: GpuSample | None
-
-
 class HostProbe:
     """What this host measures of itself: load, memory, sensors, battery, power (RAPL, else a
     discharging battery), the first GPU through NVML. Nothing is estimated here."""
@@ -177,10 +163,11 @@ class HostProbe:
             return "the battery while it discharges, else unknown"
         return "unknown (no RAPL, no battery): reported as none"
 
-    def read(self) -> HostReadings:
+    def read(self) -> Readings:
+        """The host's readings now (its network is left to the device: see ``Readings``)."""
         battery = psutil.sensors_battery()
         watts = self.meter.watts() if self.meter.measures else discharge_w(self.supplies)
-        return HostReadings(
+        return Readings(
             cpu_utilisation=min(1.0, psutil.cpu_percent(interval=None) / 100.0),
             memory_available_gb=psutil.virtual_memory().available / GB,
             power_w=watts,
@@ -245,26 +232,12 @@ class HostDevice(EmulatedDevice):
     def announce(self, now: float, interval_s: float) -> DeviceAnnounce:
         return super().announce(now, interval_s).model_copy(update={"emulated": False})
 
-    def sample(self, seq: int, now: float, rng: np.random.Generator) -> TelemetrySample:
-        read, caps = self.host.read(), self.capabilities
-        return TelemetrySample(
-            device_id=self.device_id,
-            seq=seq,
-            ts=now,
-            cpu_utilisation=read.cpu_utilisation,
-            memory_total_gb=caps.memory_total_gb,
-            memory_available_gb=max(
-                0.0, min(read.memory_available_gb, self.memory_limit_gb - self.reserved_memory_gb)
-            ),
-            power_w=read.power_w,
-            temperature_c=read.temperature_c,
-            battery_percent=read.battery_percent,
-            plugged=read.plugged,
-            network_rtt_ms=self.base_rtt_ms,
-            network_bandwidth_mbps=caps.network_bandwidth_mbps,
-            gpu=read.gpu,
-            running_tasks=len(self.work),
-            queue_depth=self.queue_depth,
+    def read(self, now: float, rng: np.random.Generator) -> Readings:
+        """The host's own readings; the memory offered is what the cap and the shards leave."""
+        read = self.host.read()
+        offered = self.memory_limit_gb - self.reserved_memory_gb
+        return dataclasses.replace(
+            read,
+            memory_available_gb=max(0.0, min(read.memory_available_gb, offered)),
             measured_tokens_per_s=self.measured_tokens_per_s,
-            measured_gflops=self.measured_gflops,
         )

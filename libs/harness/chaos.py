@@ -14,7 +14,10 @@ a follower), SIGKILL every scheduler replica and restart them (from the checkpoi
 restart nats-server, restart redis-server, and a lying device: the worker serving the model
 announces 10× its speed (recovered when the scorer scores it by its measured speed again).
 With ``nats_servers=3``, one more: SIGKILL one of the three servers of the NATS cluster (its
-clients move to the others; it restarts afterwards).
+clients move to the others; it restarts afterwards). Two faults of a placement that never
+serves (``placement_faults.py``): the model's worker is lost and the device chosen next
+refuses the shard, or is killed while it loads; their rows add ``misrouted`` (requests sent to
+that worker: 0) and ``replace_s`` (from the refusal or kill until the model serves again).
 Used by ``bench/chaos.py`` and, at small scale, the tests.
 """
 
@@ -41,6 +44,8 @@ from libs.cluster.servers import NatsServer
 from libs.cluster.up import deploy_model
 from libs.contracts import ANNOUNCE, ContractError, DeviceAnnounce
 from libs.contracts.keys import DeviceRow, Keys
+from libs.harness import placement_faults
+from libs.harness.placement_faults import PlacementFaults
 from libs.runtime.bus import publish
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port
@@ -54,6 +59,7 @@ FAULTS = (
     "nats_restart",
     "redis_restart",
     "lying_device",
+    *placement_faults.FAULTS,
 )
 #: Faults of a cluster whose NATS is a cluster of three servers (``nats_servers=3``).
 NATS_CLUSTER_FAULTS = ("nats_member_kill",)
@@ -68,9 +74,13 @@ class Outcome:
     counts: Counter[str] = field(default_factory=Counter)
     recovery_s: float | None = None
     elapsed_s: float = 0.0  #: the whole run of this fault's requests
+    #: Placement faults: requests sent to the refusing (or still loading) worker, and seconds
+    #: from its refusal (or kill) until the model served again.
+    misrouted: int | None = None
+    replace_s: float | None = None
 
     def row(self) -> dict[str, Any]:
-        return {
+        row = {
             "completed": self.counts["completed"],
             "failed": self.counts["failed"],
             "lost": self.counts["lost"],
@@ -78,6 +88,10 @@ class Outcome:
             "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
             "elapsed_s": round(self.elapsed_s, 1),
         }
+        if self.fault in placement_faults.FAULTS:
+            replace = None if self.replace_s is None else round(self.replace_s, 2)
+            row.update(misrouted=self.misrouted, replace_s=replace)
+        return row
 
 
 class Chaos:
@@ -114,6 +128,13 @@ class Chaos:
             },
         )
         self.cluster = Cluster(self.options, Console(file=log, width=200))
+        access = self.cluster.access
+        if access is not None:  # the placement faults' workers are devices of this cluster
+            for device in placement_faults.DEVICES:
+                access.admit(device)
+            nats = self.cluster.nats
+            nats.config = access.write_nats_config(nats.data_dir / "nats.conf")
+        self.placements = PlacementFaults(self.cluster, self.url, MODEL, interval_s)
         self.expected: dict[str, str] = {}
         self.killed: str | None = None  #: a worker a fault killed, respawned after it
         self.lied: DeviceAnnounce | None = None  #: a device's true announce, sent again after
@@ -130,6 +151,7 @@ class Chaos:
         self.expected = {p: self._ask(p) for p in PROMPTS}
 
     def stop(self) -> None:
+        self.placements.close()
         self.cluster.stop()
 
     def _ask(self, prompt: str) -> str:
@@ -154,6 +176,8 @@ class Chaos:
         child started from a passing thread would get SIGTERM when that thread ends: the
         launcher's children die with their parent, and Linux means the parent thread)."""
         outcome = Outcome(fault)
+        if fault in placement_faults.FAULTS:  # its workers join before the load begins
+            self.placements.prepare(fault, self._placement()[0])
         began = time.monotonic()
         third = threading.Event()
         load = threading.Thread(
@@ -167,6 +191,8 @@ class Chaos:
         load.join()
         outcome.elapsed_s = time.monotonic() - began
         self._heal()
+        if fault in placement_faults.FAULTS and (seen := self.placements.heal()) is not None:
+            outcome.misrouted, outcome.replace_s = seen.misrouted, seen.replace_s()
         return outcome
 
     async def _load(self, requests: int, outcome: Outcome, third: threading.Event) -> None:
@@ -277,6 +303,8 @@ class Chaos:
             )
             self._announce(self.lied.model_copy(update={"capabilities": lie}))
             return lambda: self._seen_through(host)
+        if fault in placement_faults.FAULTS:
+            return self.placements.inject()
         if fault == "nats_restart":
             cluster.nats.restart()
             return lambda: True
@@ -381,13 +409,18 @@ class Chaos:
 def table(outcomes: list[Outcome]) -> str:
     """The results as a Markdown table."""
     lines = [
-        "| fault | completed | failed | lost | corrupt | recovery (s) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| fault | completed | failed | lost | corrupt | recovery (s) | misrouted "
+        "| re-placement (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for o in outcomes:
         r = o.row()
+        misrouted = r.get("misrouted", "")
+        replace = r.get("replace_s", "")
         lines.append(
             f"| {o.fault} | {r['completed']} | {r['failed']} | {r['lost']} | {r['corrupt']} "
-            f"| {r['recovery_s'] if r['recovery_s'] is not None else 'not recovered'} |"
+            f"| {r['recovery_s'] if r['recovery_s'] is not None else 'not recovered'} "
+            f"| {'' if misrouted is None else misrouted} "
+            f"| {'not seen' if replace is None else replace} |"
         )
     return "\n".join(lines)

@@ -71,18 +71,25 @@ async def flood(
 #: Which service counts the rejections of which channels: its /metrics target name in the
 #: run file, the counter, and the channels (the scheduler counts by reason ``bad_message:…``).
 COUNTED = {
-    "scorer": ("tessera_telemetry_rejected", ("announce", "telemetry", "heartbeat", "mode_change")),
+    "scorer": ("tessera_telemetry_rejected", ("announce", "telemetry", "mode_change")),
     "worker-0": (
         "tessera_worker_rejected_messages",
         ("generation", "cancel", "hidden", "shard_task"),
     ),
     "gateway": (
         "tessera_gateway_rejected_messages",
-        ("placement_decision", "device_failed", "device_recovered", "score", "mode_change"),
+        (
+            "placement_decision",
+            "device_failed",
+            "device_recovered",
+            "score",
+            "mode_change",
+            "deployment_status",
+        ),
     ),
     "scheduler": (
         "tessera_scheduler_rejections",
-        ("placement_request", "score", "device_failed", "device_recovered"),
+        ("placement_request", "score", "device_failed", "device_recovered", "shard_status"),
     ),
 }
 

@@ -108,7 +108,8 @@ async def place(
     tasks: Sequence[ShardTask],
     timeout_s: float = 60.0,
 ) -> list[ShardStatus]:
-    """Publish ``tasks`` and wait for each shard's answer; returns the statuses in order."""
+    """Publish ``tasks`` and wait for each shard's answer (its final status: loaded, refused
+    or failed, not the ``loading`` reports before it); returns the statuses in order."""
     await ensure_streams(nc)
     pending = {(t.device_id, t.shard_index, t.epoch) for t in tasks}
     answers: dict[tuple[str, int, int], ShardStatus] = {}
@@ -116,6 +117,8 @@ async def place(
 
     async def on_status(status: ShardStatus, msg: Msg) -> None:
         key = (status.device_id, status.shard_index, status.epoch)
+        if status.state == "loading":
+            return
         if key in pending and status.deployment_id == tasks[0].deployment_id:
             answers[key] = status
             if len(answers) == len(pending):

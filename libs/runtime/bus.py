@@ -4,7 +4,8 @@
 production and integration tests, ``MemoryBus`` (``libs/runtime/memory_bus.py``) in the unit
 tests of handlers. Both decode every message against its contract before a handler sees it,
 count what fails through ``rejected``, and keep a subscription alive when a handler raises.
-The module-level functions do the same on a bare NATS client.
+A durable consumer (``consume``) settles each message by the policy of ``libs/runtime/acks.py``
+(ack, nak with a delay, term). The module-level functions do the same on a bare NATS client.
 """
 
 from __future__ import annotations
@@ -19,34 +20,25 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from libs.contracts import Channel, ContractError
+from libs.runtime.acks import Delivery as Delivery  # where it was always imported from
+from libs.runtime.acks import Redelivery, acknowledging
 from libs.runtime.tracing import processing, sending
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 N = TypeVar("N", bound=BaseModel)
 
+#: The acknowledgement settings of a durable consumer unless it names its own.
+SHARD_TASKS = Redelivery()
+
 Rejected = Callable[[str, str, str], None]
 """Called as ``rejected(channel_name, reason, detail)`` for a message that fails its contract."""
-
-
-class Delivery(Protocol):
-    """What a handler gets beside the decoded message (a NATS ``Msg`` is one)."""
-
-    @property
-    def subject(self) -> str: ...
-
-    @property
-    def data(self) -> bytes: ...
-
-    @property
-    def reply(self) -> str: ...
-
-    @property
-    def headers(self) -> Mapping[str, str] | None: ...
 
 
 Handler = Callable[[M, Any], Awaitable[None]]
@@ -97,11 +89,14 @@ class Bus(Protocol):
         durable: str,
         subject: str | None = None,
         rejected: Rejected | None = None,
+        redelivery: Redelivery = SHARD_TASKS,
     ) -> Unsubscribe:
         """Take ``channel``'s durable messages (``publish_durable``) through the consumer named
         ``durable``: what is published after it was first created reaches it, also while its
-        process was away. Each message is acknowledged once ``handler`` returns (or raises);
-        one that fails its contract is dropped for good."""
+        process was away, one message after another. Each is settled by the policy of
+        ``libs/runtime/acks.py``: acknowledged once ``handler`` returns, delivered again after
+        a transient failure (``redelivery`` bounds how often), dropped for good when it breaks
+        its contract; ``handler`` gets a ``Received`` as its delivery."""
 
     async def publish_bytes(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
@@ -176,21 +171,22 @@ class NatsBus:
         durable: str,
         subject: str | None = None,
         rejected: Rejected | None = None,
+        redelivery: Redelivery = SHARD_TASKS,
     ) -> Unsubscribe:
-        on_message = decoding(channel, handler, rejected)
-
-        async def on_msg(msg: Msg) -> None:
-            if await on_message(msg):
-                await msg.ack()
-            else:
-                await msg.term()  # broke its contract: redelivering it cannot help
-
-        return await self.nc.jetstream().subscribe(
-            subject or channel.wildcard,
-            durable=durable,
-            cb=on_msg,
-            manual_ack=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+        on_msg = acknowledging(
+            channel.name, lambda msg: decoded(channel, msg, rejected), handler, redelivery
+        )
+        pattern = subject or channel.wildcard
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.NEW,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=redelivery.ack_wait_s,
+            max_deliver=redelivery.max_deliver,
+        )
+        await keep_settings(js, await js.find_stream_name_by_subject(pattern), durable, config)
+        return await js.subscribe(
+            pattern, durable=durable, cb=on_msg, manual_ack=True, config=config
         )
 
     async def publish_bytes(
@@ -290,18 +286,8 @@ def decoding(
     the message kept its contract."""
 
     async def on_message(msg: Delivery) -> bool:
-        try:
-            message = channel.decode(msg.data)
-        except ContractError as exc:
-            if rejected is not None:
-                rejected(channel.name, exc.reason, exc.detail)
-            _rejection_log.warning(
-                (channel.name, exc.reason),
-                "rejected message",
-                channel=channel.name,
-                reason=exc.reason,
-                detail=exc.detail[:300],
-            )
+        message = decoded(channel, msg, rejected)
+        if message is None:
             return False
         with processing(channel.name, msg.subject, msg.headers):
             try:
@@ -313,6 +299,39 @@ def decoding(
         return True
 
     return on_message
+
+
+def decoded(channel: Channel[M], msg: Delivery, rejected: Rejected | None) -> M | None:
+    """``msg`` decoded against ``channel``; None when it breaks its contract, which is counted
+    through ``rejected`` and logged (rate-limited)."""
+    try:
+        return channel.decode(msg.data)
+    except ContractError as exc:
+        if rejected is not None:
+            rejected(channel.name, exc.reason, exc.detail)
+        _rejection_log.warning(
+            (channel.name, exc.reason),
+            "rejected message",
+            channel=channel.name,
+            reason=exc.reason,
+            detail=exc.detail[:300],
+        )
+        return None
+
+
+async def keep_settings(
+    js: JetStreamContext, stream: str, durable: str, config: ConsumerConfig
+) -> None:
+    """Give an existing durable consumer ``config``'s acknowledgement settings (it keeps
+    the ones it was created with otherwise: the client does not compare them)."""
+    try:
+        info = await js.consumer_info(stream, durable)
+    except NotFoundError:
+        return  # the subscription creates it with ``config``
+    have = info.config
+    if (have.ack_wait, have.max_deliver) != (config.ack_wait, config.max_deliver):
+        have.ack_wait, have.max_deliver = config.ack_wait, config.max_deliver
+        await js.add_consumer(stream, config=have)  # updates what may change
 
 
 def guarded(subject: str, handler: RawHandler) -> RawHandler:

@@ -5,9 +5,15 @@ member) and request/reply behave as on NATS; every message is encoded and decode
 channel, so a handler sees exactly what it would over the wire, and a malformed one is
 rejected the same way. Each subscription has its own queue and task, so delivery is
 asynchronous and in order, as on NATS; ``settle()`` waits until every queue is empty and
-every handler has returned. Durable publishes are kept for a subscriber that comes later (as
-JetStream keeps them), and a durable consumer (``consume``) gets what was published while it
-was away. Nothing here touches the network.
+every handler has returned.
+
+It is no kinder than the server. A plain subscription sees only what is published while it
+exists (a durable publish included: nothing stored is replayed to it). What the streams
+(``STREAMS``) capture reaches durable consumers (``consume``) as JetStream delivers it: a new
+consumer starts at the stream's end (``DeliverPolicy.NEW``), one whose subscriber went away
+resumes where it stopped, and every message is settled by ``libs/runtime/acks.py``'s policy,
+or delivered again when its ack wait passes, up to ``max_deliver`` times. Nothing here touches
+the network.
 """
 
 from __future__ import annotations
@@ -21,8 +27,17 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from libs.contracts import Channel
-from libs.runtime.bus import Handler, RawHandler, Rejected, decoding, guarded
+from libs.contracts import STREAMS, Channel
+from libs.runtime.acks import Redelivery, Settleable, acknowledging
+from libs.runtime.bus import (
+    SHARD_TASKS,
+    Handler,
+    RawHandler,
+    Rejected,
+    decoded,
+    decoding,
+    guarded,
+)
 
 M = TypeVar("M", bound=BaseModel)
 N = TypeVar("N", bound=BaseModel)
@@ -37,6 +52,11 @@ def matches(pattern: str, subject: str) -> bool:
         if i >= len(got) or (token != "*" and token != got[i]):
             return False
     return len(want) == len(got)
+
+
+def captured(subject: str) -> bool:
+    """Whether a JetStream stream (``STREAMS``) keeps what is published on ``subject``."""
+    return any(matches(p, subject) for patterns in STREAMS.values() for p in patterns)
 
 
 @dataclass(frozen=True)
@@ -55,12 +75,12 @@ class MemorySubscription:
     callback: Callable[[Any], Awaitable[object]]
     #: The durable consumer it takes messages for ("" for a plain subscription).
     consumer: str = ""
-    inbox: asyncio.Queue[MemoryDelivery] = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue[MemoryDelivery | MemoryJsMsg] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     #: Deliveries queued or being handled.
     pending: int = 0
 
-    def push(self, delivery: MemoryDelivery) -> None:
+    def push(self, delivery: MemoryDelivery | MemoryJsMsg) -> None:
         self.pending += 1
         self.inbox.put_nowait(delivery)
 
@@ -81,19 +101,126 @@ class MemorySubscription:
                 await self.task
 
 
+@dataclass(frozen=True)
+class MemoryMetadata:
+    num_delivered: int
+
+
+@dataclass(eq=False)
+class MemoryJsMsg:
+    """A message a durable consumer delivers, settled as a JetStream ``Msg`` is (once)."""
+
+    consumer: MemoryConsumer
+    index: int  #: its place in the stream
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None
+    metadata: MemoryMetadata
+    reply: str = ""
+    settled: bool = False
+
+    async def ack(self) -> None:
+        self._settle()
+        self.consumer.done(self.index)
+
+    async def term(self) -> None:
+        self._settle()
+        self.consumer.done(self.index)
+
+    async def nak(self, delay: float | None = None) -> None:
+        self._settle()
+        self.consumer.again(self.index, delay or 0.0)
+
+    async def in_progress(self) -> None:
+        if self.settled:
+            raise RuntimeError("in progress after the message was settled")
+        self.consumer.again(self.index, self.consumer.redelivery.ack_wait_s)
+
+    def _settle(self) -> None:
+        if self.settled:
+            raise RuntimeError("message already settled")  # as nats-py's MsgAlreadyAckdError
+        self.settled = True
+
+
 @dataclass(eq=False)
 class MemoryConsumer:
-    """A durable consumer: while nobody takes its messages, they wait in ``backlog``."""
+    """A durable consumer of the stream, as JetStream keeps one: it starts at the stream's end
+    (``DeliverPolicy.NEW``), delivers new messages in order to its subscriber while it has
+    one, and keeps what it delivered until it is acknowledged: a message not settled within
+    ``ack_wait_s``, or nak'd, is delivered again (``max_deliver`` times in all)."""
 
+    bus: MemoryBus
     pattern: str
-    backlog: list[MemoryDelivery] = field(default_factory=list)
+    redelivery: Redelivery
+    #: The stream index of the next new message to look at.
+    next_index: int
     sub: MemorySubscription | None = None
+    #: Stream index -> deliveries so far, for each message delivered and not yet settled.
+    unsettled: dict[int, int] = field(default_factory=dict)
+    #: When each unsettled message is delivered again (ack wait, nak delay).
+    timers: dict[int, asyncio.TimerHandle] = field(default_factory=dict)
+    #: Messages to deliver again, waiting for a subscriber.
+    due: list[int] = field(default_factory=list)
 
-    def take(self, delivery: MemoryDelivery) -> None:
-        if self.sub is not None and self.sub in self.sub.bus.subscriptions:
-            self.sub.push(delivery)
-        else:
-            self.backlog.append(delivery)
+    @property
+    def bound(self) -> bool:
+        return self.sub is not None and self.sub in self.bus.subscriptions
+
+    def pump(self) -> None:
+        """Deliver what is due, then what is new, to the subscriber (if there is one)."""
+        if not self.bound:
+            return
+        due, self.due = sorted(self.due), []
+        for index in due:
+            self._send(index)
+        stream = self.bus.stream
+        while self.next_index < len(stream):
+            index, self.next_index = self.next_index, self.next_index + 1
+            if matches(self.pattern, stream[index].subject):
+                self._send(index)
+
+    def _send(self, index: int) -> None:
+        assert self.sub is not None
+        count = self.unsettled.get(index, 0) + 1
+        self.unsettled[index] = count
+        self.again(index, self.redelivery.ack_wait_s)
+        stored = self.bus.stream[index]
+        self.sub.push(
+            MemoryJsMsg(
+                self, index, stored.subject, stored.data, stored.headers, MemoryMetadata(count)
+            )
+        )
+
+    def again(self, index: int, after_s: float) -> None:
+        """Deliver message ``index`` again in ``after_s`` unless it is settled before."""
+        if index not in self.unsettled:
+            return
+        old = self.timers.pop(index, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self.timers[index] = loop.call_later(after_s, self._expired, index)
+
+    def done(self, index: int) -> None:
+        self.unsettled.pop(index, None)
+        timer = self.timers.pop(index, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expired(self, index: int) -> None:
+        self.timers.pop(index, None)
+        if index not in self.unsettled:
+            return
+        if self.unsettled[index] >= self.redelivery.max_deliver:
+            del self.unsettled[index]  # given up, as the server gives up
+            return
+        self.due.append(index)
+        self.pump()
+
+    def close(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
 
 
 class MemoryBus:
@@ -102,7 +229,8 @@ class MemoryBus:
         self.consumers: dict[str, MemoryConsumer] = {}
         #: Every subject published, in order (what a test asserts was sent).
         self.published: list[MemoryDelivery] = []
-        self._durable: list[MemoryDelivery] = []
+        #: What the streams (``STREAMS``) captured, in order: the durable consumers' source.
+        self.stream: list[MemoryDelivery] = []
         self._turn = itertools.count()
         self._inboxes = itertools.count()
 
@@ -111,9 +239,10 @@ class MemoryBus:
         self.deliver(MemoryDelivery(channel.subject(**tokens), channel.encode(message)))
 
     async def publish_durable(self, channel: Channel[M], message: M, **tokens: str) -> None:
-        delivery = MemoryDelivery(channel.subject(**tokens), channel.encode(message))
-        self._durable.append(delivery)
-        self.deliver(delivery)
+        subject = channel.subject(**tokens)
+        if not captured(subject):
+            raise TimeoutError(f"no stream takes {subject}")  # as JetStream: no responders
+        self.deliver(MemoryDelivery(subject, channel.encode(message)))
 
     async def reply(self, subject: str, channel: Channel[M], message: M) -> None:
         self.deliver(MemoryDelivery(subject, channel.encode(message)))
@@ -127,11 +256,7 @@ class MemoryBus:
         queue: str = "",
         subject: str | None = None,
     ) -> MemorySubscription:
-        sub = self._add(subject or channel.wildcard, queue, decoding(channel, handler, rejected))
-        for delivery in self._durable:  # a stream keeps what was published before
-            if matches(sub.pattern, delivery.subject):
-                sub.push(delivery)
-        return sub
+        return self._add(subject or channel.wildcard, queue, decoding(channel, handler, rejected))
 
     async def consume(
         self,
@@ -141,13 +266,23 @@ class MemoryBus:
         durable: str,
         subject: str | None = None,
         rejected: Rejected | None = None,
+        redelivery: Redelivery = SHARD_TASKS,
     ) -> MemorySubscription:
         pattern = subject or channel.wildcard
-        consumer = self.consumers.setdefault(durable, MemoryConsumer(pattern))
-        consumer.sub = self._add(pattern, "", decoding(channel, handler, rejected), durable)
-        for delivery in consumer.backlog:
-            consumer.sub.push(delivery)
-        consumer.backlog.clear()
+        consumer = self.consumers.get(durable)
+        if consumer is None:  # DeliverPolicy.NEW: from the stream's end on
+            consumer = MemoryConsumer(self, pattern, redelivery, len(self.stream))
+            self.consumers[durable] = consumer
+        if consumer.bound:
+            raise RuntimeError(f"consumer {durable} is already bound to a subscription")
+        consumer.redelivery = redelivery  # as NatsBus updates an existing consumer's settings
+
+        def decode(msg: Settleable) -> M | None:
+            return decoded(channel, msg, rejected)
+
+        on_msg = acknowledging(channel.name, decode, handler, redelivery)
+        consumer.sub = self._add(pattern, "", on_msg, durable)
+        consumer.pump()
         return consumer.sub
 
     async def publish_bytes(
@@ -228,20 +363,32 @@ class MemoryBus:
         chosen = plain + [members[next(self._turn) % len(members)] for members in groups.values()]
         for sub in chosen:
             sub.push(delivery)
-        consumers = [c for c in self.consumers.values() if matches(c.pattern, delivery.subject)]
-        for consumer in consumers:
-            consumer.take(delivery)
-        return bool(chosen or consumers)
+        stored = captured(delivery.subject)
+        if stored:  # a stream takes it, however it was published (as JetStream does)
+            self.stream.append(delivery)
+            for consumer in self.consumers.values():
+                consumer.pump()
+        return bool(chosen or stored)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
-        """Wait until nothing is queued or being handled (handlers may publish more)."""
+        """Wait until nothing is queued or being handled (handlers may publish more). What is
+        due later (a redelivery after a nak's delay or an ack wait, work a consumer's handler
+        left running) is not waited for."""
         async with asyncio.timeout(timeout_s):
             while any(sub.pending for sub in self.subscriptions):
                 await asyncio.sleep(0)
 
+    def unsettled(self, durable: str) -> int:
+        """Messages consumer ``durable`` delivered and has not had settled yet (JetStream's
+        ``num_ack_pending``): while it is above 0, something may be delivered again."""
+        consumer = self.consumers.get(durable)
+        return len(consumer.unsettled) if consumer is not None else 0
+
     async def close(self) -> None:
         for sub in list(self.subscriptions):
             await sub.unsubscribe()
+        for consumer in self.consumers.values():
+            consumer.close()
 
     def _add(
         self,

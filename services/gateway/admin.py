@@ -15,7 +15,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from libs.contracts import PlacementDecision
+from libs.contracts import DeploymentStatus, PlacementDecision
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
@@ -81,6 +81,17 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     @router.get("/placements", summary="Deployments and where their shards run")
     async def placements(request: Request) -> Response:
         return await forward(request, "placements")
+
+    @router.get(
+        "/placements/{deployment_id}",
+        summary="A deployment's phase (pending, loading, serving, refused, failed) and progress",
+        response_model=DeploymentStatus,
+        responses=documented(404),
+    )
+    async def placement(
+        deployment_id: Annotated[str, Path(pattern=TOKEN_PATTERN)], request: Request
+    ) -> Response:
+        return await forward(request, f"placements/{deployment_id}")
 
     @router.post(
         "/placements",

@@ -7,8 +7,7 @@ there, so nothing is created at import time. Every error leaves in OpenAI's erro
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -28,11 +27,12 @@ from libs.runtime.lifecycle import Background
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
-from services.gateway.completions import Completions, Deployments, GatewayMetrics
+from services.gateway.completions import Completions, DeployedModels, GatewayMetrics
 from services.gateway.dashboard import dashboard_router
 from services.gateway.events import EventHub
 from services.gateway.generation import GenerationClient, RouteBook
 from services.gateway.guards import install_errors, install_limits
+from services.gateway.metrics import RequestMetrics
 from services.gateway.routes import openai_router
 from services.gateway.schedulers import split_urls
 from services.gateway.settings import GatewaySettings
@@ -43,7 +43,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
     routes = RouteBook()
-    deployments = Deployments(routes, split_urls(settings.scheduler_url))
+    deployments = DeployedModels(routes, split_urls(settings.scheduler_url))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,7 +58,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await app.state.redis.ping()
         metrics = GatewayMetrics(registry)
         bus = NatsBus(nc)
-        watch = await routes.watch(bus, metrics.on_rejected)
+        watch = await routes.watch(bus, metrics.on_rejected, on_status=deployments.apply)
         hub = EventHub(app.state.redis, Keys(settings.key_prefix), metrics.recent_ttft)
         watch += await hub.watch(bus, metrics.on_rejected)
         await nc.flush()  # the server holds our subscriptions before the app serves
@@ -73,12 +73,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         background = Background("gateway")
 
-        async def refresh() -> None:
-            await deployments.refresh()
-
+        # What is deployed now, once; from here on each change arrives as a deployment status.
         with contextlib.suppress(httpx.HTTPError):
-            await refresh()
-        background.every(2.0, refresh)
+            await deployments.refresh()
         background.every(hub.stats_every_s, hub.stats)
         try:
             yield
@@ -112,22 +109,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     duration = Histogram(
         "tessera_gateway_request_duration_seconds",
-        "HTTP request duration",
+        "HTTP request duration, to the response's last byte (a stream's end)",
         ["route"],
         registry=registry,
     )
-
-    @app.middleware("http")
-    async def count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        # The route template, not the path: labels stay bounded whatever clients send.
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        requests_total.labels(route, str(response.status_code)).inc()
-        duration.labels(route).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestMetrics, requests=requests_total, duration=duration)
 
     @app.get("/healthz", summary="Liveness and dependency health")
     async def healthz(request: Request) -> JSONResponse:

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.background import BackgroundTask
 
-from libs.contracts import Sampling, TokenChunk
+from libs.contracts import DeploymentStatus, Sampling, TokenChunk
 from services.gateway.events import Ttfts
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
@@ -66,7 +66,7 @@ class GatewayMetrics:
 
 
 @dataclass
-class Deployments:
+class DeployedModels:
     """What is deployed (from the scheduler) and where it runs now (``RouteBook``)."""
 
     routes: RouteBook
@@ -75,6 +75,8 @@ class Deployments:
     #: Deployments that are replicas of another (routed to by the scheduler, not listed).
     replicas: set[str] = field(default_factory=set)
     context: dict[str, int] = field(default_factory=dict)
+    #: Each deployment's phase (pending, loading, serving, refused, failed) and its reason.
+    phases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     #: Called with each deployed model's name at every refresh (the gateway warms its tokenizer).
     on_model: Callable[[str], None] = lambda model: None
 
@@ -96,33 +98,68 @@ class Deployments:
             seen.add(deployment)
             self.models[deployment] = row["model"]
             self.context[deployment] = int(row["context_length"])
+            self.phases[deployment] = (row.get("phase", "serving"), row.get("reason"))
             if row.get("replica_of"):
                 self.replicas.add(deployment)
             devices = tuple(
                 a["device_id"] for a in sorted(row["assignments"], key=lambda a: a["shard_index"])
             )
             self.routes.set(Route(deployment, int(row["epoch"]), devices))
-            self.on_model(row["model"])
+            if row.get("phase") not in ("refused", "failed"):  # nothing will be asked of it
+                self.on_model(row["model"])
         for gone in set(self.models) - seen:
             self.models.pop(gone, None)
+            self.phases.pop(gone, None)
             self.replicas.discard(gone)
             self.routes.forget(gone)
 
+    def apply(self, status: DeploymentStatus) -> None:
+        """A deployment's status from the scheduler (``DEPLOYMENT_STATUS``): what is deployed
+        and in which phase is learned from these, the snapshot ``refresh`` only at start and
+        for a model not known yet (routes: ``RouteBook.watch``)."""
+        deployment = status.deployment_id
+        if status.phase == "removed":
+            self.models.pop(deployment, None)
+            self.phases.pop(deployment, None)
+            self.context.pop(deployment, None)
+            self.replicas.discard(deployment)
+            return
+        self.models[deployment] = status.model
+        self.context[deployment] = status.context_length
+        self.phases[deployment] = (status.phase, status.reason)
+        if status.replica_of:
+            self.replicas.add(deployment)
+        if status.phase == "serving":
+            self.on_model(status.model)
+
+    def phase(self, deployment: str) -> str:
+        return self.phases.get(deployment, ("serving", None))[0]
+
     @property
     def listed(self) -> list[str]:
-        """The deployments a user names (replicas are chosen per request, not named)."""
-        return sorted(set(self.models) - self.replicas)
+        """The deployments a user names and that serve now (replicas are chosen per request,
+        not named; a deployment pending, loading, refused or failed serves nothing)."""
+        return sorted(d for d in set(self.models) - self.replicas if self.phase(d) == "serving")
 
     def resolve(self, model: str) -> str:
-        """The deployment serving ``model`` (by deployment id, then by model name)."""
-        if model in self.models and self.routes.get(model) is not None:
+        """The deployment serving ``model`` (by deployment id, then by model name; one that
+        serves before one still loading). A refused or failed one is named with its reason."""
+        final = ("refused", "failed")
+        if model in self.models and self.routes.get(model) and self.phase(model) not in final:
             return model
-        for deployment, name in sorted(self.models.items()):
-            if name == model and self.routes.get(deployment) is not None:
+        named = [d for d, name in sorted(self.models.items()) if name == model]
+        usable = [d for d in named if self.routes.get(d) is not None]
+        for deployment in sorted(usable, key=lambda d: self.phase(d) != "serving"):
+            if self.phase(deployment) not in final:
                 return deployment
-        known = ", ".join(sorted(self.models)) or "none"
+        for deployment in [model, *named]:
+            phase, reason = self.phases.get(deployment, ("", None))
+            if phase in final:
+                message = f"model {model!r} is not served: {deployment} {phase}: {reason}"
+                raise ApiError(404, message, code="model_not_found")
+        known = ", ".join(self.listed) or "none"
         raise ApiError(
-            404, f"model {model!r} is not deployed (deployed: {known})", code="model_not_found"
+            404, f"model {model!r} is not deployed (serving: {known})", code="model_not_found"
         )
 
 
@@ -143,7 +180,7 @@ class Completions:
     def __init__(
         self,
         client: GenerationClient,
-        deployments: Deployments,
+        deployments: DeployedModels,
         tokenizers: Tokenizers,
         metrics: GatewayMetrics,
         max_concurrent: int,

@@ -5,7 +5,8 @@ One subscription per channel for the whole gateway; each client has a bounded qu
 oldest event is dropped for a client that does not keep up, and counted), and at most
 ``max_clients`` clients at once. Kinds of event (``type``): ``device`` (a device's row, after
 it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
-placed or moved: ``migration`` when its epoch passed 1), ``mode``, and ``stats`` every
+placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's
+phase and progress as the scheduler publishes them), ``mode``, and ``stats`` every
 ``stats_every_s`` (cluster tokens/s and tokens/J from the devices' samples, the gateway's
 median time to first token over the last minute).
 """
@@ -25,11 +26,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from libs.contracts import (
+    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
     MODE_CHANGE,
     PLACEMENT_DECISION,
     SCORE,
+    DeploymentStatus,
     DeviceFailed,
     DeviceRecovered,
     DeviceState,
@@ -128,7 +131,7 @@ class EventHub:
 
         async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
             self.push({"type": "failed", **event.model_dump(mode="json")})
-            await self._device(event.device_id, DeviceState.FAILED)
+            await self._device(event.device_id)
 
         async def on_recovered(event: DeviceRecovered, msg: Delivery) -> None:
             self.push({"type": "recovered", **event.model_dump(mode="json")})
@@ -139,6 +142,10 @@ class EventHub:
                 body = decision.model_dump(mode="json")
                 self.push({"type": "placement", "migration": decision.epoch > 1, **body})
 
+        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
+            if self.clients:
+                self.push({"type": "deployment", **status.model_dump(mode="json")})
+
         async def on_mode(change: ModeChange, msg: Delivery) -> None:
             self.push({"type": "mode", **change.model_dump(mode="json")})
 
@@ -147,16 +154,19 @@ class EventHub:
             await bus.subscribe(MODE_CHANGE, on_mode, rejected=rejected),
             await bus.subscribe(DEVICE_FAILED, on_failed),
             await bus.subscribe(DEVICE_RECOVERED, on_recovered),
-            await bus.subscribe(PLACEMENT_DECISION, on_decision),
+            # Counted here: the route book follows statuses, not this broadcast.
+            await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
+            # Counted by the route book, which subscribes to it too (generation.py).
+            await bus.subscribe(DEPLOYMENT_STATUS, on_deployment),
         ]
 
-    async def _device(self, device_id: str, state: DeviceState | None = None) -> None:
+    async def _device(self, device_id: str) -> None:
+        """Push the device's row as Redis holds it: the scorer announces a change only once
+        it is written, so the row read on an event already shows it."""
         if not self.clients:
             return
         rows = await read_devices(self.redis, self.keys, [device_id])
         for row in rows:
-            if state is not None:  # the event may arrive before the scorer's write
-                row = row.model_copy(update={"state": state})
             self.push({"type": "device", "device": row.model_dump(mode="json")})
 
     async def stats(self) -> None:

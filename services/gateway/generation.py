@@ -1,8 +1,9 @@
 """The owner's side of a generation: send it to a deployment, stream its tokens, survive moves.
 
 ``RouteBook`` knows where each deployment runs now (its epoch and devices in shard order),
-from the scheduler's placement decisions. ``GenerationClient.stream`` sends a request to the
-first shard and yields its ``TokenChunk``s in order. When the deployment moves (a device
+from the scheduler's answer to each request and the status of deployments that serve.
+``GenerationClient.stream`` sends a request to the first shard and yields its ``TokenChunk``s
+in order. When the deployment moves (a device
 failed and the scheduler re-placed it under a new epoch) it sends the request again to the
 new placement with the tokens already streamed, so the model continues after them; chunks of
 the old epoch and repeats are dropped, so the caller sees one complete stream.
@@ -14,11 +15,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from libs.contracts import (
     CANCEL,
+    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
     GENERATION,
@@ -26,6 +28,7 @@ from libs.contracts import (
     PLACEMENT_REQUEST,
     TOKENS,
     ContractError,
+    DeploymentStatus,
     DeviceFailed,
     DeviceRecovered,
     GenerationCancel,
@@ -53,10 +56,17 @@ class Route:
         return self.devices[0]
 
     @classmethod
-    def of(cls, decision: PlacementDecision, deployment_id: str | None = None) -> Route:
+    def of(cls, decision: PlacementDecision, deployment_id: str) -> Route:
+        """The route of a placed decision for ``deployment_id`` (its ``deployment_id``: the
+        deployment, or the replica a request was routed to)."""
         ordered = sorted(decision.assignments, key=lambda a: a.shard_index)
-        deployment = deployment_id or decision.task_id
-        return cls(deployment, decision.epoch, tuple(a.device_id for a in ordered))
+        return cls(deployment_id, decision.epoch, tuple(a.device_id for a in ordered))
+
+    @classmethod
+    def serving(cls, status: DeploymentStatus) -> Route:
+        """The route of a deployment its status says serves."""
+        ordered = sorted(status.shards, key=lambda s: s.shard_index)
+        return cls(status.deployment_id, status.epoch, tuple(s.device_id for s in ordered))
 
     @classmethod
     def of_tasks(cls, tasks: Sequence[ShardTask]) -> Route:
@@ -81,6 +91,9 @@ class RouteBook:
         self.routes: dict[str, Route] = {}
         #: Devices the scorer reported failed and not recovered since.
         self.down: set[str] = set()
+        #: Deployments whose current plan is still loading (re-placed after a failure: the
+        #: streams on them wait for it to serve rather than ``move_s``).
+        self.loading: set[str] = set()
         self._listeners: dict[str, set[Inbox]] = {}
 
     def get(self, deployment_id: str) -> Route | None:
@@ -128,12 +141,34 @@ class RouteBook:
     def unlisten(self, deployment_id: str, queue: Inbox) -> None:
         self._listeners.get(deployment_id, set()).discard(queue)
 
-    async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
-        """Follow deployment decisions and device failures; returns the subscriptions."""
+    async def watch(
+        self,
+        bus: Bus,
+        rejected: Rejected | None = None,
+        on_status: Callable[[DeploymentStatus], None] | None = None,
+    ) -> list[Unsubscribe]:
+        """Follow deployments' status (a serving one's route: where it moved) and device
+        failures; ``on_status`` sees every status too. Returns the subscriptions.
 
-        async def on_decision(decision: PlacementDecision, msg: Delivery) -> None:
-            if decision.kind == "deployment" and decision.placed:
-                self.set(Route.of(decision))
+        Routes come from two places only: the scheduler's answer to each request's placement
+        (``GenerationClient.place``) and the status of a deployment that serves; the
+        scheduler's broadcast decisions are not read."""
+
+        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
+            deployment = status.deployment_id
+            if status.phase in ("pending", "loading"):
+                self.loading.add(deployment)
+            else:
+                self.loading.discard(deployment)
+            if status.phase == "serving" and status.shards:
+                self.set(Route.serving(status))
+            elif status.phase == "removed":
+                self.forget(deployment)
+            else:  # its streams look again at how long to wait
+                for queue in self._listeners.get(deployment, ()):
+                    queue.put_nowait(Moved())
+            if on_status is not None:
+                on_status(status)
 
         async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
             self.failed(event.device_id)
@@ -142,10 +177,19 @@ class RouteBook:
             self.recovered(event.device_id)
 
         return [
-            await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
+            await bus.subscribe(DEPLOYMENT_STATUS, on_deployment, rejected=rejected),
             await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
             await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
         ]
+
+
+def loading(reason: str | None) -> bool:
+    """Whether the scheduler did not place a request only because its deployment is still
+    loading: its answer names each copy ``<id> <phase> (<progress>)`` (services/scheduler/
+    routing.py), and a pending or loading one will serve."""
+    if reason is None or not reason.startswith("not_serving:"):
+        return False
+    return " pending (" in reason or " loading (" in reason
 
 
 #: How often a request is sent again when its tokens go missing, before it fails.
@@ -188,7 +232,9 @@ class GenerationClient:
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         """Yield the request's chunks, ending with the finished one (or an error chunk)."""
-        placed = await self.place(deployment_id, request_id, len(prompt_token_ids), sampling)
+        placed = await self.place_serving(
+            deployment_id, request_id, len(prompt_token_ids), sampling
+        )
         if placed is not None and not placed.placed:
             message = f"no capacity: {placed.reason}"
             yield TokenChunk.failure(request_id, 0, placed.epoch, message, time.time())
@@ -224,7 +270,12 @@ class GenerationClient:
                     )
                     sent = route.epoch
                     unacked = None if taken else (unacked or time.monotonic())
-                wait = self.move_s if down else ACK_S if unacked is not None else self.stall_s
+                if down and deployment_id in self.routes.loading:
+                    wait = self.stall_s  # re-placed: its new plan loads, then it moves
+                elif down:
+                    wait = self.move_s
+                else:
+                    wait = ACK_S if unacked is not None else self.stall_s
                 try:
                     item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
@@ -293,6 +344,27 @@ class GenerationClient:
                 await sub.unsubscribe()
             if not finished:
                 await self.cancel(route.deployment_id, request_id)
+
+    async def place_serving(
+        self, deployment_id: str, request_id: str, prompt_tokens: int, sampling: Sampling
+    ) -> PlacementDecision | None:
+        """``place``; while the deployment is still loading (just deployed, or re-placed after
+        a failure: the scheduler routes only to copies that serve) it waits for a copy to
+        serve (its status says so, or a second passes) and asks again, ``stall_s`` at most."""
+        deadline = time.monotonic() + self.stall_s
+        while True:
+            placed = await self.place(deployment_id, request_id, prompt_tokens, sampling)
+            if placed is None or placed.placed or not loading(placed.reason):
+                return placed
+            if time.monotonic() > deadline:
+                return placed
+            queue: Inbox = asyncio.Queue()
+            self.routes.listen(deployment_id, queue)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.get(), 1.0)
+            finally:
+                self.routes.unlisten(deployment_id, queue)
 
     async def place(
         self, deployment_id: str, request_id: str, prompt_tokens: int, sampling: Sampling

@@ -1,5 +1,9 @@
 """What every request passes: API keys, per-client rates, the body-size limit, and errors in
-OpenAI's shape."""
+OpenAI's shape.
+
+The body limit counts the bytes actually received, not what ``Content-Length`` claims: a
+chunked upload (no length) past the limit gets 413 as soon as it passes it, and the rest of
+it is never handed to the application."""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.openai_api import ApiError, error_response
 from services.gateway.rates import RateLimiter
@@ -19,6 +25,61 @@ from services.gateway.settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 _KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+_CODES = {413: "request_too_large"}
+
+
+class BodyTooLarge(HTTPException):
+    """Raised to whoever reads a request body past the limit. An ``HTTPException``: FastAPI
+    passes it on from its body parsing as it is, and the handler below answers 413."""
+
+    def __init__(self, received: int, limit: int) -> None:
+        super().__init__(413, f"request body of {received} bytes or more exceeds {limit}")
+
+
+class BodyLimit:
+    """ASGI middleware: refuses a declared ``Content-Length`` over ``max_bytes`` before reading
+    anything, and counts the body's bytes as they arrive, raising ``BodyTooLarge`` from
+    ``receive`` at the first chunk past the limit (the application stops reading there)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and not length.isdigit():
+            await error_response(400, "invalid Content-Length")(scope, receive, send)
+            return
+        if length is not None and int(length) > self.max_bytes:
+            message = f"request body of {length} bytes exceeds {self.max_bytes}"
+            refused = error_response(413, message, code="request_too_large")
+            await refused(scope, receive, send)
+            return
+        received, answered = 0, False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(received, self.max_bytes)
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except BodyTooLarge as exc:  # read outside the exception handlers' reach
+            if answered:
+                raise
+            refused = error_response(413, str(exc.detail), code="request_too_large")
+            await refused(scope, receive, send)
 
 
 def install_errors(app: FastAPI) -> None:
@@ -41,7 +102,11 @@ def install_errors(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = _KINDS.get(exc.status_code, "invalid_request_error")
         return error_response(
-            exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})
+            exc.status_code,
+            str(exc.detail),
+            kind,
+            _CODES.get(exc.status_code),
+            headers=dict(exc.headers or {}),
         )
 
     @app.exception_handler(Exception)
@@ -53,6 +118,8 @@ def install_errors(app: FastAPI) -> None:
 def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
     keys = [k.encode() for k in settings.api_keys]
     rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
+    # Added first, so it runs inside the key and rate checks below (they answer first).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.middleware("http")
     async def limits(
@@ -79,15 +146,5 @@ def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
                     "rate_limit_error",
                     "rate_limit_exceeded",
                     headers={"Retry-After": str(math.ceil(wait))},
-                )
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                return error_response(400, "invalid Content-Length")
-            if int(length) > settings.max_body_bytes:
-                return error_response(
-                    413,
-                    f"request body of {length} bytes exceeds {settings.max_body_bytes}",
-                    code="request_too_large",
                 )
         return await call_next(request)

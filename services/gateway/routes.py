@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request, Response
 
 from libs.contracts import TokenChunk
@@ -49,9 +47,7 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
 
     @router.get("/models", response_model=ModelList, responses=ERRORS)
     async def models(request: Request) -> ModelList:
-        deployments = request.app.state.deployments
-        with contextlib.suppress(httpx.HTTPError):
-            await deployments.refresh()  # the list a user sees right after a deploy is current
+        deployments = request.app.state.deployments  # current: it follows their status
         return ModelList(data=[ModelCard(id=d, created=0) for d in deployments.listed])
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS)

@@ -1,6 +1,9 @@
 """The scheduler's HTTP API: previews, deployments, mode and policy, health and metrics.
 
 The gateway's admin API proxies these under /v1/cluster/… (issue 8); this is where they live.
+Handlers that change state queue a command on the scheduler's loop and wait for its answer;
+``POST /placements`` answers with the plan (the deployment is then pending: follow it with
+``GET /placements/{id}`` until serving, refused or failed).
 """
 
 from __future__ import annotations
@@ -11,11 +14,18 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from libs.contracts import Mode, ModelDeployment, PlacementDecision, PlacementRequest
+from libs.contracts import (
+    DeploymentStatus,
+    Mode,
+    ModelDeployment,
+    PlacementDecision,
+    PlacementRequest,
+)
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import Precision
 from libs.core.catalogue import CATALOGUE
 from libs.core.registry import POLICIES
+from services.scheduler import phases
 from services.scheduler.service import Scheduler
 
 
@@ -86,11 +96,23 @@ def create_api(scheduler: Scheduler) -> FastAPI:
 
     @app.get("/placements")
     async def placements() -> list[dict[str, Any]]:
-        return [d.model_dump(mode="json") for d in scheduler.state.deployments.values()]
+        """Every deployment: its plan, ``phase``, ``progress`` and ``reason``."""
+        return [
+            d.model_dump(mode="json") | {"progress": phases.progress(d)}
+            for d in scheduler.state.deployments.values()
+        ]
+
+    @app.get("/placements/{deployment_id}")
+    async def placement(deployment_id: str) -> DeploymentStatus:
+        """Where one deployment stands (what ``DEPLOYMENT_STATUS`` publishes)."""
+        found = scheduler.state.deployments.get(deployment_id)
+        if found is None:
+            raise HTTPException(404, f"no deployment {deployment_id!r}")
+        return phases.status_of(found, scheduler.clock())
 
     @app.delete("/placements/{deployment_id}", status_code=204)
     async def undeploy(deployment_id: str) -> Response:
-        if not await scheduler.deployments.undeploy(deployment_id):
+        if not await scheduler.undeploy(deployment_id):
             raise HTTPException(404, f"no deployment {deployment_id!r}")
         return Response(status_code=204)
 
@@ -101,7 +123,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     @app.put("/mode")
     async def put_mode(body: ModeBody) -> dict[str, Any]:
         mode = None if body.mode == "auto" else Mode(body.mode)
-        await scheduler.set_mode(mode, "manual override" if mode else "automatic", manual=True)
+        reason = "manual override" if mode else "automatic"
+        await scheduler.loop.call(lambda: scheduler.set_mode(mode, reason, manual=True), "mode")
         return await get_mode()
 
     @app.get("/policy")
@@ -117,7 +140,9 @@ def create_api(scheduler: Scheduler) -> FastAPI:
         if body.policy not in POLICIES:
             raise HTTPException(422, f"unknown policy {body.policy!r}; known: {sorted(POLICIES)}")
         try:
-            await scheduler.set_policy(body.policy, body.profile)
+            await scheduler.loop.call(
+                lambda: scheduler.set_policy(body.policy, body.profile), "policy"
+            )
         except KeyError as exc:
             raise HTTPException(422, str(exc.args[0])) from None
         return await get_policy()

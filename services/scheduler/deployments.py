@@ -1,54 +1,66 @@
-"""Deployments, their replicas and migration: the part of the scheduler that keeps models
-placed and routes each request to a replica.
+"""Deployments, their replicas, their phases and their re-plans: the part of the scheduler
+that keeps models placed as the workers report them, and routes each request to a copy that
+serves.
 
-``Deployments`` is handed what it needs by the ``Scheduler`` (service.py) that owns it: the
-cluster view, the bus for the shard tasks, metrics, the clock, and three of the scheduler's own
-steps (the devices of a cycle, saving a checkpoint, announcing a decision).
+A deploy is a *plan*: its shard tasks go out and the deployment is ``pending``. The workers'
+``ShardStatus`` reports move it (``phases.py``): ``loading`` with progress, ``serving`` once
+every shard of the current epoch is loaded — requests are routed to serving copies only
+(``routing.py``). A
+shard refused or failed by its worker, a worker silent while its shard is not loaded
+(``silence_bound``), or a device the scorer declares failed: the deployment is re-planned
+under a new epoch without that device (a refusing or failing device is left out of its later
+plans too, its reason kept); with no placement left it stops, ``refused`` or ``failed``, with the
+reasons. Every change of phase or progress is published on ``DEPLOYMENT_STATUS``.
+
+``Deployer`` is handed what it needs by the ``Scheduler`` (service.py) that owns it, and is
+only called from the scheduler's command loop (``loop.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Literal
 
-import numpy as np
-
 from libs.contracts import (
+    DEPLOYMENT_STATUS,
     SHARD_TASK,
     DeploymentState,
-    InferenceRequest,
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
+    ShardStatus,
     shard_ring,
 )
 from libs.core.catalogue import CATALOGUE, ModelSpec, as_gguf, in_precision
-from libs.core.migration import replan_deployment
 from libs.core.model import Device
 from libs.core.partition import Preview, choose, previews, whole_models_only
-from libs.core.policy import Policy
 from libs.runtime.bus import Bus
+from services.scheduler import phases
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.replicas import SLOTS, Running, choose_replica, replica_device
-from services.scheduler.state import SchedulerState, replace_assignments
+from services.scheduler.replicas import ENGINE_SLOTS
+from services.scheduler.state import SchedulerState
 from services.scheduler.tasks import assignments_of
 from services.scheduler.view import ClusterView
 
+#: The shortest silence of a loading worker taken as its end: workers report every second.
+MIN_SILENCE_S = 2.0
 #: Worker engines that run a layer range of a model (vLLM runs whole models only).
 SPLITTING_ENGINES = {"torch", "llamacpp"}
 log = logging.getLogger(__name__)
 
 
-def model_spec(model: str, precision: str | None, family: str) -> ModelSpec:
+def model_spec(model: str, precision: str | None, family: str, slots: int) -> ModelSpec:
     """``model`` as the engines of ``family`` hold it: llama.cpp's workers its GGUF (weights in
-    the file's types, an f16 KV cache per request slot); the torch ring in ``precision``."""
+    the file's types, an f16 KV cache for each of its ``slots`` request slots); the torch ring
+    in ``precision``."""
     if family == "llamacpp":
-        return as_gguf(CATALOGUE[model], SLOTS["llamacpp"])
+        return as_gguf(CATALOGUE[model], slots)
     return in_precision(CATALOGUE[model], precision)
 
 
-class Deployments:
+class Deployer:
     def __init__(
         self,
         state: SchedulerState,
@@ -58,34 +70,35 @@ class Deployments:
         clock: Callable[[], float],
         *,
         devices: Callable[[float, str | None], list[Device]],
-        save: Callable[[], Awaitable[None]],
+        persist: Callable[[], None],
         announce: Callable[[PlacementDecision], Awaitable[None]],
-        policy: Callable[[], Policy],
-        rng: np.random.Generator,
+        silence_s: float | None,
     ) -> None:
         #: The scheduler's state; the scheduler sets it again when it restores a checkpoint.
         self.state = state
         self.view, self.bus, self.metrics, self.clock = view, bus, metrics, clock
-        self.devices, self.save, self.announce = devices, save, announce
-        #: The scheduler's active policy (it changes with ``PUT /policy`` and the mode).
-        self.policy, self.rng = policy, rng
-        #: Requests routed to replicas, until they are expected to end.
-        self.running: list[Running] = []
+        self.devices, self.persist, self.announce = devices, persist, announce
+        #: A shard not loaded whose worker said nothing for this long is taken as failed
+        #: (None: ``silence_bound``, from the device's telemetry interval).
+        self.silence_s = silence_s
+        #: When each shard of a current plan was last heard of (its task sent, a report).
+        self.heard: dict[tuple[str, int], float] = {}
 
-    # -- deployments --------------------------------------------------------------------------
+    # -- planning -----------------------------------------------------------------------------
     def preview(
         self,
         model: str,
         context_length: int,
         max_shards: int,
         now: float,
-        without: set[str] | frozenset[str] = frozenset(),
+        without: Collection[str] = frozenset(),
         precision: str | None = None,
+        moving: str | None = None,
     ) -> list[Preview]:
-        """Candidate placements of ``model`` (on devices other than ``without``), its layers
-        counted as each engine family holds them (``model_spec``: the torch ring in
-        ``precision``)."""
-        devices = [d for d in self.model_devices(now) if d.device_id not in without]
+        """Candidate placements of ``model`` (on devices other than ``without``; the memory of
+        deployment ``moving`` counted free), its layers counted as each engine family holds
+        them (``model_spec``: the torch ring in ``precision``)."""
+        devices = [d for d in self.model_devices(now, moving) if d.device_id not in without]
         families: dict[str, list[Device]] = {}
         for device in devices:  # a split runs on one engine: llama.cpp's, or the torch ring
             families.setdefault(self.family(device.device_id), []).append(device)
@@ -93,7 +106,10 @@ class Deployments:
             option
             for family, group in (families or {"ring": []}).items()
             for option in previews(
-                model_spec(model, precision, family), group, context_length, max_shards
+                model_spec(model, precision, family, self.slots(group, family)),
+                group,
+                context_length,
+                max_shards,
             )
         ]
         whole_only = {
@@ -102,6 +118,16 @@ class Deployments:
             if a.engines and not SPLITTING_ENGINES & set(a.engines)
         }
         return [whole_models_only(o, whole_only) for o in options]
+
+    def slots(self, devices: list[Device], family: str) -> int:
+        """Request slots the engines of ``devices`` run, as their workers announce them (the
+        most of them: the KV cache is sized for it), else the engine's default."""
+        announced = [
+            a.slots
+            for d in devices
+            if (a := self.view.announces.get(d.device_id)) is not None and a.slots
+        ]
+        return max(announced, default=ENGINE_SLOTS.get(family, 1))
 
     def family(self, device_id: str) -> str:
         """Which devices a split may combine: llamacpp workers with each other (llama.cpp's
@@ -122,14 +148,21 @@ class Deployments:
             return devices
         return [d for d in devices if d.device_id in serving]
 
+    def no_worker(self) -> set[str]:
+        """Devices with no worker engine: nothing loads there, nobody reports."""
+        return {d for d, a in self.view.announces.items() if not a.engines}
+
     async def deploy(self, request: PlacementRequest, now: float) -> PlacementDecision:
-        """Place a model (and its replicas, each on devices of its own where the fleet has
-        room); the decision is the first replica's."""
+        """Plan a model (and its replicas, each on devices of its own where the fleet has
+        room) and send its shard tasks: the deployment is pending until its workers report.
+        The decision is the first replica's plan."""
         task = request.task
         assert isinstance(task, ModelDeployment)
         existing = self.state.deployments.get(task.deployment_id)
-        if existing is not None:  # idempotent: a repeated request gets the live placement
-            return self.decision(existing, now)
+        if existing is not None and existing.phase not in phases.FINAL:
+            return self.decision(existing, now)  # idempotent: a repeat gets the live plan
+        for old in self.group(task.deployment_id):  # deployed again after a refusal
+            del self.state.deployments[old.deployment_id]
         if task.model not in CATALOGUE:
             return self.refusal(
                 task.deployment_id,
@@ -160,23 +193,36 @@ class Deployments:
                 assignments=assignments_of(chosen),
                 replica_of=None if k == 1 else task.deployment_id,
                 precision=task.precision,
+                max_shards=task.max_shards,
             )
-            self.state.deployments[replica_id] = deployment
+            deployment = await self._send_plan(deployment, now)
             first = first or deployment
-            await self._shard_tasks(deployment, "load", now)
             log.info(
-                "deployed",
+                "deployment planned",
                 extra={
                     "deployment_id": replica_id,
                     "model": task.model,
                     "devices": [a.device_id for a in deployment.assignments],
+                    "phase": deployment.phase,
                 },
             )
             if k > 1:
                 await self.announce(self.decision(deployment, now))
-        await self.save()
+        self.persist()
         assert first is not None
         return self.decision(first, now)
+
+    async def _send_plan(self, deployment: DeploymentState, now: float) -> DeploymentState:
+        """Record ``deployment`` as planned, send its load tasks and publish its status."""
+        deployment = phases.planned(deployment, self.no_worker())
+        self.state.deployments[deployment.deployment_id] = deployment
+        for key in [k for k in self.heard if k[0] == deployment.deployment_id]:
+            del self.heard[key]
+        for shard in deployment.shards:
+            self.heard[(deployment.deployment_id, shard.shard_index)] = now
+        await self._shard_tasks(deployment, "load", now)
+        await self.publish(deployment, now)
+        return deployment
 
     def refusal(self, deployment_id: str, reason: str, now: float) -> PlacementDecision:
         return PlacementDecision(
@@ -187,6 +233,7 @@ class Deployments:
             policy="partition",
             mode=self.state.mode,
             ts=now,
+            deployment_id=deployment_id,
         )
 
     def group(self, deployment_id: str) -> list[DeploymentState]:
@@ -207,82 +254,27 @@ class Deployments:
             mode=self.state.mode,
             epoch=deployment.epoch,
             ts=now,
+            deployment_id=deployment.deployment_id,
         )
 
-    def serving(self, model: str) -> DeploymentState | None:
-        """The deployment that serves ``model`` (a deployment id, or a model's name)."""
-        if model in self.state.deployments:
-            return self.state.deployments[model]
-        named = [d for d in self.state.deployments.values() if d.model == model]
-        return min(named, key=lambda d: d.deployment_id) if named else None
-
-    def route_decision(
-        self, request: PlacementRequest, deployment: DeploymentState, now: float
-    ) -> PlacementDecision:
-        """An inference request for a deployed model goes to the replica the active policy
-        chooses on live state (``replicas.py``), or where the only one runs now."""
-        task = request.task
-        assert isinstance(task, InferenceRequest)
-        base = deployment.replica_of or deployment.deployment_id
-        group = self.group(base)
-        self.running = [r for r in self.running if r.until > now]
-        held = {a.device_id for d in group for a in d.assignments}
-        # Only the copies' devices: their speed and state (load and memory do not count here).
-        devices = {d.device_id: d for d in self.view.devices({}, {}, only=held)}
-        candidates = []
-        for replica in group:
-            engines = self.engines_of(replica)
-            device = replica_device(replica, devices, engines, self.running, now)
-            if device is not None:
-                candidates.append(device)
-        chosen = choose_replica(self.policy(), candidates, request, now, self.rng)
-        if chosen is None:
-            failed = sorted(held & self.view.failed)
-            return PlacementDecision(
-                task_id=task.request_id,
-                kind="inference",
-                placed=False,
-                reason=f"no_capacity: {base} waits on failed {failed}",
-                policy="route",
-                mode=self.state.mode,
-                epoch=deployment.epoch,
-                ts=now,
-            )
-        replica_id, seconds = chosen
-        self.running.append(Running(replica_id, now + seconds))
-        decision = self.decision(self.state.deployments[replica_id], now)
-        return decision.model_copy(
-            update={
-                "task_id": task.request_id,
-                "kind": "inference",
-                "deployment_id": replica_id,
-                "policy": self.state.policy,
-            }
-        )
-
-    def engines_of(self, deployment: DeploymentState) -> tuple[str, ...]:
-        engines: tuple[str, ...] = ()
-        for a in deployment.assignments:
-            announce = self.view.announces.get(a.device_id)
-            engines += announce.engines if announce else ()
-        return engines
+    async def publish(self, deployment: DeploymentState, now: float) -> None:
+        status = phases.status_of(deployment, now)
+        await self.bus.publish(DEPLOYMENT_STATUS, status, deployment_id=deployment.deployment_id)
 
     async def undeploy(self, deployment_id: str) -> bool:
         """Remove a deployment and its replicas (one replica alone: just that one)."""
         if deployment_id not in self.state.deployments:
             return False
+        now = self.clock()
         for deployment in self.group(deployment_id):
             del self.state.deployments[deployment.deployment_id]
-            await self._shard_tasks(deployment, "unload", self.clock())
-        await self.save()
+            await self._shard_tasks(deployment, "unload", now)
+            await self.publish(deployment.model_copy(update={"phase": "removed"}), now)
+        self.persist()
         return True
 
     async def _shard_tasks(
-        self,
-        deployment: DeploymentState,
-        action: Literal["load", "unload"],
-        now: float,
-        only: set[str] | None = None,
+        self, deployment: DeploymentState, action: Literal["load", "unload"], now: float
     ) -> None:
         """Durable shard tasks (JetStream) to each device of ``deployment``."""
         shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
@@ -299,54 +291,169 @@ class Deployments:
             [e for e in endpoints if e] if all(endpoints) else (),
             deployment.context_length,
         )
-        for task in ring:
-            if only is None or task.device_id in only:
-                await self.bus.publish_durable(SHARD_TASK, task, device_id=task.device_id)
+        # One JetStream round trip for all: each device's task is on a subject of its own
+        # (a device's unload is still stored before its load of the next plan is sent).
+        await asyncio.gather(
+            *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in ring)
+        )
 
-    # -- failures -----------------------------------------------------------------------------
-    async def migrate(self, device_id: str, now: float) -> None:
-        """Move every shard of a failed device to the best alternatives."""
-        for deployment in list(self.state.deployments.values()):
-            if device_id not in self.state.devices_of(deployment.deployment_id):
-                continue
-            family = self.family(device_id)
-            devices = [
-                d
-                for d in self.model_devices(now, moving=deployment.deployment_id)
-                if self.family(d.device_id) == family
-            ]
-            live = sum(not d.failed for d in devices)
-            chosen = replan_deployment(
-                model_spec(deployment.model, deployment.precision, family),
-                devices,
-                {device_id},
-                deployment.context_length,
-                max(1, live),
+    # -- what workers report ------------------------------------------------------------------
+    async def on_status(self, status: ShardStatus, now: float) -> None:
+        """Apply a worker's report: progress is published, a refusal or failure re-plans."""
+        deployment = self.state.deployments.get(status.deployment_id)
+        if deployment is None or status.epoch != deployment.epoch:
+            return  # another epoch's (or a removed deployment's) news: stale
+        key = (deployment.deployment_id, status.shard_index)
+        if key in self.heard:
+            self.heard[key] = now
+        updated = phases.report(deployment, status)
+        if updated is None:
+            return
+        self.state.deployments[updated.deployment_id] = updated
+        bad = phases.troubled(updated)
+        if bad:
+            final: Literal["refused", "failed"] = (
+                "refused" if all(s.state == "refused" for s in bad) else "failed"
             )
-            if not chosen.feasible:
-                log.error(
-                    "cannot re-place deployment",
-                    extra={"deployment_id": deployment.deployment_id, "reason": chosen.reason},
-                )
+            reasons = "; ".join(f"{s.device_id} {s.state}: {s.reason or 'no reason'}" for s in bad)
+            await self.replan(updated, {s.device_id for s in bad}, reasons, final, now)
+            return
+        if updated.phase != deployment.phase:
+            log.info(
+                "deployment phase",
+                extra={"deployment_id": updated.deployment_id, "phase": updated.phase},
+            )
+            self.persist()
+        await self.publish(updated, now)
+
+    def silence_bound(self, device_id: str) -> float:
+        """How long a worker may say nothing while its shard loads: ``silence_s`` where set,
+        else three of its device's telemetry intervals (what the scorer's failure detector
+        allows its telemetry), and never under ``MIN_SILENCE_S`` (workers report every
+        second while loading)."""
+        if self.silence_s is not None:
+            return self.silence_s
+        announce = self.view.announces.get(device_id)
+        interval = announce.interval_s if announce is not None else 5.0
+        return max(MIN_SILENCE_S, 3 * interval)
+
+    async def check_silence(self, now: float) -> None:
+        """Re-plan deployments whose workers went silent while their shards load (the device
+        is left out of that plan only: its worker may come back)."""
+        for deployment in list(self.state.deployments.values()):
+            if deployment.phase not in ("pending", "loading"):
                 continue
-            old = deployment
-            new = replace_assignments(old, assignments_of(chosen))
-            self.state.deployments[new.deployment_id] = new
-            # Every device of the old plan drops its shards (a leaving device learns so that
-            # its work has moved; a dead one finds the unload if it comes back); every device
-            # of the new plan loads.
-            await self._shard_tasks(old, "unload", now)
-            await self._shard_tasks(new, "load", now)
-            self.state.counters["migrations"] += 1
-            self.metrics.migrations.inc()
-            log.warning(
-                "migrated deployment",
+            silent = {
+                s.device_id: self.silence_bound(s.device_id)
+                for s in deployment.shards
+                if s.state in ("pending", "loading")
+                and now - self.heard.get((deployment.deployment_id, s.shard_index), now)
+                > self.silence_bound(s.device_id)
+            }
+            if silent:
+                said = ", ".join(f"{d} for {b:g} s" for d, b in sorted(silent.items()))
+                reason = f"no report while loading from {said}"
+                await self.replan(deployment, set(silent), reason, "failed", now, remember=False)
+
+    async def replan(
+        self,
+        deployment: DeploymentState,
+        leave_out: set[str],
+        reason: str,
+        final: Literal["refused", "failed"],
+        now: float,
+        *,
+        remember: bool = True,
+    ) -> None:
+        """Plan ``deployment`` again without ``leave_out`` (``remember``: nor in its later
+        plans) under a new epoch; with no placement left it ends ``final`` with ``reason``."""
+        refused_by = tuple(sorted(set(deployment.refused_by) | (leave_out if remember else set())))
+        without = set(refused_by) | leave_out
+        taken = {
+            a.device_id
+            for d in self.group(deployment.replica_of or deployment.deployment_id)
+            if d.deployment_id != deployment.deployment_id and d.phase not in phases.FINAL
+            for a in d.assignments
+        }
+        size = (deployment.model, deployment.context_length, deployment.max_shards, now)
+        precision, moving = deployment.precision, deployment.deployment_id
+        chosen = choose(
+            self.preview(*size, without=without | taken, precision=precision, moving=moving)
+        )
+        if not chosen.feasible and taken:  # no room apart from the other copies: share
+            chosen = choose(
+                self.preview(*size, without=without, precision=precision, moving=moving)
+            )
+        # Every device of the old plan drops it (a leaving device learns its work has moved;
+        # a dead one finds the unload if it comes back).
+        await self._shard_tasks(deployment, "unload", now)
+        if not chosen.feasible:
+            ended = deployment.model_copy(
+                update={
+                    "phase": final,
+                    "refused_by": refused_by,
+                    "reason": f"{reason}; no placement left: {chosen.reason or 'infeasible'}",
+                }
+            )
+            self.state.deployments[ended.deployment_id] = ended
+            log.error(
+                "deployment stopped",
                 extra={
-                    "deployment_id": new.deployment_id,
-                    "failed_device": device_id,
-                    "devices": [a.device_id for a in new.assignments],
-                    "epoch": new.epoch,
+                    "deployment_id": ended.deployment_id,
+                    "phase": final,
+                    "reason": ended.reason,
                 },
             )
-            await self.announce(self.decision(new, now))
-        await self.save()  # a restart must not bring back the placement before the move
+            await self.publish(ended, now)
+            self.persist()
+            return
+        new = deployment.model_copy(
+            update={
+                "assignments": assignments_of(chosen),
+                "epoch": deployment.epoch + 1,
+                "refused_by": refused_by,
+                "reason": reason,
+            }
+        )
+        new = await self._send_plan(new, now)
+        self.state.counters["migrations"] += 1
+        self.metrics.migrations.inc()
+        log.warning(
+            "deployment re-planned",
+            extra={
+                "deployment_id": new.deployment_id,
+                "reason": reason,
+                "devices": [a.device_id for a in new.assignments],
+                "epoch": new.epoch,
+            },
+        )
+        await self.announce(self.decision(new, now))
+        self.persist()  # a restart must not bring back the placement before the move
+
+    async def migrate(self, device_id: str, now: float) -> None:
+        """Re-plan every live deployment with a shard on a failed device (the device is left
+        out of this plan only: it may recover)."""
+        for deployment in list(self.state.deployments.values()):
+            if deployment.phase in phases.FINAL:
+                continue
+            if device_id not in {a.device_id for a in deployment.assignments}:
+                continue
+            reason = f"device {device_id} failed"
+            await self.replan(deployment, {device_id}, reason, "failed", now, remember=False)
+
+    def restored(self, now: float) -> None:
+        """After a restart: shards still loading are heard of from now on."""
+        for deployment in self.state.deployments.values():
+            if deployment.phase in ("pending", "loading"):
+                for shard in deployment.shards:
+                    self.heard[(deployment.deployment_id, shard.shard_index)] = now
+
+    async def resend(self, now: float, epochs: dict[str, int] | None = None) -> None:
+        """After a restart: the load tasks of plans still loading go out again, so workers
+        report (reports sent while no scheduler led were lost); with ``epochs``, only those
+        of deployments still at the epoch it gives."""
+        for deployment in list(self.state.deployments.values()):
+            if deployment.phase not in ("pending", "loading"):
+                continue
+            if epochs is None or epochs.get(deployment.deployment_id) == deployment.epoch:
+                await self._shard_tasks(deployment, "load", now)

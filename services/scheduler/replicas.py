@@ -23,9 +23,10 @@ from libs.core.partition import step_ms
 from libs.core.policy import Policy
 from services.scheduler.tasks import to_task
 
-#: Requests a replica runs at once: vLLM and llama.cpp's server batch; the torch shard
-#: engine's requests are counted as sharing its speed.
-SLOTS = {"vllm": 8, "llamacpp": 8, "torch": 1}
+#: Requests a worker engine runs at once when its worker announces none
+#: (``DeviceAnnounce.slots``): vLLM and llama.cpp's server batch; the torch shard engine's
+#: requests are counted as sharing its speed.
+ENGINE_SLOTS = {"vllm": 8, "llamacpp": 8, "torch": 1}
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,12 @@ class Running:
 def replica_device(
     deployment: DeploymentState,
     devices: Mapping[str, Device],
-    engines: Sequence[str],
+    slots: int,
     running: Sequence[Running],
     now: float,
 ) -> Device | None:
-    """The replica as one device, or None when one of its devices is unknown or failed."""
+    """The replica as one device running ``slots`` requests at once, or None when one of its
+    devices is unknown or failed."""
     shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
     held = [devices.get(a.device_id) for a in shards]
     if any(d is None or d.failed for d in held):
@@ -51,7 +53,6 @@ def replica_device(
     chain = [d for d in held if d is not None]
     counts = [a.layer_end - a.layer_start for a in shards]
     tokens_per_s = 1000.0 / max(step_ms(CATALOGUE[deployment.model], chain, counts), 1e-6)
-    slots = max((SLOTS.get(e, 1) for e in engines), default=1)
     # Each running request's expected end counts its own wait: a new one gets a slot when
     # the earliest of the last ``slots`` ends.
     left = sorted(r.until - now for r in running if r.replica == deployment.deployment_id)

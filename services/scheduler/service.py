@@ -1,14 +1,19 @@
 """The scheduler: a thin shell that feeds the core, publishes its decisions and keeps state.
 
-Requests are collected between cycles and decided together every ``cycle_ms``. Deployments
-are split across devices by the core's partitioner and kept as live state; inference requests
-and jobs go through the active policy. Failed devices' shards and tasks move to the best
-alternatives. The state is checkpointed every ``checkpoint_interval_s`` and at shutdown.
+State changes in one place: the command loop (``loop.py``). NATS handlers, HTTP handlers and
+timers only queue commands; one task applies them in order. Requests are collected between
+cycles and decided together every ``cycle_ms``, except an inference request for a deployed
+model, routed at once to a serving copy (``deployments.py``). Workers' shard reports move
+deployments through their phases; failed devices' shards and tasks move to the best
+alternatives. The state is checkpointed every ``checkpoint_interval_s``, after each change of
+placement, and at shutdown: the loop takes the snapshot, a writer stores it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +29,7 @@ from libs.contracts import (
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SCORE,
+    SHARD_STATUS,
     DeviceFailed,
     DeviceRecovered,
     DvfsHint,
@@ -33,25 +39,29 @@ from libs.contracts import (
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
+    SchedulerCheckpoint,
     ScoreUpdate,
+    ShardStatus,
 )
 from libs.contracts.keys import Keys
 from libs.contracts.profiles import DimensionWeights, Profile
 from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
 from libs.core.model import Device
-from libs.core.modes import ModeSwitcher
+from libs.core.modes import ModeSwitcher, cluster_busy
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
 from services.scheduler.checkpoints import CheckpointStore
-from services.scheduler.deployments import Deployments
+from services.scheduler.deployments import Deployer
+from services.scheduler.loop import CommandLoop
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.routing import Router
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.state import ActiveTask, Pending, SchedulerState
 from services.scheduler.tasks import decision_for, expected_seconds, to_task
-from services.scheduler.view import ClusterView
+from services.scheduler.view import ClusterView, Read
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +92,27 @@ class Scheduler:
         self.switcher = ModeSwitcher(mode=settings.mode, dwell_s=settings.mode_dwell_s)
         self.policy = make_policy(self.state.policy, self.state.profile)
         self.pending: list[Pending] = []
+        #: Devices whose scores changed: read before the next cycle (an input, not state).
         self.to_refresh: set[str] = set()
-        self.newly_failed: list[str] = []
         self.hints: dict[str, tuple[float, float]] = {}  #: (clock share, sleep after) sent
         self.rng = np.random.default_rng(0)
         self.background = Background("scheduler")
-        self.deployments = Deployments(
+        self.loop = CommandLoop()
+        self._snapshot: SchedulerCheckpoint | None = None  #: the newest, for the writer
+        self._to_write = asyncio.Event()
+        self._writing: asyncio.Task[None] | None = None
+        self.deployments = Deployer(
             self.state,
             self.view,
             bus,
             metrics,
             clock,
             devices=self.devices,
-            save=self.save,
+            persist=self.persist,
             announce=lambda decision: self._announce(decision, None, None),
-            policy=lambda: self.policy,
-            rng=self.rng,
+            silence_s=settings.shard_silence_s,
         )
+        self.router = Router(self.deployments, lambda: self.policy, self.rng)
         metrics.cycle.set(settings.cycle_ms / 1000)
         metrics.checkpoint_interval.set(settings.checkpoint_interval_s)
 
@@ -122,14 +136,10 @@ class Scheduler:
             )
         await self._store_mode()
         self._show_mode()
-        # Reconcile with live telemetry: devices gone since the checkpoint count as failed.
-        known = set(self.view.rows)
-        for deployment in self.state.deployments.values():
-            for device_id in self.state.devices_of(deployment.deployment_id):
-                if device_id not in known or device_id in self.view.failed:
-                    self.view.mark_failed(device_id)
-                    self.newly_failed.append(device_id)
         self.pending = [(r, None, None) for r in self.state.queue]
+        self.loop.start()
+        self._writing = asyncio.create_task(self._writer())
+        # Listening first: workers' answers to what the reconciling sends are not missed.
         rejected = self._rejected
         self.background.subscriptions += [
             await self.bus.subscribe(
@@ -138,52 +148,105 @@ class Scheduler:
             await self.bus.subscribe(SCORE, self.on_score, rejected=rejected),
             await self.bus.subscribe(DEVICE_FAILED, self.on_failed, rejected=rejected),
             await self.bus.subscribe(DEVICE_RECOVERED, self.on_recovered, rejected=rejected),
+            await self.bus.subscribe(SHARD_STATUS, self.on_shard_status, rejected=rejected),
         ]
-        self.background.every(self.settings.cycle_ms / 1000, self.cycle)
-        self.background.every(self.settings.checkpoint_interval_s, self.save)
-        self.background.every(self.settings.mode_eval_s, self.evaluate_mode)
+        # Reconcile with live telemetry: devices gone since the checkpoint count as failed;
+        # plans still loading are sent again, as their workers' reports may have been lost.
+        known = set(self.view.rows)
+        gone = {
+            a.device_id
+            for deployment in self.state.deployments.values()
+            for a in deployment.assignments
+            if a.device_id not in known or a.device_id in self.view.failed
+        }
+        for device_id in sorted(gone):
+            self.loop.post(functools.partial(self._fail, device_id), "reconcile")
+        epochs = {d.deployment_id: d.epoch for d in self.state.deployments.values()}
+
+        async def resume() -> None:
+            now = self.clock()
+            self.deployments.restored(now)
+            await self.deployments.resend(now, epochs)  # the plans not re-planned just now
+
+        self.loop.post(resume, "resume")
+        self.background.every(self.settings.cycle_ms / 1000, self.tick)
+        self.background.every(self.settings.checkpoint_interval_s, self.save_soon)
+        self.background.every(self.settings.mode_eval_s, self.evaluate_mode_soon)
 
     async def stop(self) -> None:
+        """Stop taking news, apply the commands already queued, and save the state."""
         await self.background.close()
+        await self.loop.close(drain_s=5.0)
+        await self._stop_writing()
         await self.save()
 
     async def abandon(self) -> None:
         """Stop deciding and write nothing: the lease is lost and another replica leads."""
         await self.background.close()
+        await self.loop.close()
+        await self._stop_writing()
+
+    async def _stop_writing(self) -> None:
+        if self._writing is not None:
+            self._writing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writing
+            self._writing = None
 
     def _rejected(self, channel: str, reason: str, detail: str) -> None:
         self.metrics.rejections.labels(f"bad_message:{reason}").inc()
 
-    # -- events -------------------------------------------------------------------------------
+    # -- events: each queues a command -------------------------------------------------------
     async def on_request(self, request: PlacementRequest, msg: Delivery) -> None:
-        task = request.task
-        if isinstance(task, InferenceRequest):
-            deployment = self.deployments.serving(task.model)
-            if deployment is not None:  # routed at once: no need to wait for the next cycle
-                started = time.perf_counter()
-                now = self.clock()
-                decision = self.deployments.route_decision(request, deployment, now)
-                self.metrics.decision_seconds.observe(time.perf_counter() - started)
-                await self._announce(decision, msg.reply or None, None)
-                return
-        self.pending.append((request, msg.reply or None, None))
+        self.loop.post(lambda: self._request(request, msg.reply or None), "request")
 
     async def on_score(self, update: ScoreUpdate, msg: Delivery) -> None:
         self.to_refresh.add(update.device_id)
 
     async def on_failed(self, event: DeviceFailed, msg: Delivery) -> None:
-        self.view.mark_failed(event.device_id)
-        self.newly_failed.append(event.device_id)
+        self.loop.post(lambda: self._fail(event.device_id), "device failed")
 
     async def on_recovered(self, event: DeviceRecovered, msg: Delivery) -> None:
-        self.view.mark_recovered(event.device_id)
-        self.to_refresh.add(event.device_id)
+        self.loop.post(lambda: self._recover(event.device_id), "device recovered")
+
+    async def on_shard_status(self, status: ShardStatus, msg: Delivery) -> None:
+        self.loop.post(lambda: self.deployments.on_status(status, self.clock()), "shard status")
 
     async def submit(self, request: PlacementRequest) -> PlacementDecision:
         """Queue a request for the next cycle and wait for its decision (HTTP API)."""
         future: asyncio.Future[PlacementDecision] = asyncio.get_running_loop().create_future()
-        self.pending.append((request, None, future))
+
+        async def queue() -> None:
+            self.pending.append((request, None, future))
+
+        self.loop.post(queue, "submit")
         return await future
+
+    async def undeploy(self, deployment_id: str) -> bool:
+        """Remove a deployment and its replicas (HTTP API), in the loop's order."""
+        return await self.loop.call(lambda: self.deployments.undeploy(deployment_id), "undeploy")
+
+    # -- commands (applied by the loop only) ----------------------------------------------------
+    async def _request(self, request: PlacementRequest, reply: str | None) -> None:
+        task = request.task
+        if isinstance(task, InferenceRequest):
+            deployment = self.router.named(task.model)
+            if deployment is not None:  # routed at once: no need to wait for the next cycle
+                started = time.perf_counter()
+                decision = self.router.route(request, deployment, self.clock())
+                self.metrics.decision_seconds.observe(time.perf_counter() - started)
+                await self._announce(decision, reply, None)
+                return
+        self.pending.append((request, reply, None))
+
+    async def _fail(self, device_id: str) -> None:
+        """A failed device: its shards are re-planned now, its tasks go back to the queue."""
+        self.view.mark_failed(device_id)
+        await self.migrate(device_id, self.clock())
+
+    async def _recover(self, device_id: str) -> None:
+        self.view.mark_recovered(device_id)
+        self.to_refresh.add(device_id)
 
     # -- the decision cycle -------------------------------------------------------------------
     def devices(self, now: float, moving: str | None = None) -> list[Device]:
@@ -192,14 +255,17 @@ class Scheduler:
         reserved = self.state.reserved_memory_gb(without=moving)
         return self.view.devices(self.state.load_by_device(now), reserved)
 
-    async def cycle(self) -> None:
+    async def tick(self) -> None:
+        """Every ``cycle_ms``: read the devices whose scores changed (outside the loop), then
+        run the cycle as a command."""
+        refresh, self.to_refresh = sorted(self.to_refresh), set()
+        read = await self.view.read(refresh)
+        await self.loop.call(lambda: self.cycle(read), "cycle")
+
+    async def cycle(self, read: Read | None = None) -> None:
         now = self.clock()
-        if self.to_refresh:
-            refresh, self.to_refresh = sorted(self.to_refresh), set()
-            await self.view.refresh(refresh)
-        failed, self.newly_failed = self.newly_failed, []
-        for device_id in dict.fromkeys(failed):
-            await self.migrate(device_id, now)
+        self.view.apply(read or [])
+        await self.deployments.check_silence(now)
         batch, self.pending = self.pending, []
         self.metrics.queue.set(len(batch))
         if not batch:
@@ -263,19 +329,33 @@ class Scheduler:
         else:
             self.state.counters["rejected"] += 1
             self.metrics.rejections.labels((decision.reason or "unknown").split(":")[0]).inc()
-        await self.bus.publish(PLACEMENT_DECISION, decision, task_id=decision.task_id)
-        if reply:
+        if reply:  # the caller first (the gateway waits on it), then the broadcast
             await self.bus.reply(reply, PLACEMENT_DECISION, decision)
         if future is not None and not future.done():
             future.set_result(decision)
+        await self.bus.publish(PLACEMENT_DECISION, decision, task_id=decision.task_id)
 
     # -- modes, hints, checkpoints ------------------------------------------------------------
-    async def evaluate_mode(self) -> None:
-        await self.view.refresh(sorted(set(self.view.rows) - self.view.failed))
+    async def evaluate_mode_soon(self) -> None:
+        """Every ``mode_eval_s``: read the live devices (outside the loop), then evaluate the
+        mode as a command."""
+        read = await self.view.read(sorted(set(self.view.rows) - self.view.failed))
+        await self.loop.call(lambda: self.evaluate_mode(read), "mode")
+
+    async def evaluate_mode(self, read: Read | None = None) -> None:
+        """Feed the mode switcher the cluster's rates and the demand they were measured under
+        (the requests the live devices report), so that less demand is not read as less
+        performance (``libs/core/modes.py``). ``read``: the live devices as just read (None:
+        read them now)."""
+        if read is None:
+            read = await self.view.read(sorted(set(self.view.rows) - self.view.failed))
+        self.view.apply(read)
         throughput, efficiency = self.view.cluster_rates()
+        live = self.view.rows.keys() - self.view.failed
+        busy = cluster_busy(r.sample for d, r in self.view.rows.items() if d in live and r.sample)
         self.metrics.cluster_tokens_per_second.set(throughput)
         self.metrics.cluster_tokens_per_joule.set(efficiency)
-        change = self.switcher.observe(self.clock(), throughput, efficiency)
+        change = self.switcher.observe(self.clock(), throughput, efficiency, busy)
         if change is not None:
             await self.set_mode(change.mode, change.reason, manual=False)
 
@@ -377,8 +457,38 @@ class Scheduler:
             )
             await self.bus.publish(DVFS_HINT, message, device_id=device_id)
 
-    async def save(self) -> None:
-        now = self.clock()
+    # -- checkpoints: the loop takes the snapshot, the writer stores it ------------------------
+    def persist(self) -> None:
+        """Snapshot the state for the writer (called by commands, in the loop)."""
         self.state.queue = [r for r, _, _ in self.pending]
-        await self.checkpoints.save(self.state.checkpoint(now))
-        self.metrics.checkpoint_timestamp.set(now)
+        self._snapshot = self.state.checkpoint(self.clock())
+        self._to_write.set()
+
+    async def save_soon(self) -> None:
+        """The periodic checkpoint: snapshot in the loop's turn, stored by the writer."""
+
+        async def snapshot() -> None:
+            self.persist()
+
+        await self.loop.call(snapshot, "checkpoint")
+
+    async def save(self) -> None:
+        """Snapshot now and store it before returning (at shutdown; the loop has stopped)."""
+        self.persist()
+        await self._write()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._to_write.wait()
+            try:
+                await self._write()
+            except Exception:  # the next snapshot is written again; keep deciding
+                log.exception("checkpoint not written")
+                await asyncio.sleep(1.0)
+
+    async def _write(self) -> None:
+        self._to_write.clear()
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            await self.checkpoints.save(snapshot)
+            self.metrics.checkpoint_timestamp.set(snapshot.ts)

@@ -30,5 +30,10 @@ class SchedulerSettings(ServiceSettings):
     replica: str = Field("scheduler-0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     #: The lease expires this long after the leader's last renewal (renewed every third).
     lease_s: float = Field(3.0, ge=1.0, le=60.0)
+    #: A shard still loading whose worker reports nothing for this long is taken as failed
+    #: and its deployment re-planned without that device. None: three of the device's
+    #: telemetry intervals (2 s at least), as the scorer's failure detector allows its
+    #: telemetry — workers report ``loading`` at once and every second while they load.
+    shard_silence_s: float | None = Field(None, gt=0)
     #: Decisions kept in memory and in checkpoints (most recent first).
     decisions_kept: int = Field(1000, ge=0)

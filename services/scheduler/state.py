@@ -7,7 +7,6 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from libs.contracts import (
-    Assignment,
     DeploymentState,
     Mode,
     PlacementDecision,
@@ -50,17 +49,15 @@ class SchedulerState:
         return Counter(a.device_id for a in self.active.values())
 
     def reserved_memory_gb(self, without: str | None = None) -> Counter[str]:
-        """GB that deployments (all, or all but ``without``) hold on each device."""
+        """GB that deployments (all, or all but ``without``) hold on each device; one that
+        ended refused or failed holds none (its shards were unloaded)."""
         reserved: Counter[str] = Counter()
         for deployment in self.deployments.values():
-            if deployment.deployment_id == without:
+            if deployment.deployment_id == without or deployment.phase in ("refused", "failed"):
                 continue
             for assignment in deployment.assignments:
                 reserved[assignment.device_id] += assignment.memory_gb  # type: ignore[assignment]
         return reserved
-
-    def devices_of(self, deployment_id: str) -> set[str]:
-        return {a.device_id for a in self.deployments[deployment_id].assignments}
 
     def checkpoint(self, now: float) -> SchedulerCheckpoint:
         weights = {f"score.{k}": v for k, v in self.profile.scores.items()}
@@ -91,9 +88,3 @@ class SchedulerState:
             counters=Counter(checkpoint.counters),
         )
         return state
-
-
-def replace_assignments(
-    deployment: DeploymentState, assignments: tuple[Assignment, ...]
-) -> DeploymentState:
-    return deployment.model_copy(update={"assignments": assignments, "epoch": deployment.epoch + 1})

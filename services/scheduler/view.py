@@ -18,8 +18,9 @@ from libs.core.energy import cluster_rates
 from libs.core.model import Device
 from libs.runtime.store import read_devices
 
-#: Concurrent tasks a device of each class runs (its ``slots``).
-SLOTS = {
+#: Concurrent tasks a device of each class runs (its ``slots``) when its worker announces
+#: none (``DeviceAnnounce.slots``).
+CLASS_SLOTS = {
     DeviceClass.WATCH: 1,
     DeviceClass.PHONE: 2,
     DeviceClass.LAPTOP: 4,
@@ -49,7 +50,7 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
     caps = announce.capabilities
     total = sample.memory_total_gb
     free = max(0.0, min(sample.memory_available_gb - reserved_gb, total))
-    slots = SLOTS[announce.device_class]
+    slots = announce.slots or CLASS_SLOTS[announce.device_class]
     return Device(
         device_id=row.device_id,
         device_class=announce.device_class,
@@ -75,6 +76,10 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
     )
 
 
+#: Rows and announces read from Redis, to apply.
+Read = list[tuple[DeviceRow, DeviceAnnounce]]
+
+
 class ClusterView:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
@@ -90,16 +95,27 @@ class ClusterView:
         await self.refresh(live + sorted(self.failed - set(live)))
 
     async def refresh(self, device_ids: list[str]) -> None:
+        self.apply(await self.read(device_ids))
+
+    async def read(self, device_ids: list[str]) -> Read:
+        """The scored rows and announces of ``device_ids`` from Redis (changes nothing here:
+        the scheduler reads before its command loop applies them, ``apply``)."""
         if not device_ids:
-            return
+            return []
         rows = {r.device_id: r for r in await read_devices(self.redis, self.keys, device_ids)}
         found = await self.redis.mget([self.keys.caps(d) for d in device_ids])
+        read: Read = []
         for device_id, caps in zip(device_ids, found, strict=True):
             row = rows.get(device_id)
             if row is None or not row.scored or caps is None:
                 continue
-            self.rows[device_id] = row
-            self.announces[device_id] = DeviceAnnounce.model_validate_json(caps)
+            read.append((row, DeviceAnnounce.model_validate_json(caps)))
+        return read
+
+    def apply(self, read: Read) -> None:
+        for row, announce in read:
+            self.rows[row.device_id] = row
+            self.announces[row.device_id] = announce
 
     def mark_failed(self, device_id: str) -> None:
         self.failed.add(device_id)

@@ -3,7 +3,12 @@
 Handlers only buffer; a flush every ``flush_interval_ms`` coalesces the buffer per device,
 writes raw metrics for every sample in one Redis pipeline, and re-scores (vectorised) the
 devices whose state changed significantly or whose score is older than the re-score interval.
-A detector loop declares devices failed after the configured number of missed heartbeats.
+A detector loop declares devices failed after the configured number of missed heartbeats (a
+device's telemetry sample is its heartbeat: no other message keeps it alive).
+
+Write, then announce: SCORE, DEVICE_FAILED and DEVICE_RECOVERED go out only once the Redis
+pipeline that stores what they announce has executed, so a subscriber that reads Redis on
+receipt finds the new row.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from libs.contracts import (
@@ -23,7 +29,6 @@ from libs.contracts import (
     DEVICE_FAILED,
     DEVICE_LEAVING,
     DEVICE_RECOVERED,
-    HEARTBEAT,
     MODE_CHANGE,
     SCORE,
     TELEMETRY,
@@ -33,12 +38,12 @@ from libs.contracts import (
     DeviceLeaving,
     DeviceRecovered,
     DeviceState,
-    Heartbeat,
     Mode,
     ModeChange,
     ScoreUpdate,
     TelemetrySample,
 )
+from libs.contracts.channels import Channel
 from libs.contracts.keys import SCORE_FIELDS, DeviceField, Keys, StatsField, scored_fields
 from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
@@ -50,6 +55,8 @@ from services.scorer.settings import ScorerSettings
 from services.scorer.table import DeviceRecord, History, check_speeds, significant
 
 log = logging.getLogger(__name__)
+#: A message to publish once the write it announces has executed: (channel, message, device).
+Event = tuple[Channel[Any], BaseModel, str]
 
 
 class Scorer:
@@ -72,7 +79,6 @@ class Scorer:
         self.table: dict[str, DeviceRecord] = {}
         self.buffer: list[tuple[TelemetrySample, bytes]] = []
         self.announces: dict[str, DeviceAnnounce] = {}
-        self.heard: dict[str, float] = {}
         self.unknown_until: dict[str, float] = {}
         self.rejects: Counter[str] = Counter()
         self.mode = Mode.BALANCED
@@ -103,7 +109,6 @@ class Scorer:
         self.background.subscriptions += [
             await self.bus.subscribe(ANNOUNCE, self.on_announce, rejected=rejected),
             await self.bus.subscribe(TELEMETRY, self.on_telemetry, rejected=rejected),
-            await self.bus.subscribe(HEARTBEAT, self.on_heartbeat, rejected=rejected),
             await self.bus.subscribe(DEVICE_LEAVING, self.on_leaving, rejected=rejected),
             await self.bus.subscribe(MODE_CHANGE, self.on_mode, rejected=rejected),
         ]
@@ -128,9 +133,6 @@ class Scorer:
     async def on_telemetry(self, sample: TelemetrySample, msg: Delivery) -> None:
         self.buffer.append((sample, msg.data))  # the bytes were just validated: store as-is
 
-    async def on_heartbeat(self, heartbeat: Heartbeat, msg: Delivery) -> None:
-        self.heard[heartbeat.device_id] = self.clock()
-
     async def on_leaving(self, leaving: DeviceLeaving, msg: Delivery) -> None:
         if (record := self.table.get(leaving.device_id)) is not None:
             record.leave()
@@ -148,9 +150,8 @@ class Scorer:
     # -- flush --------------------------------------------------------------------------------
     async def flush(self) -> None:
         samples, self.buffer = self.buffer, []
-        heard, self.heard = self.heard, {}
         announces, self.announces = self.announces, {}
-        if not (samples or heard or announces or self.rejects or self.rescore_all):
+        if not (samples or announces or self.rejects or self.rescore_all):
             return
         started = time.perf_counter()
         now = self.clock()
@@ -178,10 +179,8 @@ class Scorer:
                     extra={"device_id": record.device_id, "scale": round(record.speed_scale, 3)},
                 )
         pipe = self.redis.pipeline(transaction=False)
+        events: list[Event] = []  # published once the pipeline has executed
         misses = self.settings.heartbeat_misses
-        for device_id, at in heard.items():
-            if (record := self.table.get(device_id)) is not None:
-                record.touch(at, misses)
         due = []
         for device_id, sample in latest.items():
             record = self.table[device_id]
@@ -190,7 +189,7 @@ class Scorer:
             record.touch(now, misses)
             record.latest = sample
             if record.failed:
-                await self._recover(record, now, pipe)
+                self._recover(record, now, pipe, events)
             pipe.hset(self.keys.device(device_id), DeviceField.SAMPLE, raw[device_id])
             stale = record.last_scored_at is None or (
                 now - record.last_scored_at >= self.settings.rescore_interval_s
@@ -202,7 +201,7 @@ class Scorer:
             due = [r for r in self.table.values() if r.latest is not None and not r.failed]
             self.rescore_all = False
         if due:
-            await self._rescore(due, now, pipe)
+            self._rescore(due, now, pipe, events)
         counted = sum(per_device[d] for d in latest)
         # Set only if missing: a 1 back means Redis lost what we wrote (the marker is set at
         # start), so every device is written again at once rather than when next rescored.
@@ -214,6 +213,7 @@ class Scorer:
             pipe.hincrby(self.keys.stats, f"rejected:{reason}", count)
         self.rejects.clear()
         results = await pipe.execute()
+        await self._announce(events)
         if results[marker] == 1 and self.known:
             await self._rewrite(now)
         self.metrics.samples.inc(counted)
@@ -274,7 +274,7 @@ class Scorer:
                 announce, histories[device_id], now, self.settings.model_type
             )
 
-    async def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any) -> None:
+    def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any, events: list[Event]) -> None:
         samples = [r.latest for r in due]
         assert all(s is not None for s in samples)
 
@@ -315,7 +315,7 @@ class Scorer:
                 mode=self.mode,
                 **row,
             )
-            await self.bus.publish(SCORE, update, device_id=record.device_id)
+            events.append((SCORE, update, record.device_id))
         for name in SCORE_FIELDS:
             values = getattr(dims, name)
             pipe.zadd(
@@ -330,6 +330,7 @@ class Scorer:
         if not overdue:
             return
         pipe = self.redis.pipeline(transaction=False)
+        events: list[Event] = []
         for record in overdue:
             record.failed = True
             record.history.failures += 1
@@ -345,15 +346,21 @@ class Scorer:
                 last_seen_ts=record.last_seen,
                 missed_heartbeats=self.settings.heartbeat_misses,
             )
-            await self.bus.publish(DEVICE_FAILED, event, device_id=record.device_id)
+            events.append((DEVICE_FAILED, event, record.device_id))
             self.metrics.failures.inc()
             log.warning(
                 "device failed",
                 extra={"device_id": record.device_id, "silent_s": round(now - record.last_seen, 2)},
             )
         await pipe.execute()
+        await self._announce(events)
 
-    async def _recover(self, record: DeviceRecord, now: float, pipe: Any) -> None:
+    async def _announce(self, events: list[Event]) -> None:
+        """Publish what a pipeline just stored (called only after it executed)."""
+        for channel, message, device_id in events:
+            await self.bus.publish(channel, message, device_id=device_id)
+
+    def _recover(self, record: DeviceRecord, now: float, pipe: Any, events: list[Event]) -> None:
         down_since = record.history.down_since or now
         record.history.down_s += max(0.0, now - down_since)
         record.history.down_since = None
@@ -362,7 +369,7 @@ class Scorer:
         pipe.srem(self.keys.failed, record.device_id)
         self._save_history(record, pipe)
         event = DeviceRecovered(device_id=record.device_id, ts=now, down_for_s=now - down_since)
-        await self.bus.publish(DEVICE_RECOVERED, event, device_id=record.device_id)
+        events.append((DEVICE_RECOVERED, event, record.device_id))
         self.metrics.recoveries.inc()
         log.info("device recovered", extra={"device_id": record.device_id})
 

@@ -17,7 +17,8 @@ class ScorerSettings(ServiceSettings):
 
     #: Re-score a stable device at least this often (s).
     rescore_interval_s: float = Field(30.0, gt=0, le=3600)
-    #: A device is failed after this many missed heartbeats.
+    #: A device is failed after this many announced intervals without a telemetry sample (its
+    #: heartbeat).
     heartbeat_misses: int = Field(3, ge=1, le=100)
     flush_interval_ms: int = Field(50, ge=1, le=5000)
     detector_interval_s: float = Field(0.25, gt=0, le=10)

@@ -43,7 +43,12 @@ def make_device(
     if settings.host_device:
         calibration = host or cached(settings.cache_dir)
         real = HostDevice.probe(settings.device_id, calibration, settings.memory_gb)
-        return dataclasses.replace(real, engines=(settings.engine,))
+        return dataclasses.replace(
+            real,
+            engines=(settings.engine,),
+            slots=settings.slots,
+            context_length=settings.context_length,
+        )
     rng = np.random.default_rng(settings.seed)
     device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
     speed = settings.speed_factor or min(1.0, device.speed_factor)
@@ -56,7 +61,12 @@ def make_device(
         update["memory_total_gb"] = settings.memory_gb
     caps = device.capabilities.model_copy(update=update)
     return dataclasses.replace(
-        device, capabilities=caps, speed_factor=speed, engines=(settings.engine,)
+        device,
+        capabilities=caps,
+        speed_factor=speed,
+        engines=(settings.engine,),
+        slots=settings.slots,
+        context_length=settings.context_length,
     )
 
 
@@ -78,6 +88,7 @@ def make_worker(
             dtype=settings.vllm_dtype,
             kv_cache_gb=settings.vllm_kv_cache_gb,
             eager=settings.vllm_eager,
+            context=settings.vllm_context,
         )
         return VllmWorker(
             bus,
@@ -135,7 +146,9 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     await worker.start()
     if settings.preload and isinstance(worker, (Worker, LlamaWorker)):
         await worker.preload()
-    agent = FleetAgent(bus, [device], settings.interval_s, seed=settings.seed)
+    # The worker alone assigns its device's work, once a shard really loaded: the agent
+    # only reports what the device does.
+    agent = FleetAgent(bus, [device], settings.interval_s, seed=settings.seed, follow_work=False)
     telemetry = asyncio.create_task(agent.run(stop))
     background = Background("worker")
 

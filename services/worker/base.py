@@ -4,6 +4,11 @@ A worker stands in for one device. Whatever runs the model (layer shards in PyTo
 server), it takes ``SHARD_TASK`` from its durable consumer on the ``Bus``, answers on
 ``SHARD_STATUS``, takes new requests on ``GENERATION`` and cancels on ``CANCEL``, streams
 ``TokenChunk``s on ``TOKENS``, and measures the tokens per second it really delivers.
+
+A worker is the one owner of its device's work: it assigns a shard's work to the device once
+the shard really loaded and takes it away once unloaded, so the device's reported power and
+load follow only what runs. A shard being loaded is reported ``loading`` every
+``PROGRESS_EVERY_S`` until its final status (loaded, refused, failed).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from libs.contracts import (
     CANCEL,
@@ -32,7 +38,8 @@ from libs.contracts import (
     TokenChunk,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import Bus, Delivery, RateLimitedLog, Unsubscribe
+from libs.runtime.acks import Received, Redelivery
+from libs.runtime.bus import SHARD_TASKS, Bus, Delivery, RateLimitedLog, Unsubscribe
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -40,9 +47,27 @@ log = logging.getLogger(__name__)
 _refusals = RateLimitedLog()
 
 RATE_WINDOW_S = 10.0
+#: Seconds between a loading shard's reports (the deployment's progress follows them).
+PROGRESS_EVERY_S = 1.0
+#: The share of a load reported before the engine says it is done.
+PROGRESS_CAP = 0.95
+#: What a first load is expected to take (s), until this worker measured one.
+EXPECTED_LOAD_S = 5.0
+
+
+@dataclass
+class Loading:
+    """A shard being loaded: its task, when it began (monotonic) and its reporter."""
+
+    task: ShardTask
+    began: float
+    reporter: asyncio.Task[None] | None = None
 
 
 class DeviceWorker(ABC):
+    #: How the shard-task consumer acknowledges (a test gives a short ack wait).
+    redelivery: Redelivery = SHARD_TASKS
+
     def __init__(
         self,
         bus: Bus,
@@ -57,11 +82,19 @@ class DeviceWorker(ABC):
         self.clock = clock
         self.token_times: collections.deque[float] = collections.deque()
         self._subs: list[Unsubscribe] = []
+        #: Shards being loaded, by (deployment, shard, epoch).
+        self.loading: dict[tuple[str, int, int], Loading] = {}
+        #: What the next load is expected to take: the last one this worker measured.
+        self.expected_load_s = EXPECTED_LOAD_S
 
     # -- what an engine provides ---------------------------------------------------------------
     @abstractmethod
-    async def on_task(self, task: ShardTask) -> None:
-        """Load or unload the shard a task names (on this device)."""
+    async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
+        """Load or unload the shard a task names (on this device). Returns None once the task
+        is done with, or the work it left running (an engine starting, so that an unload or a
+        newer task need not wait behind it): the task's message is acknowledged when that
+        work ends, kept alive until then, and delivered again if it is cancelled (the worker
+        stopped) or fails (``libs/runtime/acks.py``)."""
 
     @abstractmethod
     async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
@@ -96,6 +129,7 @@ class DeviceWorker(ABC):
                 durable=f"worker-{me}",
                 subject=SHARD_TASK.subject(device_id=me),
                 rejected=self.on_rejected,
+                redelivery=self.redelivery,
             ),
             await self.bus.subscribe(
                 GENERATION,
@@ -126,15 +160,19 @@ class DeviceWorker(ABC):
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        for key in list(self.loading):
+            self._loaded(key)
 
     async def _on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
         if delivery.reply:
             await self.bus.publish_bytes(delivery.reply, b"")  # taken: the owner stops asking
         await self.on_generate(request, delivery)
 
-    async def _on_task(self, task: ShardTask, delivery: Delivery) -> None:
+    async def _on_task(self, task: ShardTask, delivery: Received) -> None:
         if task.device_id == self.device_id:
-            await self.on_task(task)
+            work = await self.on_task(task)
+            if work is not None:
+                delivery.settle_after(work)
 
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
         """A message that broke its contract: counted by channel and reason (the bus logs it,
@@ -148,19 +186,65 @@ class DeviceWorker(ABC):
 
     # -- replies -------------------------------------------------------------------------------
     async def status(
-        self, task: ShardTask, state: str, reason: str | None = None, load_s: float = 0.0
+        self,
+        task: ShardTask,
+        state: str,
+        reason: str | None = None,
+        load_s: float = 0.0,
+        progress: float | None = None,
     ) -> None:
+        """Answer ``task``: ``state`` with ``reason`` (refused, failed). Any other state than
+        ``loading`` ends the shard's loading reports; ``loaded`` reports progress 1."""
+        if state != "loading":
+            self._loaded((task.deployment_id, task.shard_index, task.epoch))
+        if state == "loaded":
+            progress = 1.0
+            if load_s > 0:
+                self.expected_load_s = load_s
         status = ShardStatus(
             deployment_id=task.deployment_id,
             device_id=self.device_id,
             shard_index=task.shard_index,
             epoch=task.epoch,
             state=state,
+            engine=self.device.engines[0] if self.device.engines else "torch",
             reason=reason,
+            progress=progress,
             load_s=load_s,
             ts=self.clock(),
         )
         await self.bus.publish(SHARD_STATUS, status, device_id=self.device_id)
+
+    async def begin_loading(self, task: ShardTask) -> None:
+        """Report ``task``'s shard ``loading`` now and every ``PROGRESS_EVERY_S`` until its
+        final status. Progress is the share of the expected load time (the last load this
+        worker measured) gone by, at most ``PROGRESS_CAP``: the engines do not say how far
+        they are, only when they are done."""
+        key = (task.deployment_id, task.shard_index, task.epoch)
+        self._loaded(key)
+        loading = self.loading[key] = Loading(task, time.monotonic())
+        await self.status(task, "loading", progress=0.0)
+        loading.reporter = asyncio.create_task(self._report(key, loading))
+
+    def load_progress(self, loading: Loading) -> float:
+        elapsed = time.monotonic() - loading.began
+        return min(PROGRESS_CAP, elapsed / max(self.expected_load_s, 1e-3))
+
+    async def _report(self, key: tuple[str, int, int], loading: Loading) -> None:
+        while self.loading.get(key) is loading:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            if self.loading.get(key) is not loading:
+                return
+            try:
+                progress = round(self.load_progress(loading), 3)
+                await self.status(loading.task, "loading", progress=progress)
+            except Exception:  # a lost connection: the next report tries again
+                log.warning("could not report loading", exc_info=True)
+
+    def _loaded(self, key: tuple[str, int, int]) -> None:
+        loading = self.loading.pop(key, None)
+        if loading is not None and loading.reporter is not None:
+            loading.reporter.cancel()
 
     async def emit(self, chunk: TokenChunk) -> None:
         if chunk.token_id is not None:

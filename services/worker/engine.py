@@ -71,6 +71,11 @@ class Entry:
 
 
 class ShardEngine:
+    """One shard's requests and KV cache. Not thread-safe, and it need not be: its worker
+    changes it from one place at a time, its compute loop, which applies what arrives in
+    order between steps (``cancel`` and ``expire`` through the worker's queue, on the torch
+    thread where ``step`` runs), so nothing changes ``live`` or ``waiting`` during a step."""
+
     def __init__(
         self,
         model: ShardModel,

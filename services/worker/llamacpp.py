@@ -11,6 +11,7 @@ newer epoch, the head starts its server on the new route, and the owner re-sends
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -91,28 +92,28 @@ class LlamaWorker(ServedWorker):
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         return (current.spans, current.endpoints) == (task.spans, task.endpoints)
 
-    async def on_task(self, task: ShardTask) -> None:
+    async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
         if task.shard_index == 0:
-            await super().on_task(task)
-            return
+            return await super().on_task(task)
         current = self.lent.get(task.deployment_id)
         if task.action == "unload":
             if current is not None and current.epoch <= task.epoch:
                 self.device.unassign(work_key(current))
                 del self.lent[task.deployment_id]
                 await self.status(task, "unloaded")
-            return
+            return None
         if current is not None and current.epoch >= task.epoch:
-            return
+            return None
         reason = self.refusal(task)
         if reason is not None:
             await self.status(task, "refused", reason)
-            return
+            return None
         if current is not None:
             self.device.unassign(work_key(current))
         self.lent[task.deployment_id] = task
         self.device.assign(work_key(task), shard_intensity(task))
         await self.status(task, "loaded")  # the head's llama-server loads our layers
+        return None
 
 
 def whole_task(deployment_id: str, device_id: str) -> ShardTask:

@@ -1,6 +1,8 @@
 """A worker whose deployment runs in an engine server process (vLLM, llama.cpp's server).
 
-A ``load`` task of a deployment's first shard starts (or keeps) the engine's server for it;
+A ``load`` task of a deployment's first shard starts (or keeps) the engine's server for it,
+beside the shard-task consumer (its message is kept until the start ends), so an unload or a
+newer task taken meanwhile supersedes the start instead of waiting behind it;
 each request streams from the server token by token into ``TokenChunk``s, from index
 ``len(generated_token_ids)`` on, so a request re-run after a migration continues where the
 user's stream stopped. Requests of every epoch wait while the server starts (up to ``park_s``).
@@ -60,6 +62,8 @@ class ServedWorker(DeviceWorker):
         self.ready = asyncio.Event()
         self.running: dict[str, asyncio.Task[None]] = {}
         self.watcher: asyncio.Task[None] | None = None
+        #: The engine's start in flight (``_load``), off the shard-task consumer's callback.
+        self.starting: asyncio.Task[None] | None = None
 
     # -- what an engine decides ----------------------------------------------------------------
     def refusal(self, task: ShardTask) -> str | None:
@@ -87,45 +91,72 @@ class ServedWorker(DeviceWorker):
         await self._stop_server()
 
     # -- shard tasks ---------------------------------------------------------------------------
-    async def on_task(self, task: ShardTask) -> None:
+    async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
+        """Take a shard task at once: a load that needs an engine started returns the start
+        (``_load``), which runs off the consumer's callback, so an unload or a newer task
+        arriving meanwhile is taken without waiting and supersedes it."""
         current = self.task
         same = current is not None and current.deployment_id == task.deployment_id
         if task.action == "unload":
             if same and current is not None and current.epoch <= task.epoch:
+                self.task = None  # first: a start in flight sees it is superseded
                 await self._stop_server()
                 self.device.unassign(work_key(current))
-                self.task = None
                 await self.status(task, "unloaded")
-            return
+            return None
         if same and current is not None and current.epoch >= task.epoch:
-            return  # a repeat, or older than what runs here
+            if current.epoch == task.epoch and self.ready.is_set():
+                # A repeat of what serves here (a scheduler that took over re-sends the load
+                # tasks of its plans): say so again, its first answer may have been lost.
+                await self.status(task, "loaded")
+            return None  # else older than what runs here, or its start in flight answers
         reason = self.refusal(task)
         if reason is None and current is not None and not same:
             reason = f"{self.device_id} already serves {current.deployment_id}"
         if reason is not None:
             await self.status(task, "refused", reason)
-            return
+            return None
         self.task = task  # requests of this epoch wait for `ready` from now on
         if current is not None:
             self.device.unassign(work_key(current))
-        self.device.assign(work_key(task), shard_intensity(task))
         if current is not None and self.ready.is_set() and self.same_server(current, task):
+            self.device.assign(work_key(task), shard_intensity(task))  # loaded already
             await self.status(task, "loaded")  # the same server, moved to a newer epoch
-            return
-        await self._stop_server()
+            return None
+        await self._stop_server()  # and a start in flight: this task supersedes it
+        self.starting = asyncio.create_task(self._load(task))
+        return self.starting
+
+    async def _load(self, task: ShardTask) -> None:
+        """Start the engine for ``task`` and report how it went. Returns once ``task`` is
+        done with: serving, failed, or superseded (an unload or a newer task came meanwhile:
+        that one reports); cancelled only when the worker closes, so that ``task`` is
+        delivered again to its next process."""
         try:
             load_s = await self._start(task)
+        except asyncio.CancelledError:
+            if self.task is task:
+                raise  # the worker stops
+            self._loaded((task.deployment_id, task.shard_index, task.epoch))  # superseded
+            return
         except EngineError as exc:
+            if self.task is not task:
+                self._loaded((task.deployment_id, task.shard_index, task.epoch))  # superseded
+                return
             log.error("engine failed to start", extra={"reason": str(exc)})
             self.device.unassign(work_key(task))
             self.task = None
             await self.status(task, "failed", str(exc)[:2000])
             return
         log.info("serving", extra={"deployment_id": task.deployment_id, "load_s": load_s})
+        # The device works from now on: a refused or failed start leaves its power and load be.
+        self.device.assign(work_key(task), shard_intensity(task))
         await self.status(task, "loaded", load_s=load_s)
 
     async def _start(self, task: ShardTask) -> float:
-        """Start a server for ``task`` (it stops itself when it fails) and watch it."""
+        """Start a server for ``task`` (it stops itself when it fails) and watch it; the
+        shard is reported loading meanwhile (its caller reports how it ended)."""
+        await self.begin_loading(task)
         server = self.server = self.make_server(task)
         try:
             load_s = await server.start(self.start_s)
@@ -152,14 +183,20 @@ class ServedWorker(DeviceWorker):
         await server.stop()
         while self.task is task:
             try:
-                await self._start(task)
+                load_s = await self._start(task)
+                await self.status(task, "loaded", load_s=load_s)  # serving again
                 return
             except EngineError as exc:
                 log.warning("engine did not start again", extra={"reason": str(exc)[:300]})
                 await asyncio.sleep(RESTART_S)
 
     async def _stop_server(self) -> None:
+        """Stop the engine, and its start if one is in flight (waiting until it has ended)."""
         self.ready.clear()
+        starting, self.starting = self.starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.wait([starting])
         watcher, self.watcher = self.watcher, None
         if watcher is not None:
             watcher.cancel()

@@ -3,6 +3,8 @@
 One process stands in for one device. It listens on its device's subjects, through the ``Bus``:
 
 - ``SHARD_TASK`` (a durable consumer): load or unload a shard; answers on ``SHARD_STATUS``.
+  A load runs beside the consumer (its message kept until it ends), so an unload or a newer
+  epoch of the same deployment is taken at once and supersedes it.
 - ``GENERATION``: a new request, when this device holds a deployment's first shard.
 - ``HIDDEN``: binary frames from the previous shard (or sampled tokens from the last).
 - ``CANCEL``: drop a request everywhere.
@@ -11,8 +13,8 @@ Work for a shard that is still loading (a newer epoch) is parked, not lost; work
 epoch is dropped. Compute runs on one thread: each step takes everything that arrived since
 the last and runs all of a shard's active requests as one batch (continuous batching, see
 engine.py). A slower emulated class sleeps in proportion to each step's compute. The device's
-telemetry (announce, samples, heartbeats) comes from the same process, so killing the worker
-is a device failure the scheduler sees.
+telemetry (its announce and samples; a sample is its heartbeat) comes from the same process, so
+killing the worker is a device failure the scheduler sees.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shard import DEFAULT_PRECISION, ShardModel, shard_bytes
+from libs.models.store import MODEL_NAME
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
 from libs.runtime.tracing import TRACEPARENT, carried, step
 from services.worker.actions import Action, Emit
@@ -76,6 +79,21 @@ class Item:
     headers: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Cancel:
+    """Drop a request from a deployment's engine (queued: applied between steps)."""
+
+    deployment_id: str
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Expire:
+    """Drop the requests idle for ``idle_s`` from every engine (queued like ``Cancel``)."""
+
+    idle_s: float
+
+
 class Worker(DeviceWorker):
     """The torch engine: layer shards of the prepared model in ``folder``."""
 
@@ -86,6 +104,7 @@ class Worker(DeviceWorker):
         folder: Path,
         *,
         precision: str = DEFAULT_PRECISION,
+        model: str = MODEL_NAME,
         max_active: int = 16,
         park_s: float = 60.0,
         metrics: WorkerMetrics | None = None,
@@ -95,6 +114,8 @@ class Worker(DeviceWorker):
         from transformers import AutoTokenizer, GenerationConfig
 
         super().__init__(bus, device, metrics, clock)
+        #: The model ``folder`` holds: a task for another one is refused.
+        self.model_name = model
         self.folder = folder
         self.precision = precision
         self.max_active = max_active
@@ -105,9 +126,15 @@ class Worker(DeviceWorker):
         self.stop_ids = frozenset(int(e) for e in eos_ids if e is not None)
         self.engines: dict[str, ShardEngine] = {}
         self.models: dict[tuple[int, int, str], ShardModel] = {}  #: (start, end, precision)
+        #: Loads in flight (``_load``), by deployment: they run off the shard-task consumer's
+        #: callback, so an unload or a newer task is taken while one runs.
+        self.loads: dict[str, tuple[ShardTask, asyncio.Task[None]]] = {}
         self.parked: list[Item] = []
         self.cancelled: dict[str, float] = {}
-        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        #: What the compute loop applies to the engines, in arrival order. An engine's state
+        #: is changed only there, and on the torch thread: steps, cancels and expiries run on
+        #: it, so a cancel never lands in the middle of a step.
+        self.queue: asyncio.Queue[Item | Cancel | Expire] = asyncio.Queue()
         #: The trace context of a traced request's first item, until its step runs.
         self.traced: dict[str, dict[str, str]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -128,6 +155,12 @@ class Worker(DeviceWorker):
 
     async def close(self) -> None:
         await super().close()
+        loads = [load for _, load in self.loads.values()]
+        for load in loads:
+            load.cancel()  # kept in `loads`: each sees it was not superseded (and re-raises)
+        if loads:
+            await asyncio.wait(loads)
+        self.loads.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -135,42 +168,94 @@ class Worker(DeviceWorker):
         self.compute.shutdown(wait=False, cancel_futures=True)
 
     # -- shard tasks ------------------------------------------------------------------------
-    async def on_task(self, task: ShardTask) -> None:
+    async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
+        """Take a shard task at once. A load returns its work (``_load``), which runs off the
+        consumer's callback, so an unload or a newer task of the same deployment arriving
+        meanwhile is taken without waiting and supersedes it."""
         current = self.engines.get(task.deployment_id)
         if task.action == "unload":
+            dropped = self._supersede(task.deployment_id, task.epoch)
             if current is not None and current.epoch <= task.epoch:
                 del self.engines[task.deployment_id]
                 self.device.unassign(work_key(task))
                 self._update_gauges()
+                dropped = True
+            if dropped:
                 await self.status(task, "unloaded")
-            return
+            return None
         if current is not None and current.epoch >= task.epoch:
-            return  # a repeat, or older than what runs here
+            if current.epoch == task.epoch:
+                # A repeat of what serves here (a scheduler that took over re-sends the load
+                # tasks of its plans): say so again, its first answer may have been lost.
+                await self.status(task, "loaded")
+            return None  # else older than what runs here
+        pending = self.loads.get(task.deployment_id)
+        if pending is not None and pending[0].epoch == task.epoch:
+            return pending[1]  # the load in flight, delivered again: settled by how it ends
+        if pending is not None and pending[0].epoch > task.epoch:
+            return None  # older than the load in flight
+        if task.model != self.model_name:
+            reason = f"{self.device_id} has no weights of {task.model}: it serves {self.model_name}"
+            log.warning("refused shard", extra={"reason": reason})
+            await self.status(task, "refused", reason)
+            return None
+        self._supersede(task.deployment_id, task.epoch)
+        load = asyncio.create_task(self._load(task))
+        self.loads[task.deployment_id] = (task, load)
+        return load
+
+    def _supersede(self, deployment_id: str, epoch: int) -> bool:
+        """Drop the load of ``deployment_id`` in flight if it is for ``epoch`` or an older one
+        (True if there was one). It reports nothing; what it ran on the torch thread, which
+        cannot be interrupted, ends there and its result is dropped."""
+        pending = self.loads.get(deployment_id)
+        if pending is None or pending[0].epoch > epoch:
+            return False
+        task, load = self.loads.pop(deployment_id)  # first: the load sees it was superseded
+        self._loaded((task.deployment_id, task.shard_index, task.epoch))  # no more "loading"
+        load.cancel()
+        return True
+
+    def _loading(self, task: ShardTask) -> bool:
+        """Whether ``task``'s load is still the one in flight for its deployment."""
+        pending = self.loads.get(task.deployment_id)
+        return pending is not None and pending[0] is task
+
+    async def _load(self, task: ShardTask) -> None:
+        """Load ``task``'s shard, then run it and report it ``loaded`` (the device works from
+        then on), or report it refused or failed. Returns once ``task`` is done with, or
+        superseded (an unload or a newer task: that one reports, this one nothing); cancelled
+        only when the worker closes, so that ``task`` is delivered again to its next process."""
         started = time.monotonic()
         precision = task.precision or self.precision  # the deployment's, else this worker's
         try:
-            need = await self._torch(
-                shard_bytes, self.folder, task.layer_start, task.layer_end, precision
-            )
-            room = self.device.memory_limit_gb * MEMORY_SHARE * 1e9
-            if need > room:
-                reason = (
-                    f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
-                    f"{self.device_id} ({room / 1e9:.2f} GB usable)"
-                )
-                log.warning("refused shard", extra={"reason": reason})
-                await self.status(task, "refused", reason)
-                return
-            model = await self.model(task.layer_start, task.layer_end, precision)
+            await self.begin_loading(task)
+            loaded = await self._shard_model(task, precision)
+        except asyncio.CancelledError:
+            if self._loading(task):
+                raise  # the worker closes: the task is not acknowledged
+            return  # superseded
         except Exception as exc:
+            if not self._loading(task):
+                return
+            del self.loads[task.deployment_id]
             log.exception("shard load failed", extra={"deployment_id": task.deployment_id})
             await self.status(task, "failed", f"{type(exc).__name__}: {exc}")
             return
+        if not self._loading(task):
+            return  # superseded as it ended: its result is dropped
+        del self.loads[task.deployment_id]
+        if isinstance(loaded, str):
+            log.warning("refused shard", extra={"reason": loaded})
+            await self.status(task, "refused", loaded)
+            return
         route = task.route or (task.device_id,)
         self.engines[task.deployment_id] = ShardEngine(
-            model, task, route, self.tokenizer, self.stop_ids, self.clock, self.max_active
+            loaded, task, route, self.tokenizer, self.stop_ids, self.clock, self.max_active
         )
+        # Only now the device works: a refused or failed shard leaves its power and load be.
         self.device.assign(work_key(task), shard_intensity(task))
+        self._unpark(task.deployment_id)  # before the report: an unload may come meanwhile
         self._update_gauges()
         load_s = time.monotonic() - started
         log.info(
@@ -184,7 +269,19 @@ class Worker(DeviceWorker):
             },
         )
         await self.status(task, "loaded", load_s=load_s)
-        self._unpark(task.deployment_id)
+
+    async def _shard_model(self, task: ShardTask, precision: str) -> ShardModel | str:
+        """The model of ``task``'s shard in ``precision``, or why it does not fit this device."""
+        need = await self._torch(
+            shard_bytes, self.folder, task.layer_start, task.layer_end, precision
+        )
+        room = self.device.memory_limit_gb * MEMORY_SHARE * 1e9
+        if need > room:
+            return (
+                f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
+                f"{self.device_id} ({room / 1e9:.2f} GB usable)"
+            )
+        return await self.model(task.layer_start, task.layer_end, precision)
 
     async def _torch(self, function: Callable[..., T], *args: object) -> T:
         """``function(*args)`` on the torch thread."""
@@ -266,9 +363,8 @@ class Worker(DeviceWorker):
     async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         deployment_id = CANCEL.token_of(delivery.subject, "deployment_id")
         self.cancelled[cancel.request_id] = time.monotonic()
-        engine = self.engines.get(deployment_id)
-        if engine is not None and engine.cancel(cancel.request_id):
-            log.info("cancelled", extra={"request_id": cancel.request_id})
+        if deployment_id in self.engines:
+            self.queue.put_nowait(Cancel(deployment_id, cancel.request_id))
 
     def _accept(self, item: Item) -> None:
         engine = self.engines.get(item.deployment_id)
@@ -298,8 +394,8 @@ class Worker(DeviceWorker):
                 await self.emit(
                     failure(item.request, f"no shard of {item.deployment_id} loaded on here")
                 )
-        for engine in self.engines.values():
-            engine.expire(idle_s)
+        if self.engines:
+            self.queue.put_nowait(Expire(idle_s))
         self.cancelled = {r: t for r, t in self.cancelled.items() if now - t < idle_s}
         self._update_gauges()
 
@@ -317,7 +413,10 @@ class Worker(DeviceWorker):
                     await self._step(deployment_id, engine)
             self._update_gauges()
 
-    async def _take(self, item: Item) -> None:
+    async def _take(self, item: Item | Cancel | Expire) -> None:
+        if isinstance(item, Cancel | Expire):
+            await self._control(item)
+            return
         engine = self.engines.get(item.deployment_id)
         if engine is None or engine.epoch != item.epoch:
             return
@@ -329,6 +428,20 @@ class Worker(DeviceWorker):
         else:
             assert item.frame is not None
             engine.receive(item.frame, item.rows, self.cancelled)
+
+    async def _control(self, item: Cancel | Expire) -> None:
+        """A cancel or an expiry, applied on the torch thread between steps."""
+        if isinstance(item, Cancel):
+            engine = self.engines.get(item.deployment_id)
+            if engine is not None and await self._torch(engine.cancel, item.request_id):
+                log.info("cancelled", extra={"request_id": item.request_id})
+            return
+        for deployment_id, engine in list(self.engines.items()):
+            for request_id in await self._torch(engine.expire, item.idle_s):
+                log.warning(
+                    "dropped an idle request (its end was lost)",
+                    extra={"request_id": request_id, "deployment_id": deployment_id},
+                )
 
     async def _step(self, deployment_id: str, engine: ShardEngine) -> None:
         task = engine.task

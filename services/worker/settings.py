@@ -14,6 +14,8 @@ from libs.contracts.base import Precision
 from libs.runtime.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
+#: vLLM's default ``--max-num-seqs``: the most sequences it batches at once.
+VLLM_MAX_SEQS = 256
 
 
 class WorkerSettings(ServiceSettings):
@@ -34,7 +36,7 @@ class WorkerSettings(ServiceSettings):
     #: ``torch``: layer shards on the CPU in PyTorch; ``llamacpp``: layer shards in llama.cpp
     #: (its RPC backend across devices); ``vllm``: whole models in a vLLM server process.
     engine: Literal["torch", "llamacpp", "vllm"] = "torch"
-    #: Telemetry and heartbeat period (s); the failure detector waits three of these.
+    #: Telemetry period (s): each sample is the heartbeat; the failure detector waits three.
     interval_s: float = Field(1.0, ge=0.1, le=10.0)
     #: How the torch engine holds weights: int8 (weight-only, a quarter of float32's bytes and
     #: the fastest here, see the README), bfloat16 or float32.
@@ -59,6 +61,8 @@ class WorkerSettings(ServiceSettings):
     #: CUDA graphs off: required by the CPU build, slower on a GPU (set false there).
     vllm_eager: bool = True
     vllm_start_s: float = Field(300.0, gt=0)
+    #: Tokens of context vLLM gives each request (its ``--max-model-len``).
+    vllm_context: int = Field(2048, ge=128, le=1_048_576)
     #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
     #: on (reachable by the other devices: a joined host's own address), threads (default:
     #: every core), requests batched at once (more wait for a slot; the scheduler counts 8
@@ -73,3 +77,24 @@ class WorkerSettings(ServiceSettings):
     @property
     def llama_thread_count(self) -> int:
         return self.llama_threads or os.cpu_count() or 1
+
+    @property
+    def slots(self) -> int:
+        """Requests this worker's engine serves at once, as the device announces it: the torch
+        ring runs a deployment's steps one at a time (1), llama.cpp its request slots, vLLM
+        every request this worker accepts (``max_active``; vLLM's own cap is 256)."""
+        if self.engine == "llamacpp":
+            return self.llama_slots
+        if self.engine == "vllm":
+            return min(self.max_active, VLLM_MAX_SEQS)
+        return 1
+
+    @property
+    def context_length(self) -> int | None:
+        """Each request's context where a task names none (None: the torch ring takes the
+        deployment's, it keeps no fixed cache)."""
+        if self.engine == "llamacpp":
+            return self.llama_context
+        if self.engine == "vllm":
+            return self.vllm_context
+        return None

@@ -39,11 +39,17 @@ class VllmWorker(ServedWorker):
 
 
 def server_factory(
-    python: Path, folder: Path, *, dtype: str, kv_cache_gb: int, eager: bool
+    python: Path, folder: Path, *, dtype: str, kv_cache_gb: int, eager: bool, context: int = 2048
 ) -> Callable[[ShardTask], EngineServer]:
     def make(task: ShardTask) -> EngineServer:
         return VllmServer(
-            python, folder, task.deployment_id, dtype=dtype, kv_cache_gb=kv_cache_gb, eager=eager
+            python,
+            folder,
+            task.deployment_id,
+            dtype=dtype,
+            kv_cache_gb=kv_cache_gb,
+            eager=eager,
+            max_model_len=context,
         )
 
     return make

@@ -98,6 +98,9 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     known = {row["device_id"] for row in api(cluster, "/v1/cluster/devices")}
     until(browser, lambda: set(shown_devices(browser)) == known)
     until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .shard"))
+    # Each deployment with its phase: the model's workers loaded it, so it serves.
+    phase = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .phase"))
+    assert [p.text for p in phase] == ["serving"]
 
     # The mode control changes the cluster's mode.
     until(browser, lambda: browser.find_element(By.ID, "mode").is_enabled())

@@ -1,9 +1,14 @@
-"""`tessera up` starts the cluster, says ready, serves /healthz, and cleans up after itself."""
+"""`tessera up` starts the cluster, says ready, serves /healthz, and cleans up after itself; a
+model no worker can serve is refused (by `tessera up` and `tessera deploy`, with the workers'
+reasons), is not listed by /v1/models, and leaves every device's power and load as they were."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,3 +57,98 @@ def test_a_service_that_dies_is_reported_and_brings_the_cluster_down(
     cluster.wait_for("gateway stopped by SIGKILL unexpectedly", timeout_s=10)
     assert cluster.process.wait(30) == 1
     assert [pid for pid in children if alive(pid)] == []
+
+
+MODEL = "smollm2-135m-instruct"
+#: Planned on the workers' memory, but no worker has its weights: each refuses its shard.
+UNSERVED = "llama-3.2-1b-instruct"
+
+
+@pytest.fixture(scope="module")
+def refusing() -> Iterator[RunningCluster]:
+    """`tessera up` deploying the shipped model and one no worker can serve."""
+    running = RunningCluster("--deploy", MODEL, "--deploy", UNSERVED)
+    running.wait_for("ready:", 300)
+    yield running
+    running.stop()
+
+
+Reading = tuple[int, int, float, float, float]
+
+
+def readings(cluster: RunningCluster) -> dict[str, Reading]:
+    """Each device's last sample as the cluster reports it: (seq, running tasks, load, W,
+    clock share)."""
+    rows = httpx.get(f"{cluster.base_url}/v1/cluster/devices", timeout=5).json()
+    return {
+        r["device_id"]: (
+            s["seq"],
+            s["running_tasks"],
+            s["cpu_utilisation"],
+            s["power_w"],
+            s["frequency_scale"],
+        )
+        for r in rows
+        if (s := r.get("sample"))
+    }
+
+
+def fresh_readings(cluster: RunningCluster, after: dict[str, Reading]) -> dict[str, Reading]:
+    """Readings two samples newer than ``after`` for every device."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = readings(cluster)
+        if all(d in now and now[d][0] >= seq + 2 for d, (seq, *_) in after.items()):
+            return now
+        time.sleep(0.2)
+    raise AssertionError("no fresh samples within 60 s")
+
+
+def test_a_model_no_worker_can_serve_is_refused_not_listed_and_leaves_the_devices_be(
+    refusing: RunningCluster,
+) -> None:
+    [said] = [line for line in refusing.lines if f"could not deploy {UNSERVED}" in line]
+    assert "refused" in said, said
+    assert "serves only" in said or "no weights of" in said, said  # the workers' reasons
+    assert any(f"deployed {MODEL} on" in line for line in refusing.lines)
+    base = refusing.base_url
+    before = fresh_readings(refusing, readings(refusing))
+    assert {"worker-0", "worker-1"} <= set(before)
+
+    env = {**os.environ, "TESSERA_RUN_FILE": str(refusing.run_file), "COLUMNS": "200"}
+    deploy = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", "deploy", UNSERVED, "--id", "again"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = " ".join(deploy.stdout.split())
+    assert deploy.returncode == 1, out + deploy.stderr
+    assert "again refused" in out, out
+    # The workers' own reasons: no weights of that model (torch), or only SmolLM2's GGUF.
+    assert "no weights of" in out or "serves only" in out, out
+
+    models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
+    assert [m["id"] for m in models] == [MODEL]
+    after = fresh_readings(refusing, before)
+    for device, (_, tasks, load, watts, clock) in before.items():
+        _, tasks_now, load_now, watts_now, clock_now = after[device]
+        assert tasks_now == tasks, device
+        if clock_now == clock:  # the scheduler's clock hints move load and power; not this
+            assert load_now == load, device
+            assert watts_now <= watts + 1e-6, device  # as it was, or asleep since
+
+    # A model a worker can serve: followed until it serves, then listed.
+    second = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", "deploy", MODEL, "--id", "second"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = " ".join(second.stdout.split())
+    assert second.returncode == 0, out + second.stderr
+    assert "second serving on" in out, out
+    models = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
+    assert sorted(m["id"] for m in models) == ["second", MODEL]

@@ -23,7 +23,7 @@ from libs.models.store import MODEL_NAME, gguf_path, prepare
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook
-from services.scheduler.replicas import SLOTS
+from services.scheduler.replicas import ENGINE_SLOTS
 from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.llamacpp import LAYERS, whole_task
 from services.worker.settings import WorkerSettings
@@ -196,7 +196,7 @@ async def test_a_devices_shard_takes_the_memory_the_placement_counts_for_it() ->
     try:
         await server.start(60.0)
         grown = resident_bytes(rpc.proc.pid) - before
-        spec = as_gguf(CATALOGUE[MODEL_NAME], SLOTS["llamacpp"])
+        spec = as_gguf(CATALOGUE[MODEL_NAME], ENGINE_SLOTS["llamacpp"])
         counted = (spec.shard_gb(15, False, True, 1024) - spec.runtime_overhead_gb) * GB
         assert abs(grown - counted) <= 0.1 * counted, (grown, counted)
     finally:

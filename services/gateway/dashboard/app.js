@@ -117,11 +117,31 @@ async function loadDeployments() {
         title: `${a.device_id}: layers ${a.layer_start}–${a.layer_end - 1}, ${a.memory_gb?.toFixed(2)} GB`,
       }, element("b", {}, a.device_id), element("span", {}, `layers ${a.layer_start}–${a.layer_end - 1}`));
     }));
-    return element("div", { className: "deployment" },
-      element("h3", {}, `${d.deployment_id} `, element("span", { className: "muted" },
-        `${d.model} · epoch ${d.epoch} · ${total} layers on ${d.assignments.length} device(s)`)),
+    const phase = d.phase || "serving";
+    const percent = Math.round((d.progress || 0) * 100);
+    const said = phase === "loading" ? `loading ${percent} %` : phase;
+    return element("div", { className: `deployment ${phase}` },
+      element("h3", {}, `${d.deployment_id} `, element("span", { className: `phase ${phase}` }, said), " ",
+        element("span", { className: "muted" },
+          `${d.model} · epoch ${d.epoch} · ${total} layers on ${d.assignments.length} device(s)`)),
+      phase === "loading" || phase === "pending"
+        ? element("progress", { max: 100, value: percent, title: `${percent} % loaded` }) : "",
+      d.reason && phase !== "serving" ? element("p", { className: "reason" }, d.reason) : "",
       bar);
   }));
+}
+
+// A deployment's phase or progress changed: drawn again, at most once a second.
+let redraw = null;
+const phases = new Map();
+function deploymentChanged(status) {
+  const changed = phases.get(status.deployment_id) !== status.phase;
+  phases.set(status.deployment_id, status.phase);
+  if (changed && ["serving", "refused", "failed"].includes(status.phase)) {
+    const why = status.reason && status.phase !== "serving" ? `: ${status.reason}` : "";
+    note(`${status.deployment_id} ${status.phase}${why}`, status.phase === "serving" ? "" : "failed");
+  }
+  redraw = redraw || setTimeout(() => { redraw = null; loadDeployments().catch(() => {}); }, 1000);
 }
 
 async function loadMode() {
@@ -207,9 +227,12 @@ function onEvent(event) {
     case "placement":
       note(event.migration
         ? `migration: ${event.task_id} moved to ${event.assignments.map((a) => a.device_id).join(", ")} (epoch ${event.epoch})`
-        : `deployed ${event.task_id} on ${event.assignments.map((a) => a.device_id).join(", ")}`,
+        : `placed ${event.task_id} on ${event.assignments.map((a) => a.device_id).join(", ")}`,
         event.migration ? "migration" : "");
       loadDeployments().catch(() => {});
+      break;
+    case "deployment":
+      deploymentChanged(event);
       break;
     case "mode":
       note(`mode ${event.previous} → ${event.mode}: ${event.reason}`, "mode");

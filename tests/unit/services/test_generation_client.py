@@ -4,6 +4,7 @@ new placement and continues after the tokens already streamed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,22 +12,27 @@ from typing import Any
 import pytest
 
 from libs.contracts import (
+    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     GENERATION,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     TOKENS,
     Assignment,
+    DeploymentStatus,
     DeviceFailed,
     GenerationRequest,
+    InferenceRequest,
     Mode,
     PlacementDecision,
     PlacementRequest,
     Sampling,
+    ShardProgress,
     TokenChunk,
 )
 from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
 from services.gateway.generation import GenerationClient, Route, RouteBook
+from tests.waiting import wait_until
 
 #: What the model would answer, whole.
 ANSWER = [101, 102, 103, 104, 105, 106]
@@ -102,23 +108,41 @@ async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
     first, second = Shard(bus, "dev-a", stop_after=2), Shard(bus, "dev-c")
     await first.serve("smol")
     await second.serve("smol")
-    client = GenerationClient(bus, routes, place_s=0.05, move_s=5.0)
+    client = GenerationClient(bus, routes, place_s=0.05, move_s=0.2)
     stream = client.stream("smol", "r2", [1, 2, 3], Sampling(max_tokens=len(ANSWER)))
     got = [await anext(stream), await anext(stream)]  # dev-a streams two tokens, then dies
+
+    async def rest() -> list[TokenChunk]:
+        return [chunk async for chunk in stream]
+
+    following = asyncio.create_task(rest())  # the stream goes on meanwhile
     failed = DeviceFailed(device_id="dev-a", ts=time.time(), last_seen_ts=0.0, missed_heartbeats=3)
     await bus.publish(DEVICE_FAILED, failed, device_id="dev-a")
-    moved = PlacementDecision(
-        task_id="smol",
-        kind="deployment",
-        placed=True,
-        assignments=(Assignment(device_id="dev-c"),),
-        policy="partition",
-        mode=Mode.BALANCED,
+    # The scheduler re-placed it on dev-c, whose worker takes longer than ``move_s`` to load
+    # it: the stream waits for the new plan rather than fail.
+    loading = DeploymentStatus(
+        deployment_id="smol",
+        model="smollm2-135m-instruct",
+        phase="loading",
         epoch=2,
+        progress=0.5,
+        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loading", progress=0.5),),
         ts=time.time(),
     )
-    await bus.publish(PLACEMENT_DECISION, moved, task_id="smol")
-    got += [chunk async for chunk in stream]
+    await bus.publish(DEPLOYMENT_STATUS, loading, deployment_id="smol")
+    await asyncio.sleep(0.5)  # the load's duration, longer than move_s
+    # Loaded: it serves at epoch 2.
+    moved = DeploymentStatus(
+        deployment_id="smol",
+        model="smollm2-135m-instruct",
+        phase="serving",
+        epoch=2,
+        progress=1.0,
+        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loaded", progress=1.0),),
+        ts=time.time(),
+    )
+    await bus.publish(DEPLOYMENT_STATUS, moved, deployment_id="smol")
+    got += await following
     assert [c.token_id for c in got if c.token_id is not None] == ANSWER  # no hole, no repeat
     assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].epoch == 2
     [resumed] = second.requests
@@ -152,3 +176,62 @@ async def test_a_stream_goes_to_the_replica_the_scheduler_chose(bus: MemoryBus) 
     assert [c.token_id for c in chunks if c.token_id is not None] == ANSWER
     assert [r.request_id for r in replica.requests] == ["r3"] and base.requests == []
     assert [r.deployment_id for r in replica.requests] == ["smol-r2"]
+
+
+async def test_a_request_waits_while_its_deployment_loads_and_runs_once_it_serves(
+    bus: MemoryBus,
+) -> None:
+    """The scheduler routes only to copies that serve: a request that arrives while its
+    deployment loads (after a move) waits for the status saying it serves, then runs there;
+    one whose deployment was refused fails at once with the reason."""
+    routes = RouteBook()
+    await routes.watch(bus)
+    shard = Shard(bus, "dev-c")
+    await shard.serve("smol")
+    serving = False
+    asked: list[str] = []
+
+    async def scheduler(request: PlacementRequest, delivery: MemoryDelivery) -> None:
+        task = request.task
+        assert isinstance(task, InferenceRequest)
+        asked.append(task.request_id)
+        placed = serving or task.model == "gone"
+        refused = task.model == "gone"
+        decision = PlacementDecision(
+            task_id=task.request_id,
+            kind="inference",
+            placed=placed and not refused,
+            assignments=(Assignment(device_id="dev-c"),) if placed and not refused else (),
+            reason=None
+            if placed and not refused
+            else "not_serving: gone refused (0%): dev-x refused: no weights"
+            if refused
+            else "not_serving: smol loading (50%)",
+            policy="dwps",
+            mode=Mode.BALANCED,
+            epoch=2,
+            ts=time.time(),
+            deployment_id="smol" if placed and not refused else None,
+        )
+        await bus.reply(delivery.reply, PLACEMENT_DECISION, decision)
+
+    await bus.subscribe(PLACEMENT_REQUEST, scheduler)
+    client = GenerationClient(bus, routes, place_s=1.0)
+    stream = asyncio.create_task(collect(client, "r4"))
+    await wait_until(lambda: len(asked) >= 1, 5)
+    assert not stream.done() and shard.requests == []  # waiting, not sent anywhere
+    serving = True
+    now_serving = DeploymentStatus(
+        deployment_id="smol",
+        model="smollm2-135m-instruct",
+        phase="serving",
+        epoch=2,
+        progress=1.0,
+        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loaded", progress=1.0),),
+        ts=time.time(),
+    )
+    await bus.publish(DEPLOYMENT_STATUS, now_serving, deployment_id="smol")
+    chunks = await stream
+    assert [c.token_id for c in chunks if c.token_id is not None] == ANSWER
+    [refused] = [c async for c in client.stream("gone", "r5", [1], Sampling(max_tokens=2))]
+    assert refused.finish_reason == "error" and "no weights" in (refused.error or "")

@@ -1,6 +1,7 @@
 """The scheduler's handlers on the in-memory bus and an in-memory Redis (``fakeredis``):
-deployments become shard tasks in a ring, requests for a deployed model are routed at once,
-a failed device's shards move (tests/integration runs the same on real servers)."""
+deployments become shard tasks in a ring, requests for a deployed model (once its workers
+report it loaded) are routed at once, a failed device's shards move (tests/integration runs
+the same on real servers)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from libs.contracts import (
     MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
+    SHARD_STATUS,
     SHARD_TASK,
     DeviceAnnounce,
     DeviceClass,
@@ -24,6 +26,7 @@ from libs.contracts import (
     Mode,
     ModelDeployment,
     PlacementRequest,
+    ShardStatus,
     ShardTask,
 )
 from libs.contracts.keys import DeviceField, Keys, scored_fields
@@ -34,6 +37,7 @@ from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.view import CLASS_SLOTS
 from tests.builders import NOW, make_capabilities, make_telemetry
 from tests.waiting import wait_until
 
@@ -48,9 +52,11 @@ async def seed(
     memory_gb: float = 1.0,
     tflops: float = 1.0,
     engine: str = "torch",
+    slots: int | None = None,
 ) -> None:
     """What the scorer would have written for a scored workstation with a worker of
-    ``engine`` (a llamacpp one announces its RPC server's address)."""
+    ``engine`` (a llamacpp one announces its RPC server's address) running ``slots``
+    requests at once (None: it announces none)."""
     announce = DeviceAnnounce(
         device_id=device_id,
         device_class=DeviceClass.WORKSTATION,
@@ -59,6 +65,7 @@ async def seed(
         interval_s=1.0,
         engines=(engine,),
         rpc_endpoint=f"{device_id}.lan:50052" if engine == "llamacpp" else None,
+        slots=slots,
         ts=NOW,
     )
     sample = make_telemetry(
@@ -74,14 +81,16 @@ async def seed(
 
 
 async def start(
-    devices: dict[str, tuple[float, float]], engines: dict[str, str] | None = None
+    devices: dict[str, tuple[float, float]],
+    engines: dict[str, str] | None = None,
+    slots: int | None = None,
 ) -> tuple[Scheduler, MemoryBus]:
     """A scheduler over ``devices`` (id → memory GB, FP32 TFLOP/s; their workers' engines:
-    torch unless ``engines`` says) on in-memory servers."""
+    torch unless ``engines`` says, announcing ``slots``) on in-memory servers."""
     bus, redis, keys = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Keys("u")
     for device_id, (memory_gb, tflops) in devices.items():
         engine = (engines or {}).get(device_id, "torch")
-        await seed(redis, keys, device_id, memory_gb, tflops, engine)
+        await seed(redis, keys, device_id, memory_gb, tflops, engine, slots)
     settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
     checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)
     service = Scheduler(settings, bus, redis, checkpoints, SchedulerMetrics.create(), lambda: NOW)
@@ -93,7 +102,7 @@ async def start(
 async def scheduler() -> AsyncIterator[tuple[Scheduler, MemoryBus]]:
     service, bus = await start(dict.fromkeys(DEVICES, (0.6, 1.0)))
     yield service, bus
-    await service.background.close()
+    await service.abandon()
     await bus.close()
 
 
@@ -101,6 +110,22 @@ async def deploy(bus: MemoryBus) -> Any:
     task = ModelDeployment(deployment_id="smol", model=MODEL, max_shards=3)
     request = PlacementRequest(task=task, ts=NOW)
     return await bus.request(PLACEMENT_REQUEST, request, PLACEMENT_DECISION, timeout_s=10)
+
+
+async def loaded(service: Scheduler, bus: MemoryBus, decision: Any) -> None:
+    """Each worker of ``decision``'s plan reports its shard loaded; wait until it serves."""
+    for a in decision.assignments:
+        status = ShardStatus(
+            deployment_id=decision.deployment_id,
+            device_id=a.device_id,
+            shard_index=a.shard_index,
+            epoch=decision.epoch,
+            state="loaded",
+            ts=NOW,
+        )
+        await bus.publish(SHARD_STATUS, status, device_id=a.device_id)
+    deployment = service.state.deployments
+    await wait_until(lambda: deployment[decision.deployment_id].phase == "serving", 10)
 
 
 def ring_is_whole(tasks: list[ShardTask], layers: int = 30) -> None:
@@ -128,8 +153,9 @@ async def test_a_deployment_is_answered_and_sent_as_a_ring_of_durable_shard_task
 async def test_a_request_for_a_deployed_model_is_routed_to_its_first_shard(
     scheduler: Any,
 ) -> None:
-    _, bus = scheduler
+    service, bus = scheduler
     deployed = await deploy(bus)
+    await loaded(service, bus, deployed)
     request = PlacementRequest(
         task=InferenceRequest(request_id="r1", model=MODEL, prompt_tokens=8, max_tokens=8),
         ts=NOW,
@@ -191,6 +217,8 @@ async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None
         PLACEMENT_REQUEST, PlacementRequest(task=task, ts=NOW), PLACEMENT_DECISION, 10
     )
     assert deployed.placed, deployed.reason
+    for copy in list(service.state.deployments.values()):
+        await loaded(service, bus, service.deployments.decision(copy, NOW))
     replicas = {d.deployment_id: d for d in service.state.deployments.values()}
     assert set(replicas) == {"smol", "smol-r2"} and replicas["smol-r2"].replica_of == "smol"
     on = {r: replicas[r].assignments[0].device_id for r in replicas}
@@ -212,7 +240,7 @@ async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None
     # wins); the 10th would end at 9t there, 8t on the slow one.
     chosen = [await route(i) for i in range(10)]
     assert chosen == ["fast"] * 4 + ["slow"] + ["fast"] * 4 + ["slow"]
-    await service.background.close()
+    await service.abandon()
     await bus.close()
 
 
@@ -232,7 +260,7 @@ async def test_a_deployments_precision_sizes_its_shards_and_reaches_each_worker(
             )
             assert decision.placed, decision.reason
             devices[precision] = len(decision.assignments)
-            await service.deployments.undeploy(task.deployment_id)  # room for the next
+            await service.undeploy(task.deployment_id)  # room for the next
         assert devices == {"int8": 1, "float32": 2}
         await bus.settle()
         loads = [t for t in bus.sent(SHARD_TASK) if t.action == "load"]
@@ -241,7 +269,7 @@ async def test_a_deployments_precision_sizes_its_shards_and_reaches_each_worker(
             ("smol-float32", "float32"),
         }
     finally:
-        await service.background.close()
+        await service.abandon()
         await bus.close()
 
 
@@ -274,5 +302,24 @@ async def test_llamacpp_workers_get_a_split_with_every_devices_rpc_address() -> 
             if engines is mixed:
                 assert {t.device_id for t in loads} == {"ws-a", "ws-b"}
         finally:
-            await service.background.close()
+            await service.abandon()
+            await bus.close()
+
+
+async def test_a_plan_counts_the_request_slots_its_workers_announce() -> None:
+    """llama.cpp keeps a KV cache per request slot: SmolLM2's GGUF with 2,048 tokens each
+    needs 0.72 GB with the engine's default 8 slots (split over 0.45 GB devices), 0.39 GB
+    with the 1 slot these workers announce (one device holds it). A device's announced slots
+    are its capacity in the view too (not its class's)."""
+    llamacpp = dict.fromkeys(DEVICES, "llamacpp")
+    for slots, whole in ((None, False), (1, True)):
+        service, bus = await start(dict.fromkeys(DEVICES, (0.6, 1.0)), llamacpp, slots)
+        try:
+            decision = await deploy(bus)
+            assert decision.placed, decision.reason
+            assert (len(decision.assignments) == 1) == whole, decision.assignments
+            [device] = service.view.devices({}, {}, only={"ws-a"})
+            assert device.slots == (slots or CLASS_SLOTS[DeviceClass.WORKSTATION])
+        finally:
+            await service.abandon()
             await bus.close()

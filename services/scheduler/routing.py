@@ -1,0 +1,111 @@
+"""Routing: each inference request for a deployed model goes to one copy that serves.
+
+A copy (a deployment or one of its replicas) takes requests only once its workers reported
+every shard of its current plan loaded (``phases.py``); among those the active policy picks
+(``replicas.py``). None serving: the request is not placed, and the answer says why (still
+loading and how far, refused or failed with the workers' reason, or waiting on a failed
+device). Called from the scheduler's command loop only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from libs.contracts import DeploymentState, InferenceRequest, PlacementDecision, PlacementRequest
+from libs.core.policy import Policy
+from services.scheduler import phases
+from services.scheduler.deployments import Deployer
+from services.scheduler.replicas import ENGINE_SLOTS, Running, choose_replica, replica_device
+
+
+class Router:
+    def __init__(
+        self, deployer: Deployer, policy: Callable[[], Policy], rng: np.random.Generator
+    ) -> None:
+        self.deployer = deployer
+        #: The scheduler's active policy (it changes with ``PUT /policy`` and the mode).
+        self.policy, self.rng = policy, rng
+        #: Requests routed to replicas, until they are expected to end.
+        self.running: list[Running] = []
+
+    def named(self, model: str) -> DeploymentState | None:
+        """The deployment ``model`` names (a deployment id, or a model's name), any phase."""
+        if model in self.deployer.state.deployments:
+            return self.deployer.state.deployments[model]
+        named = [d for d in self.deployer.state.deployments.values() if d.model == model]
+        return min(named, key=lambda d: d.deployment_id) if named else None
+
+    def route(
+        self, request: PlacementRequest, deployment: DeploymentState, now: float
+    ) -> PlacementDecision:
+        """An inference request for a deployed model goes to the serving copy the active
+        policy chooses on live state (``replicas.py``); none serving: not placed, saying why."""
+        task = request.task
+        assert isinstance(task, InferenceRequest)
+        base = deployment.replica_of or deployment.deployment_id
+        group = [d for d in self.deployer.group(base) if d.phase == "serving"]
+        self.running = [r for r in self.running if r.until > now]
+        held = {a.device_id for d in group for a in d.assignments}
+        # Only the copies' devices: their speed and state (load and memory do not count here).
+        devices = {d.device_id: d for d in self.deployer.view.devices({}, {}, only=held)}
+        candidates = []
+        for replica in group:
+            device = replica_device(replica, devices, self.slots_of(replica), self.running, now)
+            if device is not None:
+                candidates.append(device)
+        chosen = choose_replica(self.policy(), candidates, request, now, self.rng)
+        if chosen is None:
+            return PlacementDecision(
+                task_id=task.request_id,
+                kind="inference",
+                placed=False,
+                reason=self.why_not_serving(base),
+                policy="route",
+                mode=self.deployer.state.mode,
+                epoch=deployment.epoch,
+                ts=now,
+            )
+        replica_id, seconds = chosen
+        self.running.append(Running(replica_id, now + seconds))
+        replica = self.deployer.state.deployments[replica_id]
+        return PlacementDecision(
+            task_id=task.request_id,
+            kind="inference",
+            placed=True,
+            assignments=replica.assignments,
+            policy=self.deployer.state.policy,
+            mode=self.deployer.state.mode,
+            epoch=replica.epoch,
+            ts=now,
+            deployment_id=replica_id,
+        )
+
+    def why_not_serving(self, base: str) -> str:
+        group = self.deployer.group(base)
+        held = {a.device_id for d in group for a in d.assignments}
+        failed = sorted(held & self.deployer.view.failed)
+        if failed:
+            return f"no_capacity: {base} waits on failed {failed}"
+        copies = ", ".join(
+            f"{d.deployment_id} {d.phase} ({phases.progress(d):.0%})"
+            + (f": {d.reason}" if d.phase in phases.FINAL and d.reason else "")
+            for d in sorted(group, key=lambda d: d.deployment_id)
+        )
+        return f"not_serving: {copies}"
+
+    def slots_of(self, deployment: DeploymentState) -> int:
+        """Requests a copy runs at once: what its head's worker announces, else its engine's
+        default (the most of its devices' engines)."""
+        head = min(deployment.assignments, key=lambda a: a.shard_index).device_id
+        announce = self.deployer.view.announces.get(head)
+        if announce is not None and announce.slots:
+            return announce.slots
+        engines = [
+            e
+            for a in deployment.assignments
+            if (found := self.deployer.view.announces.get(a.device_id)) is not None
+            for e in found.engines
+        ]
+        return max((ENGINE_SLOTS.get(e, 1) for e in engines), default=1)

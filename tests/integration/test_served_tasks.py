@@ -1,0 +1,182 @@
+"""A served worker's shard tasks while its engine starts: the real ``ServedWorker`` on a real
+nats-server, its engine a real process that answers its health check only once the test
+opens a gate (a start as slow as the test wants: vLLM's takes minutes, llama.cpp's seconds).
+An unload or a newer task is taken during the start, not after it, and a start longer than the
+consumer's ack wait keeps its task (nothing is delivered again mid-start)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nats.js.api import ConsumerInfo
+
+from libs.cluster.servers import NatsServer
+from libs.contracts import (
+    SHARD_STATUS,
+    SHARD_TASK,
+    STREAMS,
+    DeviceClass,
+    Sampling,
+    ShardStatus,
+    ShardTask,
+    shard_ring,
+)
+from libs.devices.emulated import EmulatedDevice
+from libs.runtime.acks import Redelivery
+from libs.runtime.bus import NatsBus
+from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
+from services.worker.engine_server import EngineServer, Piece, engine_env
+from services.worker.served import ServedWorker
+from tests.waiting import wait_until, wait_until_async
+
+QUICK = Redelivery(ack_wait_s=1.0, max_deliver=3, retry_delay_s=0.05)
+STREAM = next(name for name, subjects in STREAMS.items() if SHARD_TASK.wildcard in subjects)
+#: An HTTP server whose health check answers 200 only once the gate file exists.
+GATED = """
+import http.server, os, sys
+port, gate = int(sys.argv[1]), sys.argv[2]
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if os.path.exists(gate) else 503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+class GatedEngine(EngineServer):
+    """An engine server process that starts when the test says (its gate file appears)."""
+
+    engine = "gated"
+
+    def __init__(self, gate: Path) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-c", GATED, str(self.port), str(self.gate)], engine_env()
+
+    def check(self) -> None:
+        return None
+
+    async def complete(
+        self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int
+    ) -> AsyncIterator[Piece]:
+        yield Piece((7,), "x", "stop")
+
+
+class Started:
+    """What the worker started: the task and engine of each start, in order."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+        self.starts: list[tuple[ShardTask, GatedEngine]] = []
+
+    def __call__(self, task: ShardTask) -> EngineServer:
+        engine = GatedEngine(self.gate)
+        self.starts.append((task, engine))
+        return engine
+
+
+@pytest.fixture
+async def nats_bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
+    nc = await connect_nats(nats_server.url, "served")
+    await ensure_streams(nc)
+    yield NatsBus(nc)
+    await close_nats(nc)
+
+
+@dataclass
+class Rig:
+    """A served worker on the bus, what it started, and the final statuses it sent."""
+
+    bus: NatsBus
+    served: ServedWorker
+    started: Started
+    got: list[ShardStatus]
+
+    async def send(self, action: Any, epoch: int) -> None:
+        device_id = self.served.device_id
+        [one] = shard_ring(action, "dep", "smollm2-135m-instruct", [(device_id, 0, 30)], epoch, 0)
+        await self.bus.publish_durable(SHARD_TASK, one, device_id=device_id)
+
+    async def running(self, count: int) -> GatedEngine:
+        """Wait until the ``count``-th engine's process runs; that engine."""
+        starts = self.started.starts
+        await wait_until(lambda: len(starts) >= count and starts[count - 1][1].proc, 10)
+        return starts[count - 1][1]
+
+    async def consumer(self) -> ConsumerInfo:
+        js = self.bus.nc.jetstream()
+        info: ConsumerInfo = await js.consumer_info(STREAM, f"worker-{self.served.device_id}")
+        return info
+
+    async def settled(self) -> None:
+        """Wait until every task the worker got is acknowledged (none can come again)."""
+
+        async def nothing_pending() -> bool:
+            return (await self.consumer()).num_ack_pending == 0
+
+        await wait_until_async(nothing_pending, timeout_s=10)
+
+
+@pytest.fixture
+async def rig(nats_bus: NatsBus, uid: str, tmp_path: Path) -> AsyncIterator[Rig]:
+    device = EmulatedDevice.draw(uid, DeviceClass.WORKSTATION, np.random.default_rng(0))
+    started = Started(tmp_path / "gate")
+    served = ServedWorker(nats_bus, device, started, start_s=600.0)
+    served.redelivery = QUICK
+    got: list[ShardStatus] = []
+
+    async def on_status(status: ShardStatus, delivery: Any) -> None:
+        if status.state != "loading":
+            got.append(status)
+
+    sub = await nats_bus.subscribe(
+        SHARD_STATUS, on_status, subject=SHARD_STATUS.subject(device_id=uid)
+    )
+    await served.start()
+    yield Rig(nats_bus, served, started, got)
+    await served.close()
+    await sub.unsubscribe()
+
+
+async def test_an_unload_sent_during_a_slow_start_is_taken_at_once(rig: Rig) -> None:
+    await rig.send("load", 1)
+    proc = (await rig.running(1)).proc
+    assert proc is not None
+    # The gate stays shut: a start that is waited for would end only after start_s (600 s).
+    await rig.send("unload", 1)
+    await wait_until(lambda: rig.got, timeout_s=15)
+    assert [(s.state, s.epoch) for s in rig.got] == [("unloaded", 1)]
+    assert proc.returncode is not None  # the engine's start was stopped
+    assert rig.served.server is None and rig.served.task is None
+    assert not rig.served.device.work
+    await rig.settled()  # both tasks acknowledged: neither comes again
+
+
+async def test_a_start_longer_than_the_ack_wait_keeps_its_task_and_a_newer_one_supersedes_it(
+    rig: Rig,
+) -> None:
+    await rig.send("load", 1)
+    first = await rig.running(1)
+    await asyncio.sleep(2.5 * QUICK.ack_wait_s)  # the start outlasts the ack wait
+    await rig.send("load", 2)
+    await rig.running(2)
+    rig.started.gate.touch()
+    await wait_until(lambda: rig.got, timeout_s=15)
+    assert [(s.state, s.epoch) for s in rig.got] == [("loaded", 2)]  # epoch 1: superseded
+    assert [t.epoch for t, _ in rig.started.starts] == [1, 2]
+    assert first.proc is None  # stopped when epoch 2 came
+    await rig.settled()
+    assert (await rig.consumer()).num_redelivered == 0  # the long start's task never came again
+    assert rig.served.ready.is_set() and rig.served.task is not None
+    assert rig.served.task.epoch == 2
