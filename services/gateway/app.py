@@ -6,6 +6,7 @@ there, so nothing is created at import time. Every error leaves in OpenAI's erro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -73,9 +74,21 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         background = Background("gateway")
 
-        # What is deployed now, once; from here on each change arrives as a deployment status.
-        with contextlib.suppress(httpx.HTTPError):
-            await deployments.refresh()
+        # What is deployed now, once (tried again every 2 s until the scheduler answers);
+        # from here on each change arrives as a deployment status.
+        async def snapshot() -> bool:
+            try:
+                await deployments.refresh()
+            except httpx.HTTPError:
+                return False
+            return True
+
+        async def until_snapshot() -> None:
+            while not await snapshot():
+                await asyncio.sleep(2.0)
+
+        if not await snapshot():
+            background.tasks.append(asyncio.create_task(until_snapshot()))
         background.every(hub.stats_every_s, hub.stats)
         try:
             yield

@@ -353,14 +353,16 @@ class GenerationClient:
         serve (its status says so, or a second passes) and asks again, ``stall_s`` at most."""
         deadline = time.monotonic() + self.stall_s
         while True:
-            placed = await self.place(deployment_id, request_id, prompt_tokens, sampling)
-            if placed is None or placed.placed or not loading(placed.reason):
-                return placed
-            if time.monotonic() > deadline:
-                return placed
+            # Listening before asking: a status that comes between the answer and the wait
+            # is not missed (it would cost the second the wait falls back on).
             queue: Inbox = asyncio.Queue()
             self.routes.listen(deployment_id, queue)
             try:
+                placed = await self.place(deployment_id, request_id, prompt_tokens, sampling)
+                if placed is None or placed.placed or not loading(placed.reason):
+                    return placed
+                if time.monotonic() > deadline:
+                    return placed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue.get(), 1.0)
             finally:

@@ -30,6 +30,7 @@ from libs.contracts import (
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
+    ShardProgress,
     ShardStatus,
     shard_ring,
 )
@@ -83,6 +84,8 @@ class Deployer:
         self.silence_s = silence_s
         #: When each shard of a current plan was last heard of (its task sent, a report).
         self.heard: dict[tuple[str, int], float] = {}
+        #: (deployment, device, epoch) of stale shards already told to unload.
+        self.told_stale: set[tuple[str, str, int]] = set()
 
     # -- planning -----------------------------------------------------------------------------
     def preview(
@@ -161,8 +164,13 @@ class Deployer:
         existing = self.state.deployments.get(task.deployment_id)
         if existing is not None and existing.phase not in phases.FINAL:
             return self.decision(existing, now)  # idempotent: a repeat gets the live plan
+        first_epoch = 1
         for old in self.group(task.deployment_id):  # deployed again after a refusal
             del self.state.deployments[old.deployment_id]
+            first_epoch = max(first_epoch, old.epoch + 1)  # late news of the old plan is stale
+            if old.phase not in phases.FINAL:  # a replica still serving or loading: drop it
+                await self._shard_tasks(old, "unload", now)
+                await self.publish(old.model_copy(update={"phase": "removed"}), now)
         if task.model not in CATALOGUE:
             return self.refusal(
                 task.deployment_id,
@@ -188,7 +196,7 @@ class Deployer:
             deployment = DeploymentState(
                 deployment_id=replica_id,
                 model=task.model,
-                epoch=1,
+                epoch=first_epoch,
                 context_length=task.context_length,
                 assignments=assignments_of(chosen),
                 replica_of=None if k == 1 else task.deployment_id,
@@ -261,6 +269,11 @@ class Deployer:
         status = phases.status_of(deployment, now)
         await self.bus.publish(DEPLOYMENT_STATUS, status, deployment_id=deployment.deployment_id)
 
+    async def publish_all(self, now: float) -> None:
+        """Every deployment's status, as it stands."""
+        for deployment in list(self.state.deployments.values()):
+            await self.publish(deployment, now)
+
     async def undeploy(self, deployment_id: str) -> bool:
         """Remove a deployment and its replicas (one replica alone: just that one)."""
         if deployment_id not in self.state.deployments:
@@ -301,6 +314,8 @@ class Deployer:
     async def on_status(self, status: ShardStatus, now: float) -> None:
         """Apply a worker's report: progress is published, a refusal or failure re-plans."""
         deployment = self.state.deployments.get(status.deployment_id)
+        if deployment is not None and status.epoch < deployment.epoch:
+            await self._unload_stale(deployment, status, now)
         if deployment is None or status.epoch != deployment.epoch:
             return  # another epoch's (or a removed deployment's) news: stale
         key = (deployment.deployment_id, status.shard_index)
@@ -312,11 +327,7 @@ class Deployer:
         self.state.deployments[updated.deployment_id] = updated
         bad = phases.troubled(updated)
         if bad:
-            final: Literal["refused", "failed"] = (
-                "refused" if all(s.state == "refused" for s in bad) else "failed"
-            )
-            reasons = "; ".join(f"{s.device_id} {s.state}: {s.reason or 'no reason'}" for s in bad)
-            await self.replan(updated, {s.device_id for s in bad}, reasons, final, now)
+            await self.replan_troubled(updated, bad, now)
             return
         if updated.phase != deployment.phase:
             log.info(
@@ -325,6 +336,30 @@ class Deployer:
             )
             self.persist()
         await self.publish(updated, now)
+
+    async def _unload_stale(
+        self, deployment: DeploymentState, status: ShardStatus, now: float
+    ) -> None:
+        """A worker loading or serving an epoch that was re-planned (its load came back after
+        a restart, say): tell it, once, to drop that epoch. A newer plan on the same device
+        is not touched (a worker unloads only what is not newer than the unload)."""
+        key = (status.deployment_id, status.device_id, status.epoch)
+        if status.state not in ("loading", "loaded") or key in self.told_stale:
+            return
+        self.told_stale.add(key)
+        [task] = shard_ring(
+            "unload",
+            deployment.deployment_id,
+            deployment.model,
+            [(status.device_id, 0, 1)],
+            status.epoch,
+            now,
+        )
+        task = task.model_copy(update={"shard_index": status.shard_index})
+        log.info(
+            "stale shard unloaded", extra={"device_id": status.device_id, "epoch": status.epoch}
+        )
+        await self.bus.publish_durable(SHARD_TASK, task, device_id=status.device_id)
 
     def silence_bound(self, device_id: str) -> float:
         """How long a worker may say nothing while its shard loads: ``silence_s`` where set,
@@ -341,6 +376,12 @@ class Deployer:
         """Re-plan deployments whose workers went silent while their shards load (the device
         is left out of that plan only: its worker may come back)."""
         for deployment in list(self.state.deployments.values()):
+            if deployment.phase in phases.FINAL:
+                continue
+            bad = phases.troubled(deployment)
+            if bad:  # a refusal whose re-plan did not go out (the bus was down): again
+                await self.replan_troubled(deployment, bad, now)
+                continue
             if deployment.phase not in ("pending", "loading"):
                 continue
             silent = {
@@ -354,6 +395,16 @@ class Deployer:
                 said = ", ".join(f"{d} for {b:g} s" for d, b in sorted(silent.items()))
                 reason = f"no report while loading from {said}"
                 await self.replan(deployment, set(silent), reason, "failed", now, remember=False)
+
+    async def replan_troubled(
+        self, deployment: DeploymentState, bad: list[ShardProgress], now: float
+    ) -> None:
+        """Re-plan without the devices whose shards were refused or failed."""
+        final: Literal["refused", "failed"] = (
+            "refused" if all(s.state == "refused" for s in bad) else "failed"
+        )
+        reasons = "; ".join(f"{s.device_id} {s.state}: {s.reason or 'no reason'}" for s in bad)
+        await self.replan(deployment, {s.device_id for s in bad}, reasons, final, now)
 
     async def replan(
         self,
@@ -449,11 +500,12 @@ class Deployer:
                     self.heard[(deployment.deployment_id, shard.shard_index)] = now
 
     async def resend(self, now: float, epochs: dict[str, int] | None = None) -> None:
-        """After a restart: the load tasks of plans still loading go out again, so workers
-        report (reports sent while no scheduler led were lost); with ``epochs``, only those
-        of deployments still at the epoch it gives."""
+        """After a restart: the load tasks of every live plan go out again, so workers
+        report (reports sent while no scheduler led were lost; a worker that serves the
+        shard answers ``loaded`` again, one that dropped it since the checkpoint loads it);
+        with ``epochs``, only those of deployments still at the epoch it gives."""
         for deployment in list(self.state.deployments.values()):
-            if deployment.phase not in ("pending", "loading"):
+            if deployment.phase in phases.FINAL:
                 continue
             if epochs is None or epochs.get(deployment.deployment_id) == deployment.epoch:
                 await self._shard_tasks(deployment, "load", now)

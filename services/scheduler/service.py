@@ -65,6 +65,9 @@ from services.scheduler.view import ClusterView, Read
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two publications of every deployment's status (each change goes out at once).
+STATUS_EVERY_S = 15.0
+
 
 class Scheduler:
     def __init__(
@@ -167,8 +170,15 @@ class Scheduler:
             now = self.clock()
             self.deployments.restored(now)
             await self.deployments.resend(now, epochs)  # the plans not re-planned just now
+            await self.deployments.publish_all(now)
 
         self.loop.post(resume, "resume")
+        # Statuses go out on every change; all of them again now and then, so a gateway that
+        # missed one (a reconnect, a restart) catches up without polling.
+        self.background.every(
+            STATUS_EVERY_S,
+            lambda: self.loop.call(lambda: self.deployments.publish_all(self.clock()), "statuses"),
+        )
         self.background.every(self.settings.cycle_ms / 1000, self.tick)
         self.background.every(self.settings.checkpoint_interval_s, self.save_soon)
         self.background.every(self.settings.mode_eval_s, self.evaluate_mode_soon)
@@ -177,6 +187,7 @@ class Scheduler:
         """Stop taking news, apply the commands already queued, and save the state."""
         await self.background.close()
         await self.loop.close(drain_s=5.0)
+        self._drop_waiting()
         await self._stop_writing()
         await self.save()
 
@@ -184,7 +195,15 @@ class Scheduler:
         """Stop deciding and write nothing: the lease is lost and another replica leads."""
         await self.background.close()
         await self.loop.close()
+        self._drop_waiting()
         await self._stop_writing()
+
+    def _drop_waiting(self) -> None:
+        """The loop is closed: whoever waits on a queued request is told (an HTTP deploy
+        would otherwise hang)."""
+        for _, _, future in self.pending:
+            if future is not None and not future.done():
+                future.cancel()
 
     async def _stop_writing(self) -> None:
         if self._writing is not None:
@@ -273,7 +292,12 @@ class Scheduler:
         tasks = [(r, reply, f) for r, reply, f in batch if not isinstance(r.task, ModelDeployment)]
         for request, reply, future in batch:
             if isinstance(request.task, ModelDeployment):
-                decision = await self.deployments.deploy(request, now)
+                try:
+                    decision = await self.deployments.deploy(request, now)
+                except Exception as exc:  # the bus down mid-plan: say so, go on with the batch
+                    log.exception("deploy failed", extra={"task_id": request.task_id})
+                    reason = f"could not send the plan ({type(exc).__name__}); deploy again"
+                    decision = self.deployments.refusal(request.task.deployment_id, reason, now)
                 await self._announce(decision, reply, future)
         fleet = await self._place_tasks(tasks, now) if tasks else FleetState(self.devices(now))
         await self._send_hints(fleet, now)

@@ -86,6 +86,10 @@ class DeviceWorker(ABC):
         self.loading: dict[tuple[str, int, int], Loading] = {}
         #: What the next load is expected to take: the last one this worker measured.
         self.expected_load_s = EXPECTED_LOAD_S
+        #: The newest unload of each deployment this worker was told (whether or not it held
+        #: it), as (epoch, sent at): a load of that epoch or an older one, sent before it, is
+        #: stale. One sent after it is a new deployment under the same id.
+        self.unloaded: dict[str, tuple[int, float]] = {}
 
     # -- what an engine provides ---------------------------------------------------------------
     @abstractmethod
@@ -169,10 +173,22 @@ class DeviceWorker(ABC):
         await self.on_generate(request, delivery)
 
     async def _on_task(self, task: ShardTask, delivery: Received) -> None:
-        if task.device_id == self.device_id:
-            work = await self.on_task(task)
-            if work is not None:
-                delivery.settle_after(work)
+        if task.device_id != self.device_id:
+            return
+        epoch, sent = self.unloaded.get(task.deployment_id, (-1, 0.0))
+        if task.action == "unload":
+            self.unloaded[task.deployment_id] = max((epoch, sent), (task.epoch, task.ts))
+        elif task.epoch <= epoch and task.ts <= sent:
+            # A load delivered again after its unload (cut short by a restart, its unload
+            # came first): that plan is gone, loading it would hold work nobody routes to.
+            log.info(
+                "stale load dropped",
+                extra={"deployment_id": task.deployment_id, "epoch": task.epoch},
+            )
+            return
+        work = await self.on_task(task)
+        if work is not None:
+            delivery.settle_after(work)
 
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
         """A message that broke its contract: counted by channel and reason (the bus logs it,

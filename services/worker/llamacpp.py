@@ -103,6 +103,8 @@ class LlamaWorker(ServedWorker):
                 await self.status(task, "unloaded")
             return None
         if current is not None and current.epoch >= task.epoch:
+            if current.epoch == task.epoch:
+                await self.status(task, "loaded")  # a repeat: its first answer may be lost
             return None
         reason = self.refusal(task)
         if reason is not None:

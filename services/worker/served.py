@@ -123,7 +123,11 @@ class ServedWorker(DeviceWorker):
             self.device.assign(work_key(task), shard_intensity(task))  # loaded already
             await self.status(task, "loaded")  # the same server, moved to a newer epoch
             return None
-        await self._stop_server()  # and a start in flight: this task supersedes it
+        try:
+            await self._stop_server()  # and a start in flight: this task supersedes it
+        except Exception:
+            self.task = None  # delivered again, it is taken anew (not for a repeat)
+            raise
         self.starting = asyncio.create_task(self._load(task))
         return self.starting
 
@@ -181,14 +185,27 @@ class ServedWorker(DeviceWorker):
         self.ready.clear()
         log.warning("engine exited; starting it again", extra={"tail": server.tail()})
         await server.stop()
+        key = (task.deployment_id, task.shard_index, task.epoch)
+        given_up_at = time.monotonic() + self.start_s
         while self.task is task:
             try:
                 load_s = await self._start(task)
                 await self.status(task, "loaded", load_s=load_s)  # serving again
                 return
             except EngineError as exc:
+                self._loaded(key)  # no "loading" reports between the tries
+                if time.monotonic() >= given_up_at and self.task is task:
+                    # Reported failed, so that the scheduler re-plans without this device.
+                    log.error("engine did not start again; given up", extra={"reason": str(exc)})
+                    self.task = None
+                    self.device.unassign(work_key(task))
+                    await self.status(task, "failed", f"engine did not restart: {exc}"[:2000])
+                    return
                 log.warning("engine did not start again", extra={"reason": str(exc)[:300]})
                 await asyncio.sleep(RESTART_S)
+            except asyncio.CancelledError:
+                self._loaded(key)  # stopped for an unload or a newer task
+                raise
 
     async def _stop_server(self) -> None:
         """Stop the engine, and its start if one is in flight (waiting until it has ended)."""

@@ -348,3 +348,36 @@ async def test_a_restarted_scheduler_keeps_each_deployments_phase(setup: Setup) 
     await wait_until(
         lambda: any(t.deployment_id == f"{setup.uid}half" for t in workers.tasks[sent:]), 10
     )
+
+
+async def test_a_worker_still_loading_a_replanned_epoch_is_told_once_to_drop_it(
+    setup: Setup,
+) -> None:
+    """A worker that comes back and loads the plan it was killed in (its load delivered
+    again after the re-plan) is told to unload that epoch: once, however often it reports."""
+    await setup.fleet(("a", "b"))
+    service = await setup.scheduler()
+    workers = Workers(setup.nc, {"first": "half"})
+    await workers.start(setup.uid)
+    decision = await setup.deploy("d", max_shards=1)
+    dead = decision.assignments[0].device_id
+    await wait_until(lambda: setup.phase(service, "d") == "loading", 10)
+    failed = DeviceFailed(device_id=dead, ts=NOW, last_seen_ts=NOW - 3, missed_heartbeats=3)
+    await setup.bus.publish(DEVICE_FAILED, failed, device_id=dead)
+    await wait_until(lambda: setup.phase(service, "d") == "serving", 10)
+
+    def unloads() -> int:
+        return sum(
+            t.action == "unload" and t.device_id == dead and t.epoch == 1 for t in workers.tasks
+        )
+
+    replanned = unloads()  # the re-plan's own unload of the old plan
+    [old] = [t for t in workers.loads(f"{setup.uid}d") if t.device_id == dead]
+    for _ in range(3):  # back, loading epoch 1 again, and reporting it
+        await workers.report(old, "loading", progress=0.5)
+    await wait_until(lambda: unloads() == replanned + 1, 10)
+    await service.loop.call(lambda: asyncio.sleep(0), "drain")
+    await setup.nc.flush()
+    assert unloads() == replanned + 1
+    assert setup.phase(service, "d") == "serving"
+    assert dead not in {a.device_id for a in service.state.deployments[f"{setup.uid}d"].assignments}

@@ -147,3 +147,22 @@ async def test_a_load_task_sent_again_is_answered_loaded_again(bus: MemoryBus) -
     assert list(worker.engines) == ["again"]  # answered, not loaded twice
     assert len(worker.models) == 1
     await worker.close()
+
+
+async def test_a_load_delivered_after_its_unload_is_dropped(bus: MemoryBus) -> None:
+    """A worker back from a crash gets its consumer's news in an order of its own: the unload
+    of a re-planned epoch first, the load it was killed in later. That load is stale; a load
+    sent after the unload (the same id deployed again) is not."""
+    worker = Worker(bus, device("ws-s"), prepare())
+    await worker.start()
+    [load] = shard_ring("load", "late", MODEL_NAME, [("ws-s", 0, 4)], 1, 100.0)
+    [unload] = shard_ring("unload", "late", MODEL_NAME, [("ws-s", 0, 4)], 1, 200.0)
+    await bus.publish_durable(SHARD_TASK, unload, device_id="ws-s")
+    await bus.publish_durable(SHARD_TASK, load, device_id="ws-s")
+    [again] = shard_ring("load", "late", MODEL_NAME, [("ws-s", 0, 4)], 1, 300.0)
+    await bus.publish_durable(SHARD_TASK, again, device_id="ws-s")
+    await wait_until(lambda: [s.state for s in bus.sent(SHARD_STATUS)][-1:] == ["loaded"], 60)
+    loads = [s for s in bus.sent(SHARD_STATUS) if s.state in ("loading", "loaded")]
+    assert [s.state for s in loads] == ["loading", "loaded"]  # the stale load never began
+    assert list(worker.engines) == ["late"]
+    await worker.close()
