@@ -32,6 +32,7 @@ from libs.contracts import (
     PlacementRequest,
     ShardProgress,
     ShardStatus,
+    ShardTask,
     shard_ring,
 )
 from libs.core.catalogue import CATALOGUE, ModelSpec, as_gguf, in_precision
@@ -347,15 +348,18 @@ class Deployer:
         if status.state not in ("loading", "loaded") or key in self.told_stale:
             return
         self.told_stale.add(key)
-        [task] = shard_ring(
-            "unload",
-            deployment.deployment_id,
-            deployment.model,
-            [(status.device_id, 0, 1)],
-            status.epoch,
-            now,
+        task = ShardTask(  # an unload names only the shard: its layers are not read
+            action="unload",
+            deployment_id=deployment.deployment_id,
+            model=deployment.model,
+            device_id=status.device_id,
+            shard_index=status.shard_index,
+            shard_count=status.shard_index + 1,
+            layer_start=0,
+            layer_end=1,
+            epoch=status.epoch,
+            ts=now,
         )
-        task = task.model_copy(update={"shard_index": status.shard_index})
         log.info(
             "stale shard unloaded", extra={"device_id": status.device_id, "epoch": status.epoch}
         )
