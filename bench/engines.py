@@ -1,10 +1,10 @@
 """One stream, in one process: the int8 shard engine against llama.cpp on the same model.
 
-The figure behind the README's choice of engines. Each engine runs SmolLM2-135M-Instruct
+The figure behind the engines' choice (docs/getting-started.md). Each runs SmolLM2-135M-Instruct
 whole in this machine's process with 2 threads, 64-token greedy chat completions of the same
 prompts, one after another (no gateway, no batching: llama-cpp-python's API runs one sequence
 at a time). llama.cpp is not a dependency (it needs a source build, ~4.5 min, see
-../shared/FINDINGS.md): give the Python of a virtualenv that has ``llama-cpp-python``.
+docs/getting-started.md): give the Python of a virtualenv that has ``llama-cpp-python``.
 
     python bench/engines.py --llama-python /tmp/llama-venv/bin/python --json
 """

@@ -10,9 +10,9 @@
    partition against exo's (memory-proportional layers on the largest-memory devices), by the
    estimated tokens/s of one stream (the partitioner's step-time model for both).
 3. Deep-learning jobs on every ElasticFlow/ITP trace in data/ (Gu et al., ASPLOS 2023; MIT)
-   on the paper's cluster for each trace + 16 edge servers: ElasticFlow, EDF and Tiresias as
-   the paper defines them (195job beside ElasticFlow's own simulator and the paper's testbed),
-   EdgeFlow on that ElasticFlow, and two references for the edge's worth.
+   on the paper's cluster for each trace + 16 edge servers: ElasticFlow, EDF, Tiresias and
+   Gandiva as the paper defines them (195job beside ElasticFlow's own simulator and the
+   paper's testbed), EdgeFlow on that ElasticFlow, and two references for the edge's worth.
 4. DWPS vs the MILP optimum on small random instances; the simulator's speed.
 Every figure is the mean ± standard deviation over ``--seeds`` seeds (fleet draw, edge draw
 and policy randomness), measured in this run.
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from libs.contracts import Mode
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.model import Device
 from libs.core.partition import choose, memory_proportional, previews
 from libs.core.profiles import BUILTIN_PROFILES
@@ -136,7 +136,7 @@ def goodput(inf: dict[float, dict[str, dict[str, list[float]]]], name: str) -> f
 
 def splits(seeds: int) -> dict[str, list[float]]:
     """Tokens/s of one stream through DWPS's and exo's partition of a 70B model."""
-    model = CATALOGUE[SPLIT_MODEL]
+    model = HYPOTHETICAL_MODELS[SPLIT_MODEL]
     out: dict[str, list[float]] = {"dwps": [], "exo": [], "dwps_devices": [], "exo_devices": []}
     for seed in range(seeds):
         devices = [as_device(e, model.weights_gb) for e in seed_fleet(seed)]
@@ -179,7 +179,7 @@ EQUIVALENT = "elasticflow with the edge's compute as GPUs"
 #: testbed (ASPLOS 2023, figure 6b).
 THEIR_SIMULATOR = {"edf": 0.0872, "tiresias": 0.4615, "gandiva": 0.2410, "elasticflow": 0.7487}
 PAPER_TESTBED = {"edf": 0.087, "tiresias": 0.456, "gandiva": 0.210, "elasticflow": 0.667}
-REPRODUCED = ("edf", "tiresias", "elasticflow")
+REPRODUCED = ("edf", "tiresias", "gandiva", "elasticflow")
 
 
 def jobs(seeds: int, traces: tuple[tuple[str, int], ...] = JOB_TRACES) -> dict[str, dict]:  # type: ignore[type-arg]

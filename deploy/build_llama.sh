@@ -4,7 +4,7 @@
 # The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
 # under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.
 # -march=native dies with SIGILL on some VMs (AMX advertised, not enabled): the CPU's own
-# AVX-512/AVX2 flags are named instead (../shared/FINDINGS.md).
+# AVX-512/AVX2 flags are named instead (docs/getting-started.md).
 set -euo pipefail
 
 DEST=${1:?usage: build_llama.sh DEST}

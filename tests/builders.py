@@ -63,6 +63,8 @@ from libs.contracts import (
     TokenChunk,
     TokenRotation,
 )
+from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER
+from libs.contracts.control import DeviceRevocation, RevocationAnswer
 from libs.core.model import Device, Task
 
 NOW = 1_700_000_000.0
@@ -230,7 +232,7 @@ def sample_messages(
         (
             TOKENS,
             TokenChunk(request_id=request_id, index=0, token_id=42, text="Hi", ts=NOW),
-            {"request_id": request_id},
+            {"request_id": request_id, "device_id": device_id},
         ),
         (
             CANCEL,
@@ -308,6 +310,8 @@ def sample_messages(
         (JOIN_ANSWER, JoinAnswer(device_id=device_id, user=device_id, password="pw" * 12), {}),
         (TOKEN_ROTATE, TokenRotation(ts=NOW), {}),
         (TOKEN_ANSWER, TokenAnswer(token="t" * 24), {}),
+        (DEVICE_REVOKE, DeviceRevocation(device_id=device_id, ts=NOW), {}),
+        (REVOKE_ANSWER, RevocationAnswer(device_id=device_id), {}),
     ]
     return samples  # type: ignore[return-value]
 

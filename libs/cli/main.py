@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from libs.cli.models import models_app
 from libs.cli.simulate_commands import simulate_app
 from libs.cluster import runfile
 from libs.runtime.procs import free_port
@@ -147,7 +148,7 @@ def join(
     engine: Annotated[
         str | None,
         typer.Option(
-            help="torch, llamacpp (its RPC port takes no credentials: a trusted LAN only) or "
+            help="torch, llamacpp (its RPC between hosts over mutual TLS, the cluster's CA) or "
             "vllm (default: vllm with an NVIDIA GPU and its build, else torch)."
         ),
     ] = None,
@@ -183,15 +184,9 @@ def token_rotate() -> None:
 
     from libs.cluster.joining import rotate_token
 
-    settings = LauncherSettings()
+    admin, ca = running_admin()
     try:
-        running = runfile.read(settings.run_file)
-        admin, ca = running["nats_url"], running.get("nats_ca")
-    except (SystemExit, OSError, ValueError, KeyError) as exc:
-        typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
-        raise typer.Exit(1) from exc
-    try:
-        token = asyncio.run(rotate_token(admin, Path(ca) if ca else None))
+        token = asyncio.run(rotate_token(admin, ca))
     except TimeoutError as exc:
         typer.echo("nobody answered: was the cluster started with --listen?", err=True)
         raise typer.Exit(1) from exc
@@ -199,6 +194,38 @@ def token_rotate() -> None:
         typer.echo(f"the cluster did not rotate its token: {exc!r}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"new join token: {token}")
+
+
+def running_admin() -> tuple[str, Path | None]:
+    """The running cluster's admin NATS URL and its CA (from its run file), or exit 1."""
+    settings = LauncherSettings()
+    try:
+        running = runfile.read(settings.run_file)
+        admin, ca = running["nats_url"], running.get("nats_ca")
+    except (SystemExit, OSError, ValueError, KeyError) as exc:
+        typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
+        raise typer.Exit(1) from exc
+    return admin, Path(ca) if ca else None
+
+
+@app.command()
+def revoke(device_id: Annotated[str, typer.Argument(help="The joined device to remove.")]) -> None:
+    """Remove one joined device's NATS user at once: its connection is closed, its shards
+    move, it cannot come back without the join token (rotate it too if that leaked)."""
+    import asyncio
+
+    from libs.cluster.joining import revoke_device
+
+    admin, ca = running_admin()
+    try:
+        refused = asyncio.run(revoke_device(admin, device_id, ca))
+    except TimeoutError as exc:
+        typer.echo("nobody answered: was the cluster started with --listen?", err=True)
+        raise typer.Exit(1) from exc
+    if refused:
+        typer.echo(f"not revoked: {refused}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {device_id}: its user is gone and its shards move")
 
 
 @app.command()
@@ -273,16 +300,35 @@ def deploy(
             min=0, help="Seconds to wait until it serves (0: do not wait); exit 2 past them."
         ),
     ] = 600.0,
+    context: Annotated[
+        int, typer.Option(min=1, max=1_048_576, help="Context length per request, tokens.")
+    ] = 2048,
+    shards: Annotated[
+        int | None, typer.Option(min=1, max=256, help="Exactly this many shards per copy.")
+    ] = None,
+    devices: Annotated[
+        str | None, typer.Option(help="Exactly these devices, in pipeline order: A,B,…")
+    ] = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
-    """Deploy MODEL across the fleet (split into shards where needed) and wait until it
-    serves, showing its progress; exit 1 with the reason when it is refused or fails."""
+    """Deploy MODEL (a registered name, or a FILE.gguf, added first) across the fleet (split
+    into shards where needed) and wait until it serves, showing its progress; exit 1 with the
+    reason when it is refused or fails. Told --shards or --devices, the scheduler does exactly
+    that or refuses saying why."""
+    from rich.console import Console
+
+    from libs.cli.models import model_name
     from libs.cli.scheduling import deploy as run
 
+    base, console = _scheduler(scheduler_url), Console()
+    name = model_name(base, model, console)
+    told = {
+        "context_length": context,
+        "shards": shards,
+        "devices": [d for d in (devices or "").split(",") if d],
+    }
     chosen = precision and precision.value
-    code = run(
-        _scheduler(scheduler_url), model, deployment_id, max_shards, replicas, chosen, timeout
-    )
+    code = run(base, name, deployment_id, max_shards, replicas, chosen, timeout, console, told=told)
     raise typer.Exit(code)
 
 
@@ -328,6 +374,7 @@ def calibrate() -> None:
 
 
 app.add_typer(simulate_app, name="simulate")
+app.add_typer(models_app, name="models")
 
 
 @app.command()

@@ -77,11 +77,14 @@ def deploy(
     precision: str | None = None,
     timeout_s: float = 600.0,
     console: Console | None = None,
+    told: dict[str, Any] | None = None,
 ) -> int:
     """Deploy ``model`` and follow it until it serves (exit status 0), is refused or fails
-    (1, with the reason) or ``timeout_s`` passes (2); ``timeout_s`` 0: do not wait."""
+    (1, with the reason) or ``timeout_s`` passes (2); ``timeout_s`` 0: do not wait. ``told``:
+    more of the deploy's fields (context_length, shards, devices), where set."""
     console = console or Console()
     body: dict[str, Any] = {"model": model, "max_shards": max_shards, "replicas": replicas}
+    body |= {k: v for k, v in (told or {}).items() if v not in (None, [], ())}
     if deployment_id:
         body["deployment_id"] = deployment_id
     if precision:

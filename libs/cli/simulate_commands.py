@@ -25,7 +25,12 @@ Load = Annotated[float, typer.Option(min=0.01, help="Request-rate multiplier.")]
 Seed = Annotated[int, typer.Option(help="Random seed.")]
 Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N requests.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-Model = Annotated[str, typer.Option(help="Model served (from the catalogue).")]
+Model = Annotated[
+    str,
+    typer.Option(
+        help="Model served (a hypothetical one: libs/core/catalogue.py HYPOTHETICAL_MODELS)."
+    ),
+]
 Profiles = Annotated[
     Path, typer.Option(help="Throughput profiles for --kind jobs: one <model>.csv per model.")
 ]
@@ -47,7 +52,7 @@ EdgeServers = Annotated[
 ]
 DEFAULT_TRACE = AZURE_CODE
 REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
-JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias,elasticflow-noadmit"
+JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias,gandiva,elasticflow-noadmit"
 
 
 @simulate_app.callback()
@@ -97,7 +102,7 @@ def simulate_compare(
         str | None,
         typer.Option(
             help="Comma-separated policy names (default: dwps,random,round_robin,"
-            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias,"
+            "least_connections; for jobs edgeflow,elasticflow,edf,tiresias,gandiva,"
             "elasticflow-noadmit)."
         ),
     ] = None,

@@ -1,11 +1,42 @@
 """Who may do what: NATS users with subject permissions and Redis ACL users, per service.
 
 ``nats_config`` writes a nats-server ``authorization`` block (JSON is valid nats-server
-config): one user per service, and one per worker device. A device agent may publish only its
-own device's announce, telemetry and shard status, and read only its own work,
-hints and requests; only the scheduler publishes placements and shard tasks. Everything a user
-is not granted is refused by the server. ``redis_acl`` gives each service a Redis user with
-only the key patterns and command categories it needs. Passwords are drawn per cluster.
+config): one user per service, and one per worker device. Everything a user is not granted is
+refused by the server. Every user reads only its own replies: its inbox prefix is
+``_INBOX_<user>`` (``libs/runtime/nats_client.py``: ``inbox_of``), never ``_INBOX.>``.
+
+A **device** (``device_grant``) may publish only its own device's announce, telemetry, leaving
+and shard status, token chunks and hidden frames on subjects that name it as the sender
+(``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``: ``…hidden.<deployment>.<to>.<from>``;
+the gateway and the workers take them only from a device of the request's route), and read
+only its own work, requests, frames and hints (and every cancel and announce request, which
+carry ids only). Its JetStream is one pull consumer: it may create (by name and filter
+subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its SHARD_TASK subject>``:
+the server refuses a body whose filter differs), read the info of, and pull from
+(``MSG.NEXT``) its own durable consumer, and acknowledge on ``$JS.ACK.TESSERA_WORK.worker-
+<device>.>``; the model weights' object store it may only read (stream info, an ordered
+consumer, a message by subject: ``MODEL_READ``). No stream or consumer administration, no
+key-value bucket, no stream listing, no Redis user.
+
+The **services** (``service_grants``):
+- ``telemetry`` (the emulated fleet, many devices under one agent): every device's announce
+  and telemetry out; every device's work and hints in. No JetStream.
+- ``scorer``: scores, device failed/recovered and announce requests out; announces,
+  telemetry, leaving and mode changes in. No JetStream.
+- ``scheduler``: placements, deployment status, shard tasks (into the work stream), hints,
+  mode changes and checkpoints out; placement requests, scores, device events and shard
+  status in. It is the cluster's JetStream administrator: it creates the streams and its
+  key-value buckets (leader lease, checkpoints) and reads and writes them, so it keeps
+  ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``).
+- ``gateway``: placement requests, generation requests and cancels out; every token chunk
+  (filtered by route), placements, device events, scores, deployment status and mode changes
+  in. No JetStream.
+- ``batch``: placement requests and decisions in (it watches). No JetStream.
+- ``join``: the join token's user: may only ask to join (``JOIN``) and read its own replies.
+- ``admin``: everything (the operator's ``tessera`` commands, ``tessera up``'s join desk).
+``redis_acl`` gives each service a Redis user with only the key patterns and command
+categories it needs; devices and the telemetry service have none. Passwords are drawn per
+cluster.
 """
 
 from __future__ import annotations
@@ -38,12 +69,49 @@ from libs.contracts import (
     TELEMETRY,
     TOKENS,
 )
-from libs.runtime.nats_client import server_list
+from libs.contracts.channels import MODEL_BUCKET, STREAMS, work_consumer
+from libs.runtime.nats_client import inbox_of, server_list
 
 #: The users that talk to Redis (the rest have no Redis user at all).
 REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
-INBOX = "_INBOX.>"  #: replies to this user's requests
-JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$KV.>"]
+#: The scheduler's JetStream: streams, its key-value buckets, publishing into streams.
+JETSTREAM_ADMIN = ("$JS.API.>", "$KV.>")
+WORK_STREAM = next(name for name, subjects in STREAMS.items() if SHARD_TASK.wildcard in subjects)
+MODEL_STREAM = f"OBJ_{MODEL_BUCKET}"
+#: Reading the model weights' object store, nothing more (nats-py's object store ``get``
+#: through ``libs/runtime/objects.py``, which names the stream: listing streams is refused):
+#: the stream's info, an ephemeral consumer on it (ordered, or pulled), a message by subject (the
+#: object's meta, directly or through the API), flow-control replies. No put, no delete,
+#: no purge: ``$O.TESSERA_MODELS.>`` itself is not granted.
+MODEL_READ = (
+    f"$JS.API.STREAM.INFO.{MODEL_STREAM}",
+    f"$JS.API.CONSUMER.CREATE.{MODEL_STREAM}",
+    f"$JS.API.STREAM.MSG.GET.{MODEL_STREAM}",
+    f"$JS.API.DIRECT.GET.{MODEL_STREAM}.>",
+    f"$JS.FC.{MODEL_STREAM}.>",
+    # libs/models/weights.py's fetch: a pull consumer created unnamed (above), pulled by the
+    # name the server gave it (twice an ordered push consumer's rate, which waits on flow control).
+    f"$JS.API.CONSUMER.MSG.NEXT.{MODEL_STREAM}.*",
+)
+
+
+def inbox(user: str) -> str:
+    """The subjects of ``user``'s replies (its connection's inbox prefix: ``inbox_of``)."""
+    return f"{inbox_of(user)}.>"
+
+
+def work_grant(device_id: str) -> tuple[str, ...]:
+    """A device's own pull consumer on its own shard tasks: create it (by name and filter
+    subject), read its info, pull its next message, acknowledge its messages."""
+    consumer = work_consumer(device_id)
+    api = "$JS.API.CONSUMER"
+    own = f"{WORK_STREAM}.{consumer}"
+    return (
+        f"{api}.CREATE.{own}.{SHARD_TASK.subject(device_id=device_id)}",
+        f"{api}.INFO.{own}",
+        f"{api}.MSG.NEXT.{own}",
+        f"$JS.ACK.{own}.>",
+    )
 
 
 def with_user(url: str, user: str, password: str) -> str:
@@ -68,12 +136,12 @@ COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
 
 
 def service_grants() -> dict[str, Grant]:
-    """What each service (not device-bound) may publish and subscribe to."""
-    every = (ANNOUNCE_REQUEST.wildcard, INBOX)
+    """What each service (not device-bound) may publish and subscribe to (the module's
+    docstring says why each)."""
     return {
         "telemetry": Grant(  # the emulated fleet: many devices under one agent
             (ANNOUNCE.wildcard, TELEMETRY.wildcard),
-            (SHARD_TASK.wildcard, DVFS_HINT.wildcard, *every),
+            (SHARD_TASK.wildcard, DVFS_HINT.wildcard, ANNOUNCE_REQUEST.wildcard),
         ),
         "scorer": Grant(
             (
@@ -87,7 +155,7 @@ def service_grants() -> dict[str, Grant]:
                 TELEMETRY.wildcard,
                 DEVICE_LEAVING.wildcard,
                 MODE_CHANGE.wildcard,
-                *every,
+                ANNOUNCE_REQUEST.wildcard,
             ),
         ),
         "scheduler": Grant(
@@ -98,7 +166,7 @@ def service_grants() -> dict[str, Grant]:
                 DVFS_HINT.wildcard,
                 MODE_CHANGE.wildcard,
                 CHECKPOINT.wildcard,
-                *JETSTREAM,
+                *JETSTREAM_ADMIN,
             ),
             (
                 PLACEMENT_REQUEST.wildcard,
@@ -106,7 +174,7 @@ def service_grants() -> dict[str, Grant]:
                 DEVICE_FAILED.wildcard,
                 DEVICE_RECOVERED.wildcard,
                 SHARD_STATUS.wildcard,
-                *every,
+                ANNOUNCE_REQUEST.wildcard,
             ),
         ),
         "gateway": Grant(
@@ -119,16 +187,19 @@ def service_grants() -> dict[str, Grant]:
                 SCORE.wildcard,  # the dashboard's live feed
                 DEPLOYMENT_STATUS.wildcard,
                 MODE_CHANGE.wildcard,
-                *every,
+                ANNOUNCE_REQUEST.wildcard,
             ),
         ),
-        "batch": Grant((), (PLACEMENT_REQUEST.wildcard, PLACEMENT_DECISION.wildcard, *every)),
+        "batch": Grant(
+            (), (PLACEMENT_REQUEST.wildcard, PLACEMENT_DECISION.wildcard, ANNOUNCE_REQUEST.wildcard)
+        ),
     }
 
 
 def device_grant(device_id: str) -> Grant:
-    """A worker: its own device's telemetry and status, tokens and hidden states out; its own
-    work, requests, frames and hints in."""
+    """A worker device: its own telemetry, status, token chunks and hidden frames out (each on
+    a subject naming it); its own work (through its own consumer), requests, frames and hints
+    in; the model weights read-only."""
     me = {"device_id": device_id}
     return Grant(
         (
@@ -136,9 +207,10 @@ def device_grant(device_id: str) -> Grant:
             TELEMETRY.pattern(**me),
             DEVICE_LEAVING.pattern(**me),
             SHARD_STATUS.pattern(**me),
-            TOKENS.wildcard,
-            HIDDEN.pattern(),
-            *JETSTREAM,
+            TOKENS.pattern(**me),
+            HIDDEN.pattern(sender_id=device_id),
+            *work_grant(device_id),
+            *MODEL_READ,
         ),
         (
             SHARD_TASK.pattern(**me),
@@ -147,7 +219,6 @@ def device_grant(device_id: str) -> Grant:
             CANCEL.wildcard,
             DVFS_HINT.pattern(**me),
             ANNOUNCE_REQUEST.wildcard,
-            INBOX,
         ),
     )
 
@@ -183,11 +254,20 @@ class AccessControl:
         self.passwords[device_id] = secrets.token_urlsafe(18)
         return self.passwords[device_id]
 
+    def revoke(self, device_id: str) -> bool:
+        """Remove ``device_id``'s user: once the server has the new config it closes the
+        device's connections and refuses its password. False: no such device."""
+        if device_id not in self.devices:
+            return False
+        self.devices.remove(device_id)
+        del self.passwords[device_id]
+        return True
+
     def grants(self) -> dict[str, Grant]:
         return {
             **service_grants(),
             **{d: device_grant(d) for d in self.devices},
-            JOIN_USER: Grant((JOIN.wildcard,), (INBOX,)),
+            JOIN_USER: Grant((JOIN.wildcard,), ()),
         }
 
     def nats_config(self) -> dict[str, Any]:
@@ -201,7 +281,7 @@ class AccessControl:
                     "password": self.passwords[name],
                     "permissions": {
                         "publish": {"allow": list(grant.publish)},
-                        "subscribe": {"allow": list(grant.subscribe)},
+                        "subscribe": {"allow": [*grant.subscribe, inbox(name)]},
                         "allow_responses": True,  # answer requests sent to this user
                     },
                 }
@@ -224,7 +304,8 @@ class AccessControl:
         writes = "-@all +@read +@write +@transaction +@connection"
         rules = {
             "scorer": f"{scorer} %R~{p}:mode %R~{p}:weights {writes}",
-            "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights %R~{p}:* {writes}",
+            "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights ~{p}:models ~{p}:models:* "
+            f"%R~{p}:* {writes}",
             "gateway": f"%R~{p}:* -@all +@read +@connection",
             # Celery's broker (its queues, one per device: device.<id>) and results, and the
             # dispatcher's jobs: its own keys and pub/sub channels only.

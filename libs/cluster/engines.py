@@ -12,17 +12,18 @@ def choose_cpu_engine(
     asked: str | None, repo: Path = REPO, listening: bool = False
 ) -> tuple[str, str]:
     """The CPU workers' engine (unless the user said) and why: llama.cpp where ``make llama``
-    built it (bench/serving.py: the faster one here, see the README), else the torch shards.
+    built it (bench/serving.py: the faster one here, docs/getting-started.md), else torch shards.
 
     A cluster that others join (``--listen``) runs torch: a joined host's worker runs torch by
-    default (its shards talk over the cluster's NATS, with its credentials and TLS), and
-    llama.cpp's RPC servers take no credentials, so they stay off the LAN unless asked."""
+    default (its shards talk over the cluster's NATS, with its credentials and TLS), so both
+    ends match unless asked; llama.cpp's RPC between hosts then goes through mutual TLS with
+    certificates the cluster issues (``services/worker/rpc_channel.py``)."""
     if asked is not None:
         return asked, f"CPU workers run {asked}, as asked"
     if listening:
         why = (
-            "CPU workers run torch shards (hosts join over NATS; llama.cpp's RPC port has no "
-            "authentication: --engine llamacpp to use it anyway)"
+            "CPU workers run torch shards, as joined hosts do by default (--engine llamacpp on "
+            "both ends: llama.cpp's RPC between hosts over mutual TLS)"
         )
         return "torch", why
     if (repo / ".llama" / ".installed").exists():

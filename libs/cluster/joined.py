@@ -8,8 +8,10 @@ its calibrated speed) until Ctrl-C or SIGTERM, printing its log lines.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from libs.cluster.engines import choose_engines
 from libs.cluster.joining import JoinRefused, ask_to_join
 from libs.cluster.launcher import exit_text, render
 from libs.devices.host import host_device_id
+from libs.runtime.pki import Credentials, rpc_env
 from libs.runtime.procs import ServiceProcess
 
 
@@ -71,9 +74,15 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         url = found[0]
         others = f" (also found: {', '.join(found[1:])})" if found[1:] else ""
         say(f"found {url} on the LAN{others}")
+    # This device's key and the certificate the cluster signs for it (llama.cpp's RPC
+    # channel, libs/runtime/pki.py): made for this run only, removed when it ends.
+    rpc_folder = Path(tempfile.mkdtemp(prefix="tessera-rpc-"))
     try:
-        nats_url = asyncio.run(ask_to_join(url, options.token, device_id, options.ca_file))
+        nats_url = asyncio.run(
+            ask_to_join(url, options.token, device_id, options.ca_file, rpc_folder=rpc_folder)
+        )
     except JoinRefused as exc:
+        shutil.rmtree(rpc_folder, ignore_errors=True)
         say(str(exc), "bold red")
         return 1
     vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
@@ -91,7 +100,12 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     }
     if engine == "llamacpp":  # the head of a split reaches this host's RPC server here
         env["TESSERA_WORKER_RPC_HOST"] = address = local_address(nats_url)
-        say(f"llama.cpp's RPC server listens on {address} without authentication", "yellow")
+        rpc = Credentials.in_folder(rpc_folder)
+        if rpc.exist():
+            env.update(rpc_env(rpc))
+            say(f"llama.cpp's RPC server listens on {address} (mutual TLS, the cluster's CA)")
+        else:
+            say(f"llama.cpp's RPC server listens on {address}: no certificate from the cluster")
     if options.memory_gb is not None:
         env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)
     if options.ca_file is not None:
@@ -124,3 +138,4 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         worker.terminate()
         worker.stop(timeout_s=30)
         signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(rpc_folder, ignore_errors=True)

@@ -5,12 +5,16 @@
 user, who may only ask on ``JOIN``; the desk (in the ``tessera up`` process, as the admin)
 answers with a user of the joining device's own (``libs/cluster/access.py``: its telemetry and
 its work, never another device's, never a placement), writes the server's config and has it
-reload before answering. ``tessera token rotate`` draws a new token the same way.
+reload before answering. ``tessera token rotate`` draws a new token the same way, and
+``tessera devices revoke ID`` removes one device's user: nats-server closes a connection whose
+user a reload removed (tests/integration/test_hostile_device.py), the scorer is told the device
+left so its shards move at once, and its work consumer is deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -24,8 +28,10 @@ from nats.aio.client import Client as NatsClient
 from libs.cluster.access import JOIN_USER, AccessControl, with_user
 from libs.cluster.servers import NatsCluster, NatsServer
 from libs.contracts import (
+    DEVICE_LEAVING,
     JOIN,
     JOIN_ANSWER,
+    SHARD_TASK,
     TOKEN_ANSWER,
     TOKEN_ROTATE,
     JoinAnswer,
@@ -33,8 +39,13 @@ from libs.contracts import (
     TokenAnswer,
     TokenRotation,
 )
+from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER, work_consumer
+from libs.contracts.control import DeviceRevocation, RevocationAnswer
+from libs.contracts.device import DeviceLeaving
+from libs.runtime import pki
 from libs.runtime.bus import Delivery, NatsBus, request
-from libs.runtime.nats_client import server_list, tls_context
+from libs.runtime.nats_client import inbox_of, server_list, tls_context, user_of
+from libs.runtime.pki import ClusterCA
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +64,11 @@ class JoinDesk:
         server: NatsServer | NatsCluster,
         admin_url: str,
         ca_file: Path | None = None,
+        rpc_ca: ClusterCA | None = None,
     ) -> None:
         self.access, self.server, self.admin_url = access, server, admin_url
         self.ca_file = ca_file  #: the CA of the server's certificate, when NATS requires TLS
+        self.rpc_ca = rpc_ca  #: signs joining devices' certificates (llama.cpp's RPC channel)
         self.joined: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -89,6 +102,7 @@ class JoinDesk:
         bus = NatsBus(nc)
         await bus.subscribe(JOIN, self.on_join)
         await bus.subscribe(TOKEN_ROTATE, self.on_rotate)
+        await bus.subscribe(DEVICE_REVOKE, self.on_revoke)
         await nc.flush()
         self.bus = bus
         self._ready.set()
@@ -99,12 +113,21 @@ class JoinDesk:
         try:
             if ask.device_id in self.access.devices and ask.device_id not in self.joined:
                 raise ValueError(f"{ask.device_id!r} is a worker of this cluster already")
+            certificate = ""
+            if ask.csr_pem and self.rpc_ca is not None:
+                certificate = self.rpc_ca.sign(ask.csr_pem, ask.device_id)
             password = self.access.admit(ask.device_id)
         except ValueError as exc:
             answer = JoinAnswer(device_id=ask.device_id, refused=str(exc))
         else:
             await self._reload(ask.device_id, password)
-            answer = JoinAnswer(device_id=ask.device_id, user=ask.device_id, password=password)
+            answer = JoinAnswer(
+                device_id=ask.device_id,
+                user=ask.device_id,
+                password=password,
+                certificate_pem=certificate,
+                ca_pem=self.rpc_ca.cert_pem if certificate and self.rpc_ca is not None else "",
+            )
             if ask.device_id not in self.joined:
                 self.joined.append(ask.device_id)
             log.info("host joined", extra={"device_id": ask.device_id, "hostname": ask.hostname})
@@ -118,13 +141,40 @@ class JoinDesk:
         if msg.reply:
             await self.bus.reply(msg.reply, TOKEN_ANSWER, TokenAnswer(token=token))
 
-    async def _reload(self, user: str, password: str) -> None:
+    async def on_revoke(self, ask: DeviceRevocation, msg: Delivery) -> None:
+        """Remove the device's user (its connections close at the reload), say it left (its
+        shards move now, not after missed heartbeats) and delete its work consumer."""
+        device = ask.device_id
+        old = self.access.passwords.get(device, "")
+        if not self.access.revoke(device):
+            answer = RevocationAnswer(device_id=device, refused=f"{device!r} has no user here")
+        else:
+            if device in self.joined:
+                self.joined.remove(device)
+            await self._reload(None, "")
+            deadline = time.monotonic() + 5  # the reload is applied: the old password fails
+            for url in server_list(self.server.url):
+                while await self._accepts(url, device, old) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+            leaving = DeviceLeaving(device_id=device, ts=time.time(), reason="revoked")
+            await self.bus.publish(DEVICE_LEAVING, leaving, device_id=device)
+            js = self.bus.nc.jetstream()
+            with contextlib.suppress(Exception):  # none yet, or no stream: nothing to remove
+                await js.delete_consumer(SHARD_TASK.stream or "", work_consumer(device))
+            log.warning("device revoked", extra={"device_id": device})
+            answer = RevocationAnswer(device_id=device)
+        if msg.reply:
+            await self.bus.reply(msg.reply, REVOKE_ANSWER, answer)
+
+    async def _reload(self, user: str | None, password: str) -> None:
         """Write the users, have nats-server (every member of a cluster) reload them, and
-        wait until each lets ``user`` in with ``password``."""
+        wait until each lets ``user`` in with ``password`` (None: wait for nobody)."""
         if self.server.config is not None:
             self.access.write_nats_config(self.server.config)
         self.server.reload()
         deadline = time.monotonic() + 5
+        if user is None:
+            return
         for url in server_list(self.server.url):
             while not await self._accepts(url, user, password) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
@@ -150,15 +200,23 @@ async def _quiet(exc: Exception) -> None:
 
 
 async def connect(url: str, ca_file: Path | None, **options: Any) -> NatsClient:
-    """A NATS connection (over TLS trusting ``ca_file`` when given) for the join handshake."""
+    """A NATS connection (over TLS trusting ``ca_file`` when given) for the join handshake,
+    its replies under its user's own inbox prefix (the only ones it may read)."""
+    options.setdefault("inbox_prefix", inbox_of(user_of(url)))
     return await nats.connect(server_list(url), tls=tls_context(ca_file), **options)
 
 
 async def ask_to_join(
-    url: str, token: str, device_id: str, ca_file: Path | None = None, timeout_s: float = 10.0
+    url: str,
+    token: str,
+    device_id: str,
+    ca_file: Path | None = None,
+    timeout_s: float = 10.0,
+    rpc_folder: Path | None = None,
 ) -> str:
     """The NATS URL with this device's own credentials, asked of the cluster at ``url``
-    (over TLS when ``ca_file``, the cluster's CA, is given)."""
+    (over TLS when ``ca_file``, the cluster's CA, is given). With ``rpc_folder``, a key made
+    there and the certificate the cluster signs for it (``pki.Credentials.in_folder``)."""
     failure: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -186,12 +244,17 @@ async def ask_to_join(
             ) from exc
         raise JoinRefused(f"no cluster answers at {url}: {str(exc) or 'unreachable'}") from exc
     try:
-        ask = JoinRequest(device_id=device_id, hostname=socket.gethostname(), ts=time.time())
+        csr = pki.request(rpc_folder, device_id) if rpc_folder is not None else ""
+        ask = JoinRequest(
+            device_id=device_id, hostname=socket.gethostname(), ts=time.time(), csr_pem=csr
+        )
         answer = await request(nc, JOIN, ask, JOIN_ANSWER, timeout_s)
     finally:
         await nc.close()
     if answer.refused:
         raise JoinRefused(f"the cluster refused {device_id}: {answer.refused}")
+    if rpc_folder is not None and answer.certificate_pem:
+        pki.accept(rpc_folder, answer.certificate_pem, answer.ca_pem)
     return with_user(url, answer.user, answer.password)
 
 
@@ -219,3 +282,19 @@ async def rotate_token(admin_url: str, ca_file: Path | None = None, timeout_s: f
     finally:
         await nc.close()
     return answer.token
+
+
+async def revoke_device(
+    admin_url: str, device_id: str, ca_file: Path | None = None, timeout_s: float = 10.0
+) -> str:
+    """Remove ``device_id``'s user from the running cluster (asked as its admin): "" once it
+    is gone, else why not."""
+    nc = await connect(
+        admin_url, ca_file, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5
+    )
+    try:
+        ask = DeviceRevocation(device_id=device_id, ts=time.time())
+        answer = await request(nc, DEVICE_REVOKE, ask, REVOKE_ANSWER, timeout_s)
+    finally:
+        await nc.close()
+    return answer.refused

@@ -26,6 +26,7 @@ from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.discovery import Announcement
 from libs.cluster.joining import JoinDesk
 from libs.cluster.servers import HOST, NatsCluster, RedisServer
+from libs.runtime.pki import ClusterCA, rpc_env
 from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
 from libs.runtime.settings import child_env
 
@@ -93,6 +94,13 @@ class Cluster:
         self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
+        #: Signs the devices' certificates for llama.cpp's RPC between hosts (libs/runtime/pki.py),
+        #: kept beside the NATS users' passwords.
+        self.rpc_ca = (
+            ClusterCA.create(self.nats.data_dir / "rpc-ca")
+            if options.access and options.listen
+            else None
+        )
         self.children: list[ServiceProcess] = []
         #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``).
         self.run_lock: int | None = None
@@ -154,9 +162,12 @@ class Cluster:
         if self.options.engines_note:
             self.say("cluster", f"engines: {self.options.engines_note}", "white")
         self._write_run_file()
+        self._register_shipped()
         if self.options.listen and self.access is not None:
             admin = self.urls("admin")["nats"]
-            self.desk = JoinDesk(self.access, self.nats, admin, self.options.nats_ca).start()
+            self.desk = JoinDesk(
+                self.access, self.nats, admin, self.options.nats_ca, self.rpc_ca
+            ).start()
             self.say("cluster", f"other hosts join with: {self.join_command()}", "white")
             try:
                 self.announcement = Announcement(self.nats.url)
@@ -169,6 +180,30 @@ class Cluster:
             # In order: a consumer is listening before its producers start.
             if not self._wait_child(child):
                 return
+
+    def _register_shipped(self) -> None:
+        """The model shipped in its PyPI package joins the registry as any model does
+        (``tessera models add``); a cluster started with no such package registers none."""
+        import asyncio
+
+        from redis.asyncio import Redis
+
+        from libs.models.registry import ModelRegistry
+        from libs.models.store import ModelMissing, register_shipped
+
+        async def register() -> None:
+            redis = Redis.from_url(self.urls("admin")["redis"], decode_responses=True)
+            try:
+                prefix = self.child_env().get("TESSERA_KEY_PREFIX", "tessera")
+                card = await register_shipped(ModelRegistry(redis, prefix))
+                self.say("cluster", f"model {card.name} registered ({card.file_name})", "white")
+            finally:
+                await redis.aclose()
+
+        try:
+            asyncio.run(register())
+        except ModelMissing as exc:
+            self.say("cluster", f"no model registered: {exc}", "bold yellow")
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
@@ -233,6 +268,9 @@ class Cluster:
                 }
                 if engine == "llamacpp" and self.options.listen:  # joined heads reach it there
                     env["TESSERA_WORKER_RPC_HOST"] = self.options.listen
+                    if self.rpc_ca is not None:  # through mutual TLS only
+                        folder = self.nats.data_dir / "rpc" / name
+                        env.update(rpc_env(self.rpc_ca.issue(folder, name)))
                 out.append((name, service, env))
         return out
 

@@ -67,6 +67,8 @@ from libs.contracts.device import (
 )
 from libs.contracts.errors import ContractError
 from libs.contracts.frames import Frame, FrameKind, decode_frame, step_frame, step_rows
+from libs.contracts.models import ModelCard
+from libs.contracts.prompts import Prompt, TokenLogprob, ToolCall, TopLogprob
 from libs.contracts.work import (
     Assignment,
     BatchJob,
@@ -146,9 +148,11 @@ __all__ = [
     "MemoryType",
     "Mode",
     "ModeChange",
+    "ModelCard",
     "ModelDeployment",
     "PlacementDecision",
     "PlacementRequest",
+    "Prompt",
     "RequestId",
     "Sampling",
     "SchedulerCheckpoint",
@@ -161,7 +165,10 @@ __all__ = [
     "TelemetrySample",
     "TokenAnswer",
     "TokenChunk",
+    "TokenLogprob",
     "TokenRotation",
+    "ToolCall",
+    "TopLogprob",
     "WireModel",
     "decode_frame",
     "shard_ring",

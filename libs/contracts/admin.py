@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from libs.contracts import Mode
 from libs.contracts.base import Precision
+from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
 from libs.contracts.profiles import Profile
 
 #: The scheduling policies a scheduler knows (``libs/core/registry.py`` builds each one; a test
@@ -45,6 +46,25 @@ class DeployBody(BaseModel):
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
     #: Weights' precision on the CPU shard engine (default: the model's, int8 for SmolLM2).
     precision: Precision | None = None
+    #: Exactly this many shards per copy (default: the scheduler chooses up to max_shards).
+    shards: Annotated[int, Field(ge=1, le=256)] | None = None
+    #: Exactly these devices, in pipeline order (default: the scheduler chooses).
+    devices: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")], ...] = Field(
+        default=(), max_length=256
+    )
+
+
+class AddModelBody(BaseModel):
+    """Register a model: ``source`` is read by the scheduler on its host (a path to a GGUF;
+    a URL or ``hf:ORG/REPO[/FILE]`` is fetched first), or ``card`` was read by the caller on
+    its own host (``tessera models add`` reads the file where it lies)."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    card: ModelCard | None = None
+    name: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)] | None = None
+    #: The sha256 the file must have (its publisher's): a file that differs is refused.
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")] | None = None
 
 
 class ModeBody(BaseModel):

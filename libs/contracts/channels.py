@@ -16,9 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.control import (
+    DeviceRevocation,
     JoinAnswer,
     JoinRequest,
     ModeChange,
+    RevocationAnswer,
     SchedulerCheckpoint,
     TokenAnswer,
     TokenRotation,
@@ -158,7 +160,9 @@ SHARD_TASK = Channel("shard_task", "tessera.v1.work.{device_id}", ShardTask, str
 GENERATION = Channel(
     "generation", "tessera.v1.generate.{deployment_id}.{device_id}", GenerationRequest
 )
-TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}", TokenChunk)
+#: A request's token chunks, from the device that sent them: the gateway takes a chunk only
+#: from a device of the request's route, and a device's NATS user may publish only its own.
+TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}.{device_id}", TokenChunk)
 CANCEL = Channel("cancel", "tessera.v1.cancel.{deployment_id}", GenerationCancel)
 SHARD_STATUS = Channel("shard_status", "tessera.v1.shard.status.{device_id}", ShardStatus)
 #: A deployment's phase and progress, published by the scheduler on every change.
@@ -166,7 +170,9 @@ DEPLOYMENT_STATUS = Channel(
     "deployment_status", "tessera.v1.deployment.status.{deployment_id}", DeploymentStatus
 )
 #: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
-HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}")
+#: ``device_id`` receives, ``sender_id`` sent: a device's NATS user may publish only frames that
+#: name itself as the sender, and a worker takes them only from a device of the deployment.
+HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}.{sender_id}")
 MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
 #: A host joins (``tessera join``): asked as the ``join`` user, answered by ``tessera up``.
 JOIN = Channel("join", "tessera.v1.cluster.join", JoinRequest)
@@ -174,6 +180,9 @@ JOIN_ANSWER = Channel("join_answer", "tessera.v1.cluster.join.answer", JoinAnswe
 #: ``tessera token rotate``: asked as the admin, answered with the new token.
 TOKEN_ROTATE = Channel("token_rotate", "tessera.v1.cluster.token.rotate", TokenRotation)
 TOKEN_ANSWER = Channel("token_answer", "tessera.v1.cluster.token.answer", TokenAnswer)
+#: ``tessera devices revoke``: asked as the admin (no other user may), answered by ``tessera up``.
+DEVICE_REVOKE = Channel("device_revoke", "tessera.v1.cluster.device.revoke", DeviceRevocation)
+REVOKE_ANSWER = Channel("revoke_answer", "tessera.v1.cluster.device.revoked", RevocationAnswer)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
 )
@@ -201,7 +210,19 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     JOIN_ANSWER,
     TOKEN_ROTATE,
     TOKEN_ANSWER,
+    DEVICE_REVOKE,
+    REVOKE_ANSWER,
 )  # type: ignore[assignment]
+
+
+def work_consumer(device_id: str) -> str:
+    """The durable consumer through which ``device_id``'s worker takes its shard tasks: the
+    only consumer its NATS user may create, read or acknowledge on (libs/cluster/access.py)."""
+    return f"worker-{device_id}"
+
+
+#: The object store of model weights (another stream: ``OBJ_<bucket>``): devices only read it.
+MODEL_BUCKET = "TESSERA_MODELS"
 
 #: JetStream streams and the subjects each persists.
 STREAMS: dict[str, tuple[str, ...]] = {

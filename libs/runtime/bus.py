@@ -11,6 +11,7 @@ A durable consumer (``consume``) settles each message by the policy of ``libs/ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -176,18 +177,20 @@ class NatsBus:
         on_msg = acknowledging(
             channel.name, lambda msg: decoded(channel, msg, rejected), handler, redelivery
         )
-        pattern = subject or channel.wildcard
+        if channel.stream is None:
+            raise ValueError(f"{channel.name} is kept in no stream: subscribe to it instead")
         js = self.nc.jetstream()
         config = ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            filter_subject=subject or channel.wildcard,
             deliver_policy=DeliverPolicy.NEW,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=redelivery.ack_wait_s,
             max_deliver=redelivery.max_deliver,
         )
-        await keep_settings(js, await js.find_stream_name_by_subject(pattern), durable, config)
-        return await js.subscribe(
-            pattern, durable=durable, cb=on_msg, manual_ack=True, config=config
-        )
+        await keep_settings(js, channel.stream, durable, config)
+        return Pulling(await js.pull_subscribe_bind(durable, channel.stream), on_msg)
 
     async def publish_bytes(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
@@ -319,19 +322,73 @@ def decoded(channel: Channel[M], msg: Delivery, rejected: Rejected | None) -> M 
         return None
 
 
+#: How long a pull waits for a message before it asks again (seconds): also how soon a
+#: consumer asks again after its connection came back.
+PULL_WAIT_S = 1.0
+#: How long ``keep_settings`` waits for a stream that is not there yet (the scheduler creates
+#: them: a worker may connect first, and a device may not create streams).
+STREAM_WAIT_S = 60.0
+STREAM_NOT_FOUND = 10059  #: JetStream's error code
+
+
 async def keep_settings(
     js: JetStreamContext, stream: str, durable: str, config: ConsumerConfig
 ) -> None:
-    """Give an existing durable consumer ``config``'s acknowledgement settings (it keeps
-    the ones it was created with otherwise: the client does not compare them)."""
-    try:
-        info = await js.consumer_info(stream, durable)
-    except NotFoundError:
-        return  # the subscription creates it with ``config``
-    have = info.config
-    if (have.ack_wait, have.max_deliver) != (config.ack_wait, config.max_deliver):
+    """Create the pull consumer ``durable`` on ``stream`` with ``config``, or give an existing
+    one ``config``'s acknowledgement settings. It is created by name and filter subject
+    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``): the only consumer a device's NATS
+    user may create is its own, on its own subject. Waits for the stream (``STREAM_WAIT_S``)."""
+    deadline = time.monotonic() + STREAM_WAIT_S
+    while True:
+        try:
+            have = (await js.consumer_info(stream, durable)).config
+            break
+        except NotFoundError as exc:
+            if exc.err_code != STREAM_NOT_FOUND:
+                await js.add_consumer(stream, config=config)
+                return
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+    if have.deliver_subject:  # a push consumer of an older release: made again, pulled
+        await js.delete_consumer(stream, durable)
+        await js.add_consumer(stream, config=config)
+    elif (have.ack_wait, have.max_deliver) != (config.ack_wait, config.max_deliver):
         have.ack_wait, have.max_deliver = config.ack_wait, config.max_deliver
         await js.add_consumer(stream, config=have)  # updates what may change
+
+
+class Pulling:
+    """A pull consumer's messages handed to ``on_msg`` one after another, as a push
+    subscription would (a device's user may ask only for its own consumer's next message:
+    ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>``, with the reply in its own inbox)."""
+
+    def __init__(self, sub: Any, on_msg: Callable[[Any], Awaitable[None]]) -> None:
+        self.sub, self.on_msg = sub, on_msg
+        self._task = asyncio.create_task(self._pull())
+
+    async def _pull(self) -> None:
+        while True:
+            try:
+                msgs = await self.sub.fetch(1, timeout=PULL_WAIT_S)
+            except nats.errors.TimeoutError:
+                continue  # nothing came (or the connection is away): ask again
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the connection closing, a server error
+                log.info("pull failed", extra={"error": repr(exc)})
+                await asyncio.sleep(PULL_WAIT_S)
+                continue
+            for msg in msgs:
+                await self.on_msg(msg)
+
+    async def unsubscribe(self) -> None:
+        """Stop pulling; a message whose handler is cancelled is delivered again later."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self.sub.unsubscribe()
 
 
 def guarded(subject: str, handler: RawHandler) -> RawHandler:

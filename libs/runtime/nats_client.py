@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -30,12 +31,15 @@ async def connect_nats(
     connect_timeout_s: float = 5.0,
     reconnected: Callable[[], Awaitable[None]] | None = None,
     ca_file: Path | None = None,
+    inbox: str | None = None,
 ) -> NatsClient:
     """Connect with unlimited reconnects; connection changes are logged, never raised;
     ``reconnected`` runs after each reconnect (what was in flight may have been lost);
     ``ca_file``: connect over TLS, trusting only the server certificates it signed. ``url``
     may name several servers of a NATS cluster, comma-separated: any one that answers will
-    do, and the client moves to another when it goes."""
+    do, and the client moves to another when it goes. ``inbox``: the prefix of this
+    connection's reply subjects; default the user's own (``inbox_of``), the only replies its
+    NATS user may read."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": repr(exc)})
@@ -51,6 +55,7 @@ async def connect_nats(
     return await nats.connect(
         server_list(url),
         name=name,
+        inbox_prefix=inbox or inbox_of(user_of(url)),
         tls=tls_context(ca_file),
         connect_timeout=connect_timeout_s,
         max_reconnect_attempts=-1,
@@ -74,6 +79,19 @@ def tls_context(ca_file: Path | None) -> ssl.SSLContext | None:
     # half-open, which TLS cannot): noise, not news, on every NATS connection over TLS.
     logging.getLogger("asyncio").addFilter(_not_eof_over_tls)
     return ssl.create_default_context(cafile=str(ca_file))
+
+
+def inbox_of(user: str | None) -> str:
+    """The prefix of ``user``'s reply subjects (``_INBOX_<user>``): its NATS grant names
+    ``_INBOX_<user>.>`` instead of ``_INBOX.>``, so no user reads replies meant for another.
+    Without a user (a server without accounts), nats-py's own ``_INBOX``."""
+    return f"_INBOX_{user}" if user else "_INBOX"
+
+
+def user_of(url: str) -> str | None:
+    """The user a NATS URL connects as (its first server's), if it names one."""
+    servers = server_list(url)
+    return urlsplit(servers[0]).username if servers else None
 
 
 def server_list(url: str) -> list[str]:

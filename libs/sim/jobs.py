@@ -8,7 +8,8 @@ edge server runs at ``speed`` × one GPU).
 Policies, as the ElasticFlow paper and its simulator define them (``libs/sim/round_policies.py``,
 run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admission control,
 minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
-with the edge in admission and the seed's rules), ``edf``, ``tiresias``. Also
+with the edge in admission and the seed's rules), ``edf``, ``tiresias``, and ``gandiva`` (node
+sets by GPU class, packing and time-slicing, in its own loop: ``libs/sim/gandiva.py``). Also
 ``elasticflow-noadmit``: the earlier continuous variant without admission control (rounds at
 every arrival and completion, no slot, 5 s per placement change: ``libs/core/edgeflow.allocate``
 without the edge), kept to show what admission control is worth.
@@ -53,7 +54,7 @@ PAPER_CLUSTER_GPUS = {"195job": 128, "cluster01": 512, "cluster03": 512, "cluste
 #: The edge the bench adds beside the cloud: 16 servers of 16 or 32 GB at 0.2–0.4 × an A100.
 BENCH_EDGE_SERVERS = 16
 BENCH_EDGE_SPEED = (0.2, 0.4)
-JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias", "elasticflow-noadmit")
+JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias", "gandiva", "elasticflow-noadmit")
 
 
 def bench_edge(count: int, rng: np.random.Generator) -> list[EdgeServer]:
@@ -75,6 +76,9 @@ class TraceJob:
     gpus: int
     #: Seconds on ``gpus`` GPUs, as the trace states it (0 when unknown).
     duration_s: float = 0.0
+    #: The trace's own clock (s) at time 0, its first ``submission_time``: Gandiva's
+    #: time-slicing depends on it (``libs/sim/gandiva.py``).
+    clock_s: float = 0.0
 
 
 def read_itp(
@@ -104,6 +108,7 @@ def read_itp(
             int(row["batch_size"]),
             int(row["num_gpu"]),
             float(row["duration"] or 0.0) / load,
+            start,
         )
         for at, row, deadline in rows
     ]

@@ -12,6 +12,8 @@ define it:
 * ``TiresiasRounds`` — Tiresias (``dlas_sim_jobs(gputime=True)``): discretised 2D-LAS, three
   queues split at 3,250 and 7,200 GPU-seconds attained, FIFO within a queue, first fit, the
   trace's GPU count and duration, a start overhead when a job (re)starts.
+
+Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``.
 """
 
 from __future__ import annotations
@@ -305,6 +307,10 @@ def run_policy(
         policy = ElasticFlowRounds(sim.cloud_gpus, edge, slot_s=sim.slot_s)
     elif sim.policy == "edf":
         policy = EdfRounds(sim.cloud_gpus)
+    elif sim.policy == "gandiva":  # its own loop: no round at a job's end, as theirs
+        from libs.sim.gandiva import run_gandiva  # it imports this module
+
+        return run_gandiva(trace, profiles, sim.cloud_gpus, sim.slot_s)
     else:
         policy = TiresiasRounds(sim.cloud_gpus)
         # Their Tiresias runs a job for its trace duration at the trace's GPU count.

@@ -28,7 +28,7 @@ from libs.core.capability import (
     efficiency_score,
     network_score,
 )
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.energy import SLEEP_AFTER_S, WAKE_S
 from libs.core.fleet import FleetState
 from libs.core.model import Device, Task, TaskKind
@@ -127,7 +127,7 @@ class ServingSimulation:
         cycle_s: float = 0.2,
         seed: int = 0,
     ) -> None:
-        self.speed = SpeedModel(CATALOGUE[model])
+        self.speed = SpeedModel(HYPOTHETICAL_MODELS[model])
         self.policy = policy
         self.cycle_s = cycle_s
         self.rng = np.random.default_rng(seed)

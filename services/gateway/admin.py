@@ -1,6 +1,6 @@
 """The admin API, ``/v1/cluster/…``: the scheduler's API, proxied (one documented place).
 
-Placements and previews, mode and policy live in the scheduler (services/scheduler/api.py),
+Placements and previews, models, mode and policy live in the scheduler (services/scheduler/api.py),
 which validates every body; the gateway forwards the request and passes the answer through,
 wrapping errors in OpenAI's shape. Devices and scores are read from Redis.
 """
@@ -16,9 +16,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from libs.contracts import DeploymentStatus, PlacementDecision
-from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
+from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
+from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
 from libs.runtime.store import read_fleet
 from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
@@ -45,7 +46,7 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
         ]
 
     # An endless stream: kept out of the OpenAPI document (its fuzzing would wait forever);
-    # the README describes it.
+    # docs/dashboard.md describes it.
     @router.get("/events", include_in_schema=False)
     async def events(request: Request) -> StreamingResponse:
         stream = await request.app.state.events.stream()
@@ -123,6 +124,37 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
         precision: Precision | None = None,
     ) -> Response:
         return await forward(request, "instance/previews")
+
+    @router.get("/models", summary="The registered models (cards without chat templates)")
+    async def models(request: Request) -> Response:
+        return await forward(request, "models")
+
+    @router.get("/models/{name}", summary="A registered model's card", responses=documented(404))
+    async def model(
+        name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)], request: Request
+    ) -> Response:
+        return await forward(request, f"models/{name}")
+
+    @router.post(
+        "/models",
+        status_code=201,
+        summary="Register a model: a GGUF's path on the scheduler's host, or a card",
+        response_model=ModelCard,
+        responses=documented(404, 409),
+    )
+    async def add_model(body: AddModelBody, request: Request) -> Response:
+        return await forward(request, "models", body)
+
+    @router.delete(
+        "/models/{name}",
+        status_code=204,
+        summary="Forget a model (refused while deployed)",
+        responses=documented(404, 409),
+    )
+    async def remove_model(
+        name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)], request: Request
+    ) -> Response:
+        return await forward(request, f"models/{name}")
 
     @router.get("/mode", summary="Scheduling mode and whether it was set by hand")
     async def mode(request: Request) -> Response:

@@ -28,12 +28,15 @@ from libs.runtime.lifecycle import Background
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.store import connect_redis
 from services.gateway.admin import admin_router
+from services.gateway.anthropic_api import anthropic_router
 from services.gateway.completions import Completions, DeployedModels, GatewayMetrics
 from services.gateway.dashboard import dashboard_router
+from services.gateway.error_shapes import ErrorShapes
 from services.gateway.events import EventHub
 from services.gateway.generation import GenerationClient, RouteBook
 from services.gateway.guards import install_errors, install_limits
 from services.gateway.metrics import RequestMetrics
+from services.gateway.ollama_api import ollama_router
 from services.gateway.routes import openai_router
 from services.gateway.schedulers import split_urls
 from services.gateway.settings import GatewaySettings
@@ -104,7 +107,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(
         title="Tessera gateway",
         version="0.1.0",
-        description="OpenAI-compatible API of a Tessera cluster, and its admin API.",
+        description="OpenAI-compatible API of a Tessera cluster (and Anthropic's Messages and "
+        "Ollama's API on the same models), and its admin API.",
         lifespan=lifespan,
     )
     app.state.registry = registry
@@ -112,6 +116,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_errors(app)
     install_limits(app, settings)
     app.include_router(openai_router(settings))
+    app.include_router(anthropic_router())
+    app.include_router(ollama_router())
     app.include_router(admin_router(settings))
     app.include_router(dashboard_router())
     requests_total = Counter(
@@ -127,6 +133,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         registry=registry,
     )
     app.add_middleware(RequestMetrics, requests=requests_total, duration=duration)
+    app.add_middleware(ErrorShapes)  # outermost: every error, in its API's shape
 
     @app.get("/healthz", summary="Liveness and dependency health")
     async def healthz(request: Request) -> JSONResponse:

@@ -8,7 +8,6 @@ when the scheduler moves it, and turns the token chunks into an OpenAI response 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,14 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fastapi.responses import StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from starlette.background import BackgroundTask
 
-from libs.contracts import DeploymentStatus, Sampling, TokenChunk
+from libs.contracts import DeploymentStatus, Prompt, Sampling, TokenChunk
 from services.gateway.events import Ttfts
 from services.gateway.generation import GenerationClient, Route, RouteBook
-from services.gateway.openai_api import MAX_TOKENS, ApiError, new_id
+from services.gateway.openai_api import ApiError, new_id
 from services.gateway.schedulers import ask_scheduler
 from services.gateway.tokenizers import Tokenizers
 
@@ -137,9 +134,9 @@ class DeployedModels:
 
     @property
     def listed(self) -> list[str]:
-        """The deployments a user names and that serve now (replicas are chosen per request,
-        not named; a deployment pending, loading, refused or failed serves nothing)."""
-        return sorted(d for d in set(self.models) - self.replicas if self.phase(d) == "serving")
+        """The models that serve now, by name, each once (a deployment id is an admin detail;
+        a deployment pending, loading, refused or failed serves nothing)."""
+        return sorted({m for d, m in self.models.items() if self.phase(d) == "serving"})
 
     def resolve(self, model: str) -> str:
         """The deployment serving ``model`` (by deployment id, then by model name; one that
@@ -220,18 +217,27 @@ class Completions:
         return Slot(self)
 
     async def chunks(
-        self, deployment: str, prompt_ids: list[int], sampling: Sampling, slot: Slot
+        self,
+        deployment: str,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        slot: Slot | None,
+        prompt: Prompt | None = None,
     ) -> AsyncIterator[TokenChunk]:
-        """The request's token chunks, measured; ``slot`` is given back when they end."""
+        """The request's chunks (tokens, or a ``prompt``'s pieces), measured; ``slot``, if
+        given, is given back when they end."""
         started = time.perf_counter()
         last: float | None = None
+        counted = 0
         try:
             async for chunk in self.client.stream(
-                deployment, new_id("gen")[4:40], prompt_ids, sampling
+                deployment, new_id("gen")[4:40], prompt_ids, sampling, prompt
             ):
                 now = time.perf_counter()
-                if chunk.token_id is not None:
-                    self.metrics.tokens.inc()
+                if chunk.token_id is not None or (prompt is not None and not chunk.finished):
+                    if chunk.token_id is not None:
+                        self.metrics.tokens.inc()
+                        counted += 1
                     if last is None:
                         self.metrics.ttft.observe(now - started)
                         self.metrics.recent_ttft.add(now - started)
@@ -240,57 +246,9 @@ class Completions:
                     last = now
                 if chunk.finish_reason == "error":
                     self.metrics.errors.inc()
+                elif chunk.finished and not counted:  # a prompt's pieces: counted at the end
+                    self.metrics.tokens.inc(chunk.completion_tokens or 0)
                 yield chunk
         finally:
-            slot.release()
-
-
-def sampling_of(max_tokens: int | None, body: Any) -> Sampling:
-    return Sampling(
-        max_tokens=max_tokens or min(256, MAX_TOKENS),
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=body.stops(),
-        seed=body.seed,
-    )
-
-
-async def collect(chunks: AsyncIterator[TokenChunk]) -> tuple[str, TokenChunk]:
-    """Join a generation's text; raise 503 if it ended in an error."""
-    text: list[str] = []
-    async for chunk in chunks:
-        text.append(chunk.text)
-        if chunk.finished:
-            if chunk.finish_reason == "error":
-                raise ApiError(
-                    503, chunk.error or "generation failed", "server_error", "no_capacity"
-                )
-            return "".join(text), chunk
-    raise ApiError(503, "generation ended without a final chunk", "server_error")
-
-
-def sse(
-    chunks: AsyncIterator[TokenChunk],
-    render: Callable[[TokenChunk], list[dict[str, Any]]],
-    usage: Callable[[TokenChunk], dict[str, Any]] | None,
-    slot: Slot,
-) -> StreamingResponse:
-    """Server-sent events: one ``data:`` line per OpenAI chunk, then ``data: [DONE]``."""
-
-    async def events() -> AsyncIterator[str]:
-        # If the client goes away the generator is closed, and the request is cancelled.
-        async for chunk in chunks:
-            if chunk.finish_reason == "error":
-                error = {"message": chunk.error, "type": "server_error", "code": "no_capacity"}
-                yield f"data: {json.dumps({'error': error})}\n\n"
-                break
-            for event in render(chunk):
-                yield f"data: {json.dumps(event)}\n\n"
-            if chunk.finished and usage is not None:
-                yield f"data: {json.dumps(usage(chunk))}\n\n"
-        yield "data: [DONE]\n\n"
-
-    # A client gone before the stream began never runs the generator: give the slot back.
-    return StreamingResponse(
-        events(), media_type="text/event-stream", background=BackgroundTask(slot.release)
-    )
+            if slot is not None:
+                slot.release()

@@ -36,6 +36,7 @@ from libs.contracts import (
     InferenceRequest,
     PlacementDecision,
     PlacementRequest,
+    Prompt,
     Sampling,
     ShardTask,
     TokenChunk,
@@ -230,11 +231,15 @@ class GenerationClient:
         request_id: str,
         prompt_token_ids: Sequence[int],
         sampling: Sampling,
+        prompt: Prompt | None = None,
     ) -> AsyncIterator[TokenChunk]:
-        """Yield the request's chunks, ending with the finished one (or an error chunk)."""
-        placed = await self.place_serving(
-            deployment_id, request_id, len(prompt_token_ids), sampling
-        )
+        """Yield the request's chunks, ending with the finished one (or an error chunk).
+
+        With ``prompt`` (the request as OpenAI's fields) an engine that applies the model's
+        own template answers in pieces (text, whole tool calls); after a move it runs the
+        request again with the same seed and sends only the pieces after those streamed."""
+        size = len(prompt_token_ids) or (len(prompt.body) // 4 if prompt is not None else 1)
+        placed = await self.place_serving(deployment_id, request_id, size, sampling)
         if placed is not None and not placed.placed:
             message = f"no capacity: {placed.reason}"
             yield TokenChunk.failure(request_id, 0, placed.epoch, message, time.time())
@@ -247,12 +252,20 @@ class GenerationClient:
         queue: Inbox = asyncio.Queue()
 
         async def on_chunk(chunk: TokenChunk, msg: Delivery) -> None:
-            queue.put_nowait(chunk)
+            # Only a device of the request's route (as this stream follows it, or as the book
+            # has it already) may write into its answer: another device's chunk is refused.
+            sender = TOKENS.token_of(msg.subject, "device_id")
+            current = self.routes.get(deployment_id)
+            routed = [r.devices for r in (route, current) if r is not None]
+            if any(sender in devices for devices in routed):
+                queue.put_nowait(chunk)
+            elif self.rejected is not None:
+                self.rejected(TOKENS.name, "not_routed", f"a chunk from {sender}")
 
         sub = await self.bus.subscribe(
             TOKENS,
             on_chunk,
-            subject=TOKENS.subject(request_id=request_id),
+            subject=TOKENS.pattern(request_id=request_id),
             rejected=self.rejected,
         )
         self.routes.listen(deployment_id, queue)
@@ -262,11 +275,15 @@ class GenerationClient:
             sent = -1  # the epoch the request was last sent to (-1: send it again)
             resent = 0  # times it was sent again because tokens went missing on the way
             unacked: float | None = None  # since when no first shard has taken it
+            down_since: float | None = None  # since when a device of its route is down
             while not finished:
                 down = self.routes.down_in(route)
+                # Since when its devices are down: news of other deployments or devices, or
+                # of this one's phase, must not keep restarting the wait for a new route.
+                down_since = (down_since or time.monotonic()) if down else None
                 if not down and sent != route.epoch:
                     taken = await self._send(
-                        route, request_id, prompt_token_ids, generated, sampling
+                        route, request_id, prompt_token_ids, generated, sampling, prompt
                     )
                     sent = route.epoch
                     unacked = None if taken else (unacked or time.monotonic())
@@ -276,6 +293,8 @@ class GenerationClient:
                     wait = self.move_s
                 else:
                     wait = ACK_S if unacked is not None else self.stall_s
+                if down_since is not None:
+                    wait = max(0.0, down_since + wait - time.monotonic())
                 try:
                     item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
@@ -318,7 +337,8 @@ class GenerationClient:
                     continue  # from the placement before the move
                 unacked = None  # the placement is working on it
                 if item.finished:
-                    missing = (item.completion_tokens or 0) > len(generated)
+                    sent_n = item.index if prompt is not None else item.completion_tokens
+                    missing = (sent_n or 0) > len(generated)
                     if missing and item.finish_reason != "error" and resent < RESENDS:
                         # A token was lost in transit (a server restart): run it again after
                         # the tokens that did arrive, rather than end the stream with a hole.
@@ -337,6 +357,9 @@ class GenerationClient:
                     yield item
                 elif item.index == len(generated) and item.token_id is not None:
                     generated.append(item.token_id)
+                    yield item
+                elif item.index == len(generated) and prompt is not None:
+                    generated.append(0)  # a piece: counted, its text is the user's already
                     yield item
         finally:
             self.routes.unlisten(deployment_id, queue)
@@ -407,6 +430,7 @@ class GenerationClient:
         prompt_token_ids: Sequence[int],
         generated: list[int],
         sampling: Sampling,
+        prompt: Prompt | None = None,
     ) -> bool:
         """Send the request to the route's first shard; True once that shard took it."""
         request = GenerationRequest(
@@ -414,9 +438,12 @@ class GenerationClient:
             deployment_id=route.deployment_id,
             epoch=route.epoch,
             prompt_token_ids=tuple(prompt_token_ids),
-            generated_token_ids=tuple(generated),
+            # A prompt's pieces are not tokens: its re-run skips them (``delivered``).
+            generated_token_ids=() if prompt is not None else tuple(generated),
             sampling=sampling,
             ts=time.time(),
+            prompt=prompt,
+            delivered=len(generated) if prompt is not None else 0,
         )
         # The first shard acknowledges at once. Without an answer (its worker is reconnecting
         # after a NATS restart, or gone) the stream asks again shortly; a duplicate only

@@ -126,9 +126,11 @@ def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         path = request.url.path
-        if path.startswith("/v1/"):
+        if path.startswith(("/v1/", "/api/")):  # OpenAI's and Anthropic's, and Ollama's
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
+            if "x-api-key" in request.headers:  # Anthropic's clients send the key so
+                scheme, token = "bearer", request.headers["x-api-key"]
             if keys and (
                 scheme.lower() != "bearer"
                 or not any(secrets.compare_digest(token.encode(), k) for k in keys)

@@ -23,19 +23,26 @@ from libs.contracts import (
 )
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import Precision
-from libs.core.catalogue import CATALOGUE
 from libs.core.registry import POLICIES
 from services.scheduler import phases
+from services.scheduler.models_api import model_routes
 from services.scheduler.service import Scheduler
-
-
-def _known_model(model: str) -> None:
-    if model not in CATALOGUE:
-        raise HTTPException(404, f"unknown model {model!r}; known: {', '.join(sorted(CATALOGUE))}")
 
 
 def create_api(scheduler: Scheduler) -> FastAPI:
     app = FastAPI(title="Tessera scheduler", version="0.1.0")
+    model_routes(app, scheduler)
+
+    async def _known_model(model: str) -> None:
+        """404 unless ``model`` is registered (its card is then the scheduler's)."""
+        await scheduler.learn(model)
+        if model not in scheduler.deployments.cards:
+            known = ", ".join(sorted(await scheduler.registry.names())) or "none"
+            raise HTTPException(
+                404,
+                f"unknown model {model!r}; registered: {known} "
+                "(add it with `tessera models add FILE.gguf`)",
+            )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -55,7 +62,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     ) -> list[dict[str, Any]]:
         """Every candidate placement: per-device layers and memory (in ``precision``), or why
         it is infeasible."""
-        _known_model(model)
+        await _known_model(model)
         return [
             {
                 "devices": list(p.devices),
@@ -80,7 +87,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
 
     @app.post("/placements", status_code=201)
     async def deploy(body: DeployBody) -> PlacementDecision:
-        _known_model(body.model)
+        await _known_model(body.model)
         task = ModelDeployment(
             deployment_id=body.deployment_id or f"dep-{uuid.uuid4().hex[:12]}",
             model=body.model,
@@ -88,6 +95,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             max_shards=body.max_shards,
             replicas=body.replicas,
             precision=body.precision,
+            shard_count=body.shards,
+            devices=body.devices,
         )
         decision = await scheduler.submit(PlacementRequest(task=task, ts=scheduler.clock()))
         if not decision.placed:

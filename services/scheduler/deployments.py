@@ -19,6 +19,7 @@ only called from the scheduler's command loop (``loop.py``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Literal
@@ -27,6 +28,7 @@ from libs.contracts import (
     DEPLOYMENT_STATUS,
     SHARD_TASK,
     DeploymentState,
+    ModelCard,
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
@@ -35,11 +37,11 @@ from libs.contracts import (
     ShardTask,
     shard_ring,
 )
-from libs.core.catalogue import CATALOGUE, ModelSpec, as_gguf, in_precision
+from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
-from libs.core.partition import Preview, choose, previews, whole_models_only
+from libs.core.partition import Preview, choose, whole_models_only
 from libs.runtime.bus import Bus
-from services.scheduler import phases
+from services.scheduler import models, phases
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replicas import ENGINE_SLOTS
 from services.scheduler.state import SchedulerState
@@ -51,15 +53,6 @@ MIN_SILENCE_S = 2.0
 #: Worker engines that run a layer range of a model (vLLM runs whole models only).
 SPLITTING_ENGINES = {"torch", "llamacpp"}
 log = logging.getLogger(__name__)
-
-
-def model_spec(model: str, precision: str | None, family: str, slots: int) -> ModelSpec:
-    """``model`` as the engines of ``family`` hold it: llama.cpp's workers its GGUF (weights in
-    the file's types, an f16 KV cache for each of its ``slots`` request slots); the torch ring
-    in ``precision``."""
-    if family == "llamacpp":
-        return as_gguf(CATALOGUE[model], slots)
-    return in_precision(CATALOGUE[model], precision)
 
 
 class Deployer:
@@ -87,6 +80,17 @@ class Deployer:
         self.heard: dict[tuple[str, int], float] = {}
         #: (deployment, device, epoch) of stale shards already told to unload.
         self.told_stale: set[tuple[str, str, int]] = set()
+        #: The registered models' cards, as last read from the registry (``Scheduler.learn``).
+        self.cards: dict[str, ModelCard] = {}
+
+    def spec_of(
+        self, model: str, precision: str | None = None, family: str = "ring"
+    ) -> ModelSpec | None:
+        """``model`` as the engines of ``family`` hold it (None: not registered)."""
+        card = self.cards.get(model)
+        if card is None:
+            return None
+        return models.spec_for(card, family, ENGINE_SLOTS.get(family, 1), precision)
 
     # -- planning -----------------------------------------------------------------------------
     def preview(
@@ -98,30 +102,46 @@ class Deployer:
         without: Collection[str] = frozenset(),
         precision: str | None = None,
         moving: str | None = None,
+        shard_count: int | None = None,
+        told: tuple[str, ...] = (),
     ) -> list[Preview]:
-        """Candidate placements of ``model`` (on devices other than ``without``; the memory of
-        deployment ``moving`` counted free), its layers counted as each engine family holds
-        them (``model_spec``: the torch ring in ``precision``)."""
-        devices = [d for d in self.model_devices(now, moving) if d.device_id not in without]
+        """Candidate placements of registered ``model`` (on devices other than ``without``
+        whose engine serves it; the memory of deployment ``moving`` counted free), its layers
+        counted as each engine family holds them (``card_spec``: the torch ring in
+        ``precision``); ``shard_count`` and ``told`` devices: exactly those. An infeasible
+        option names the devices left out and why."""
+        card = self.cards[model]
+        candidates = self.model_devices(now, moving)
+        refused = models.left_out(card, candidates, self.view.announces)
+        devices = [d for d in candidates if d.device_id not in refused]
+        if not devices and refused:
+            reason = f"no device runs an engine that serves {model}: {models.why_left(refused)}"
+            return [Preview(model, (), (), False, reason, None)]
         families: dict[str, list[Device]] = {}
         for device in devices:  # a split runs on one engine: llama.cpp's, or the torch ring
             families.setdefault(self.family(device.device_id), []).append(device)
-        options = [
-            option
-            for family, group in (families or {"ring": []}).items()
-            for option in previews(
-                model_spec(model, precision, family, self.slots(group, family)),
-                group,
-                context_length,
-                max_shards,
+        if told:  # the told devices only, in their order (a family is still one engine)
+            families = {f: g for f, g in families.items() if {d.device_id for d in g} & set(told)}
+            if len(families) > 1:
+                reason = "the told devices run different engines: a split runs on one"
+                return [Preview(model, (), (), False, reason, None)]
+        options: list[Preview] = []
+        for family, group in (families or {"ring": []}).items():
+            spec = models.spec_for(card, family, self.slots(group, family), precision)
+            usable = [d for d in group if d.device_id not in without]
+            too_small = models.fleet_too_small(spec, usable, context_length)
+            if too_small and usable and not told and shard_count is None:
+                options.append(Preview(model, (), (), False, too_small, None))
+                continue
+            options += models.told_options(
+                spec, group, context_length, max_shards, shard_count, told, without
             )
-        ]
         whole_only = {
             d
             for d, a in self.view.announces.items()
             if a.engines and not SPLITTING_ENGINES & set(a.engines)
         }
-        return [whole_models_only(o, whole_only) for o in options]
+        return [models.explain(whole_models_only(o, whole_only), refused) for o in options]
 
     def slots(self, devices: list[Device], family: str) -> int:
         """Request slots the engines of ``devices`` run, as their workers announce them (the
@@ -172,28 +192,40 @@ class Deployer:
             if old.phase not in phases.FINAL:  # a replica still serving or loading: drop it
                 await self._shard_tasks(old, "unload", now)
                 await self.publish(old.model_copy(update={"phase": "removed"}), now)
-        if task.model not in CATALOGUE:
+        if task.model not in self.cards:
             return self.refusal(
                 task.deployment_id,
-                f"unknown model {task.model!r}; known: {', '.join(sorted(CATALOGUE))}",
+                f"unknown model {task.model!r}; registered: {', '.join(sorted(self.cards))}"
+                " (add it with `tessera models add FILE.gguf`)",
                 now,
             )
         first: DeploymentState | None = None
         for k in range(1, task.replicas + 1):
             replica_id = task.deployment_id if k == 1 else f"{task.deployment_id}-r{k}"
             taken = {a.device_id for d in self.group(task.deployment_id) for a in d.assignments}
-            size = (task.model, task.context_length, task.max_shards, now)
-            chosen = choose(self.preview(*size, without=taken, precision=task.precision))
+            told = functools.partial(
+                self.preview,
+                task.model,
+                task.context_length,
+                task.max_shards,
+                now,
+                precision=task.precision,
+                shard_count=task.shard_count,
+                told=task.devices,
+            )
+            chosen = choose(told(without=taken))
             if not chosen.feasible and taken:  # no room apart: share devices
-                chosen = choose(self.preview(*size, precision=task.precision))
+                chosen = choose(told())
             if not chosen.feasible:
-                if first is None:
-                    return self.refusal(task.deployment_id, chosen.reason or "infeasible", now)
-                log.warning(
-                    "replica not placed",
-                    extra={"deployment_id": replica_id, "reason": chosen.reason},
-                )
-                break
+                reason = chosen.reason or "infeasible"
+                if first is not None:  # told n copies: n, or none of them
+                    for placed in self.group(task.deployment_id):
+                        del self.state.deployments[placed.deployment_id]
+                        await self._shard_tasks(placed, "unload", now)
+                        await self.publish(placed.model_copy(update={"phase": "removed"}), now)
+                    self.persist()
+                    reason = f"replica {k} of {task.replicas} not placed: {reason}"
+                return self.refusal(task.deployment_id, reason, now)
             deployment = DeploymentState(
                 deployment_id=replica_id,
                 model=task.model,
@@ -203,6 +235,8 @@ class Deployer:
                 replica_of=None if k == 1 else task.deployment_id,
                 precision=task.precision,
                 max_shards=task.max_shards,
+                shard_count=task.shard_count,
+                devices=task.devices,
             )
             deployment = await self._send_plan(deployment, now)
             first = first or deployment
@@ -304,6 +338,7 @@ class Deployer:
             deployment.precision,
             [e for e in endpoints if e] if all(endpoints) else (),
             deployment.context_length,
+            self.cards.get(deployment.model),
         )
         # One JetStream round trip for all: each device's task is on a subject of its own
         # (a device's unload is still stored before its load of the next plan is sent).
@@ -430,15 +465,23 @@ class Deployer:
             if d.deployment_id != deployment.deployment_id and d.phase not in phases.FINAL
             for a in d.assignments
         }
-        size = (deployment.model, deployment.context_length, deployment.max_shards, now)
-        precision, moving = deployment.precision, deployment.deployment_id
-        chosen = choose(
-            self.preview(*size, without=without | taken, precision=precision, moving=moving)
+        kept = functools.partial(
+            self.preview,
+            deployment.model,
+            deployment.context_length,
+            deployment.max_shards,
+            now,
+            precision=deployment.precision,
+            moving=deployment.deployment_id,
+            shard_count=deployment.shard_count,
+            told=deployment.devices,
         )
-        if not chosen.feasible and taken:  # no room apart from the other copies: share
-            chosen = choose(
-                self.preview(*size, without=without, precision=precision, moving=moving)
-            )
+        if deployment.model not in self.cards:  # removed from the registry since
+            chosen = Preview(deployment.model, (), (), False, "model no longer registered", None)
+        else:
+            chosen = choose(kept(without=without | taken))
+            if not chosen.feasible and taken:  # no room apart from the other copies: share
+                chosen = choose(kept(without=without))
         # Every device of the old plan drops it (a leaving device learns its work has moved;
         # a dead one finds the unload if it comes back).
         await self._shard_tasks(deployment, "unload", now)

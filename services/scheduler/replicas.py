@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libs.contracts import DeploymentState, PlacementRequest
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import ModelSpec
 from libs.core.fleet import FleetState
 from libs.core.model import Device, TaskKind
 from libs.core.partition import step_ms
@@ -43,6 +43,7 @@ def replica_device(
     slots: int,
     running: Sequence[Running],
     now: float,
+    spec: ModelSpec | None = None,
 ) -> Device | None:
     """The replica as one device running ``slots`` requests at once, or None when one of its
     devices is unknown or failed."""
@@ -52,7 +53,10 @@ def replica_device(
         return None
     chain = [d for d in held if d is not None]
     counts = [a.layer_end - a.layer_start for a in shards]
-    tokens_per_s = 1000.0 / max(step_ms(CATALOGUE[deployment.model], chain, counts), 1e-6)
+    if spec is None:  # a model no longer registered: its first device's speed
+        tokens_per_s = chain[0].speed
+    else:
+        tokens_per_s = 1000.0 / max(step_ms(spec, chain, counts), 1e-6)
     # Each running request's expected end counts its own wait: a new one gets a slot when
     # the earliest of the last ``slots`` ends.
     left = sorted(r.until - now for r in running if r.replica == deployment.deployment_id)

@@ -52,7 +52,9 @@ class Router:
         devices = {d.device_id: d for d in self.deployer.view.devices({}, {}, only=held)}
         candidates = []
         for replica in group:
-            device = replica_device(replica, devices, self.slots_of(replica), self.running, now)
+            spec = self.deployer.spec_of(replica.model, replica.precision)
+            slots = self.slots_of(replica)
+            device = replica_device(replica, devices, slots, self.running, now, spec)
             if device is not None:
                 candidates.append(device)
         chosen = choose_replica(self.policy(), candidates, request, now, self.rng)

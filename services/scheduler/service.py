@@ -51,6 +51,7 @@ from libs.core.model import Device
 from libs.core.modes import ModeSwitcher, cluster_busy
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
+from libs.models.registry import ModelRegistry
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
 from services.scheduler.checkpoints import CheckpointStore
@@ -88,6 +89,8 @@ class Scheduler:
         )
         self.keys = Keys(settings.key_prefix)
         self.view = ClusterView(redis, self.keys)
+        #: The models the cluster knows (``libs/models/registry.py``).
+        self.registry = ModelRegistry(redis, settings.key_prefix)
         self.checkpoints = checkpoints
         self.state = SchedulerState(
             mode=settings.mode, policy=settings.policy, profile=BUILTIN_PROFILES[settings.mode]
@@ -122,6 +125,8 @@ class Scheduler:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         await self.view.load()
+        for card in await self.registry.list():  # the deployments restored below need theirs
+            self.deployments.cards[card.name] = card
         checkpoint = await self.checkpoints.load()
         if checkpoint is not None:
             self.state = SchedulerState.restore(checkpoint, self.settings.decisions_kept)
@@ -217,7 +222,18 @@ class Scheduler:
 
     # -- events: each queues a command -------------------------------------------------------
     async def on_request(self, request: PlacementRequest, msg: Delivery) -> None:
+        if isinstance(request.task, ModelDeployment):
+            await self.learn(request.task.model)
         self.loop.post(lambda: self._request(request, msg.reply or None), "request")
+
+    async def learn(self, model: str) -> None:
+        """Read ``model``'s card from the registry (outside the loop) for the deploy that
+        names it: a model removed since is forgotten, one added since is learnt."""
+        card = await self.registry.get(model)
+        if card is None:
+            self.deployments.cards.pop(model, None)
+        else:
+            self.deployments.cards[model] = card
 
     async def on_score(self, update: ScoreUpdate, msg: Delivery) -> None:
         self.to_refresh.add(update.device_id)
@@ -234,6 +250,8 @@ class Scheduler:
     async def submit(self, request: PlacementRequest) -> PlacementDecision:
         """Queue a request for the next cycle and wait for its decision (HTTP API)."""
         future: asyncio.Future[PlacementDecision] = asyncio.get_running_loop().create_future()
+        if isinstance(request.task, ModelDeployment):
+            await self.learn(request.task.model)
 
         async def queue() -> None:
             self.pending.append((request, None, future))
@@ -307,7 +325,9 @@ class Scheduler:
         devices = self.devices(now)
         fleet = FleetState(devices)
         by_id = {d.device_id: d for d in devices}
-        core_tasks = [to_task(r) for r, _, _ in batch]
+        core_tasks = [
+            to_task(r, self.deployments.spec_of(getattr(r.task, "model", ""))) for r, _, _ in batch
+        ]
         started = time.perf_counter()
         placements = self.policy.place(fleet, core_tasks, now, self.rng)
         per_task = (time.perf_counter() - started) / max(1, len(core_tasks))

@@ -10,7 +10,7 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
 )
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import ModelSpec
 from libs.core.model import Placement, Task, TaskKind
 from libs.core.partition import Preview
 
@@ -22,10 +22,10 @@ SECONDS_PER_TOKEN = 0.03  # rough decode time used to expire a request's load
 INFERENCE_INTENSITY = 0.02
 
 
-def to_task(request: PlacementRequest) -> Task:
+def to_task(request: PlacementRequest, spec: ModelSpec | None = None) -> Task:
+    """``spec``: the requested model's sizes, where it is registered (its memory is counted)."""
     task = request.task
     if isinstance(task, InferenceRequest):
-        spec = CATALOGUE.get(task.model)
         context = task.prompt_tokens + task.max_tokens
         memory = spec.shard_gb(spec.layers, True, True, context) if spec else 0.5
         demand = (

@@ -20,7 +20,7 @@ from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
-from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
+from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.tracing import configure_tracing
 from services.worker.base import DeviceWorker
 from services.worker.llama_server import RpcServer
@@ -101,7 +101,13 @@ def make_worker(
         )
     if settings.engine == "llamacpp":
         threads = settings.llama_thread_count
-        rpc = RpcServer(settings.llama_bin, settings.rpc_host, settings.rpc_port, threads)
+        rpc = RpcServer(
+            settings.llama_bin,
+            settings.rpc_host,
+            settings.rpc_port,
+            threads,
+            settings.rpc_credentials,
+        )
         return LlamaWorker(
             bus,
             device,
@@ -140,8 +146,8 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     nc = await connect_nats(
         settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca
     )
+    # The scheduler creates the streams (a device may not): the consumer waits for them.
     bus = NatsBus(nc)
-    await ensure_streams(nc)
     worker = make_worker(bus, device, folder, settings, metrics, torch_thread)
     await worker.start()
     if settings.preload and isinstance(worker, (Worker, LlamaWorker)):

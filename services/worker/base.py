@@ -37,6 +37,7 @@ from libs.contracts import (
     ShardTask,
     TokenChunk,
 )
+from libs.contracts.channels import work_consumer
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.acks import Received, Redelivery
 from libs.runtime.bus import SHARD_TASKS, Bus, Delivery, RateLimitedLog, Unsubscribe
@@ -130,7 +131,7 @@ class DeviceWorker(ABC):
             await self.bus.consume(
                 SHARD_TASK,
                 self._on_task,
-                durable=f"worker-{me}",
+                durable=work_consumer(me),
                 subject=SHARD_TASK.subject(device_id=me),
                 rejected=self.on_rejected,
                 redelivery=self.redelivery,
@@ -266,7 +267,7 @@ class DeviceWorker(ABC):
         if chunk.token_id is not None:
             self.token_times.append(time.monotonic())
             self.metrics.tokens.inc()
-        await self.bus.publish(TOKENS, chunk, request_id=chunk.request_id)
+        await self.bus.publish(TOKENS, chunk, request_id=chunk.request_id, device_id=self.device_id)
 
     # -- measurements --------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:

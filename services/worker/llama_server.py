@@ -13,22 +13,34 @@ The binaries come from ``make llama`` (``deploy/build_llama.sh``) in ``.llama/``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
-import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from libs.contracts import Sampling, ShardTask
-from libs.runtime.procs import child_kwargs, free_port
+from libs.contracts import Prompt, Sampling, ShardTask
+from libs.runtime.pki import Credentials
+from libs.runtime.procs import child_kwargs, free_port, port_free
+from libs.runtime.settings import model_cache_dir
+from services.worker.chat_templates import tool_template
 from services.worker.engine_server import (
     EngineError,
     EngineServer,
     Piece,
     engine_env,
     stop_process,
+)
+from services.worker.llama_prompts import PromptRefused, Reply, replies
+from services.worker.rpc_channel import (
+    LOOPBACK,
+    ChannelError,
+    Relay,
+    close_all,
+    is_loopback,
+    listener,
+    listening,
+    open_tunnels,
 )
 
 log = logging.getLogger(__name__)
@@ -87,10 +99,22 @@ class LlamaServer(EngineServer):
         threads: int,
         slots: int = 8,
         context: int = 1024,
+        credentials: Credentials | None = None,
     ) -> None:
+        """``credentials``: this device's cluster certificate, to reach other hosts' RPC
+        servers through TLS tunnels (``rpc_channel``); without them only loopback ones."""
         super().__init__()
         self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
         self.threads, self.slots, self.context = threads, slots, context
+        #: Whether the server honours ``tools`` (the chat template has a tool-call format),
+        #: and the template file it is given (None: the GGUF's own), read in ``_start``.
+        self.tools = False
+        self.template: tuple[Path | None, bool] = (None, False)
+        self.credentials = credentials
+        #: What ``--rpc`` names for the other shards' RPC servers: a tunnel's loopback address
+        #: for each on another host (opened in ``_start``), the endpoint itself on this one.
+        self.rpc_addresses: list[str] = list(task.endpoints[1:])
+        self.tunnels: list[Relay] = []
 
     def check(self) -> None:
         if not (self.binaries / "llama-server").exists():
@@ -117,15 +141,39 @@ class LlamaServer(EngineServer):
                 "--no-kv-unified",
             ),
             *("--no-webui", "--no-warmup"),
+            # The GGUF's own chat template and tool-call format for ``Prompt`` requests, and
+            # embeddings (mean-pooled) beside generation: the server switches per batch.
+            *("--jinja", "--embeddings", "--pooling", "mean"),
         ]
+        template, self.tools = self.template
+        if template is not None:  # the model's ChatML template, with a tool-call format
+            command += ["--chat-template-file", str(template)]
         if split:
             command += [
-                *("--rpc", ",".join(self.task.endpoints[1:])),
+                *("--rpc", ",".join(self.rpc_addresses)),
                 *("-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)),
             ]
         else:
             command += ["-ngl", "0", "--device", "none"]
         return command, llama_env()
+
+    async def _start(self, timeout_s: float) -> float:
+        """The tunnels to the other hosts' RPC servers first, then llama-server on them."""
+        # Reading the GGUF's template takes seconds on a busy host: not on the event loop.
+        self.template = await asyncio.to_thread(tool_template, self.gguf)
+        if self.task.shard_count > 1:
+            try:
+                self.rpc_addresses, self.tunnels = await open_tunnels(
+                    self.credentials, self.task.endpoints[1:], self.task.route[1:]
+                )
+            except ChannelError as exc:
+                raise EngineError(str(exc)) from exc
+        return await super()._start(timeout_s)
+
+    async def stop(self) -> None:
+        await super().stop()
+        tunnels, self.tunnels = self.tunnels, []
+        await close_all(tunnels)
 
     async def complete(
         self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int
@@ -161,14 +209,47 @@ class LlamaServer(EngineServer):
                 tokens = tuple(int(t) for t in event.get("tokens") or ())
                 yield Piece(tokens, event.get("content") or "", reason)
 
+    def answer(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[Reply]:
+        """Stream a ``Prompt`` request's answer (``llama_prompts``: the model's own template)."""
+        if self.http is None:
+            raise EngineError("llama-server is not running")
+        if "tools" in prompt.fields and not self.tools:
+            reason = "tools: this model's chat template has no tool-call format"
+            raise PromptRefused(reason, field="tools")
+        return replies(self.http, prompt, sampling)
+
+
+def rpc_cache_dir() -> Path:
+    """Where this host's RPC servers keep the tensors they received (``<dir>/rpc/<hash>``)."""
+    return model_cache_dir() / "llama-rpc"
+
 
 class RpcServer:
-    """This device's ``ggml-rpc-server``: its CPU, lent to the llama-server of a placement."""
+    """This device's ``ggml-rpc-server``: its CPU, lent to the llama-server of a placement.
 
-    def __init__(self, binaries: Path, host: str, port: int = 0, threads: int = 1) -> None:
+    The server itself listens on 127.0.0.1 only. Lent to other hosts (``host`` not loopback),
+    it is reached through a mutual-TLS listener on ``host:port`` that lets in only peers with
+    a certificate of the cluster's CA (``services/worker/rpc_channel.py``): ``credentials``,
+    this device's own, are then required. The announced ``endpoint`` is that listener's."""
+
+    def __init__(
+        self,
+        binaries: Path,
+        host: str,
+        port: int = 0,
+        threads: int = 1,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.binaries, self.host, self.threads = binaries, host, threads
+        self.credentials = credentials
         self.port = port or free_port(host)
+        while not port and not is_loopback(host) and not port_free(LOOPBACK, self.port):
+            self.port = free_port(host)
+        #: The server's own port, on loopback: the TLS listener's number, so that a head on
+        #: this same host reaches it there directly (``rpc_channel.open_tunnels``).
+        self.local_port = self.port
         self.proc: asyncio.subprocess.Process | None = None
+        self.listener: Relay | None = None
 
     @property
     def endpoint(self) -> str:
@@ -178,12 +259,22 @@ class RpcServer:
         binary = self.binaries / "ggml-rpc-server"
         if not binary.exists():
             raise EngineError(f"{binary} not found: build it with `make llama`")
-        command = [str(binary), "-H", self.host, "-p", str(self.port), "-t", str(self.threads)]
+        if not is_loopback(self.host) and self.credentials is None:
+            raise EngineError(
+                f"llama.cpp's RPC server would be reachable on {self.host} without "
+                "authentication: it needs this device's cluster certificate (tessera join)"
+            )
+        command = [
+            *(str(binary), "-H", LOOPBACK, "-p", str(self.local_port), "-t", str(self.threads)),
+            # Keep received tensors in a file cache by hash (under LLAMA_CACHE): a head that
+            # places the same model here again sends hashes, not weights (tensors over 10 MiB).
+            "-c",
+        ]
         self.proc = await asyncio.create_subprocess_exec(
             *command,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            env=llama_env(),
+            env={**llama_env(), "LLAMA_CACHE": str(rpc_cache_dir())},
             **child_kwargs(signal.SIGKILL),
         )
         loop = asyncio.get_running_loop()
@@ -191,12 +282,26 @@ class RpcServer:
         while loop.time() < deadline:
             if self.proc.returncode is not None:
                 raise EngineError(f"ggml-rpc-server exited with {self.proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
-                log.info("rpc server up", extra={"endpoint": self.endpoint})
-                return
+            if listening(self.local_port):
+                break
             await asyncio.sleep(0.1)
-        raise EngineError(f"ggml-rpc-server did not listen on {self.endpoint} in {timeout_s} s")
+        else:
+            await self.stop()
+            raise EngineError(
+                f"ggml-rpc-server did not listen on {self.local_port} in {timeout_s} s"
+            )
+        if self.credentials is not None and not is_loopback(self.host):
+            try:
+                relay = listener(self.credentials, self.host, self.port, self.local_port)
+                self.listener = await relay.start(timeout_s)
+            except ChannelError as exc:
+                await self.stop()
+                raise EngineError(f"the RPC server's TLS listener: {exc}") from exc
+        log.info("rpc server up", extra={"endpoint": self.endpoint, "tls": bool(self.listener)})
 
     async def stop(self) -> None:
+        relay, self.listener = self.listener, None
+        if relay is not None:
+            await relay.stop()
         proc, self.proc = self.proc, None
         await stop_process(proc, 5.0)

@@ -15,15 +15,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
-from libs.core.catalogue import CATALOGUE
+from libs.contracts.models import ModelCard
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME, gguf_path
+from libs.models.engines import unserved_reason
+from libs.models.store import MODEL_NAME, gguf_path, shipped_card
+from libs.models.weights import WeightsError, cached_path, ensure_local
 from libs.runtime.bus import Bus
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.llama_server import LlamaServer, RpcServer
@@ -31,7 +34,8 @@ from services.worker.served import ServedWorker
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-LAYERS = CATALOGUE[MODEL_NAME].layers
+#: The shipped model's layers (``shipped_card().layers``), for servers of it built by hand.
+LAYERS = 30
 
 
 class LlamaWorker(ServedWorker):
@@ -48,6 +52,44 @@ class LlamaWorker(ServedWorker):
         self.rpc = rpc
         #: Shards of other heads' placements that this device's RPC server runs.
         self.lent: dict[str, ShardTask] = {}
+        #: Heads fetching their model's file from the cluster: the share fetched (0..1),
+        #: then None while the engine loads (its progress counted from half way).
+        self.fetching: dict[tuple[str, int, int], float | None] = {}
+
+    def weights_connection(self) -> Any:
+        """The NATS connection the weights come over (None on an in-memory bus)."""
+        return getattr(self.bus, "nc", None)
+
+    async def _start(self, task: ShardTask) -> float:
+        """The head of a placement holds its model's file first (``ensure_local``: its own,
+        or fetched from the cluster's object store, reported as the first half of loading);
+        only the head reads the file: the other devices get their layers through RPC."""
+        card = task.card
+        if card is None or task.shard_index != 0:
+            return await super()._start(task)
+        key = (task.deployment_id, task.shard_index, task.epoch)
+        await self.begin_loading(task)
+        self.fetching[key] = 0.0
+
+        def fetched(done: int, total: int) -> None:
+            self.fetching[key] = done / max(total, 1)
+
+        try:
+            await ensure_local(self.weights_connection(), card, fetched)
+            self.fetching[key] = None
+            return await super()._start(task)
+        except WeightsError as exc:
+            raise EngineError(str(exc)) from exc
+        finally:
+            self.fetching.pop(key, None)
+
+    def load_progress(self, loading: Any) -> float:
+        task = loading.task
+        key = (task.deployment_id, task.shard_index, task.epoch)
+        if key not in self.fetching:
+            return super().load_progress(loading)
+        share = self.fetching[key]
+        return 0.5 * (share if share is not None else 1.0 + super().load_progress(loading))
 
     async def start(self) -> None:
         await self.rpc.start()
@@ -75,13 +117,29 @@ class LlamaWorker(ServedWorker):
         finally:
             await server.stop()
         if len(times) > 2 and times[-1] > times[1]:  # decode steps after the first token
-            flops = 2.0 * CATALOGUE[MODEL_NAME].params * (len(times) - 2)
+            flops = 2.0 * shipped_card().params * (len(times) - 2)
             self.device.measured_gflops = flops / (times[-1] - times[1]) / 1e9
             log.info("measured", extra={"gflops": round(self.device.measured_gflops, 2)})
 
     def refusal(self, task: ShardTask) -> str | None:
-        if task.model != MODEL_NAME:
-            return f"{self.device_id} runs llama.cpp, which serves only {MODEL_NAME}'s GGUF here"
+        """Why this worker cannot take ``task``: a model llama.cpp does not run, or (on the
+        head, which loads the file) a file this host does not hold."""
+        if task.card is None:
+            if task.model != MODEL_NAME:
+                return f"{self.device_id}: the task for {task.model} carries no model card"
+        else:
+            unserved = unserved_reason("llamacpp", task.card)
+            if unserved is not None:
+                return f"{self.device_id}: {unserved}"
+            if (
+                task.shard_index == 0
+                and local_file(task.card) is None
+                and self.weights_connection() is None
+            ):
+                return (
+                    f"{self.device_id}: {task.card.name}'s file is not on this host "
+                    f"({task.card.source} on {task.card.origin_host})"
+                )
         if task.shard_count > 1 and not task.endpoints:
             return (
                 f"a device of {', '.join(task.route)} runs no llamacpp worker: llama.cpp "
@@ -121,24 +179,44 @@ class LlamaWorker(ServedWorker):
 def whole_task(deployment_id: str, device_id: str) -> ShardTask:
     """The task of the shipped model whole on one device (a server started outside a
     placement: the worker's measurement, the benchmark's direct server)."""
-    [task] = shard_ring("load", deployment_id, MODEL_NAME, [(device_id, 0, LAYERS)], 0, 0.0)
+    card = shipped_card()
+    shards = [(device_id, 0, card.layers)]
+    [task] = shard_ring("load", deployment_id, MODEL_NAME, shards, 0, 0.0, card=card)
     return task
 
 
+def local_file(card: ModelCard) -> Path | None:
+    """The model's file on this host: its source path, where it lies here with the size the
+    card gives (the weights' transport, ``libs/models/weights.ensure_local``, extends this
+    to files received from the cluster)."""
+    for path in (Path(card.source).expanduser(), cached_path(card.sha256)):
+        try:
+            if path.is_file() and path.stat().st_size == card.size_bytes:
+                return path
+        except OSError:
+            continue
+    return None
+
+
 def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServer]:
-    """llama-server for a task, on the shipped GGUF, as ``settings`` configure it (the worker's,
-    and the benchmark's direct server: the same flags)."""
-    gguf = gguf_path()
+    """llama-server for a task, on its model's GGUF (the card's file; the shipped one for a
+    task without a card), as ``settings`` configure it (the worker's, and the benchmark's
+    direct server: the same flags)."""
 
     def make(task: ShardTask) -> LlamaServer:
+        card = task.card or shipped_card()
+        gguf = local_file(card) if task.card is not None else gguf_path()
+        if gguf is None:
+            raise EngineError(f"{card.name}'s file is not on this host ({card.source})")
         return LlamaServer(
             settings.llama_bin,
             gguf,
             task,
-            CATALOGUE[task.model].layers,
+            card.layers,
             threads=settings.llama_thread_count,
             slots=settings.llama_slots,
             context=settings.llama_context,
+            credentials=settings.rpc_credentials,
         )
 
     return make

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import (
@@ -32,11 +33,15 @@ from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine_server import EngineError, EngineServer
+from services.worker.llama_prompts import PromptRefused
+from services.worker.llama_server import LlamaServer
 from services.worker.metrics import WorkerMetrics
+from services.worker.prompts import refusal
 
 log = logging.getLogger(__name__)
 
 FINISH = {"stop": "stop", "length": "length"}
+FINISH_PROMPT = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 #: Seconds between attempts to start a server again after it died.
 RESTART_S = 1.0
 
@@ -248,6 +253,9 @@ class ServedWorker(DeviceWorker):
         self._update_gauges()
 
     async def _serve(self, request: GenerationRequest) -> None:
+        if request.prompt is not None:
+            await self._serve_prompt(request)
+            return
         index = len(request.generated_token_ids)
         generated = list(request.generated_token_ids)
         last = TokenChunk(
@@ -299,6 +307,87 @@ class ServedWorker(DeviceWorker):
                     return  # stopped for a newer placement: the owner re-runs it there
                 # The server died under it: carry on from the last token once it is back.
                 await asyncio.sleep(0.1)
+
+    async def _serve_prompt(self, request: GenerationRequest) -> None:
+        """A request as OpenAI's fields: its answer's pieces from the engine, the first
+        ``delivered`` skipped (a re-run with the same seed: the user has them). An engine of
+        token ids runs ``prompt_token_ids`` instead, or refuses a field it cannot honour."""
+        prompt = request.prompt
+        assert prompt is not None
+        while True:
+            try:
+                await asyncio.wait_for(self.ready.wait(), self.park_s)
+            except TimeoutError:
+                await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
+                return
+            task, server = self.task, self.server
+            if task is None or server is None or task.deployment_id != request.deployment_id:
+                await self.emit(failure(request, f"{request.deployment_id} is not served here"))
+                return
+            if request.epoch < task.epoch:
+                return  # the owner re-runs it on the newer placement
+            if not isinstance(server, LlamaServer):
+                refused = refusal(request, server.engine)
+                if refused is not None:
+                    await self.emit(refused.model_copy(update={"device_id": self.device_id}))
+                    return
+                bare = request.model_copy(update={"prompt": None})
+                await self._serve(bare)
+                return
+            index = 0
+            try:
+                async for reply in server.answer(prompt, request.sampling):
+                    if reply.finish_reason is not None:
+                        done = {
+                            "finish_reason": FINISH_PROMPT.get(reply.finish_reason, "stop"),
+                            "prompt_tokens": reply.prompt_tokens,
+                            "completion_tokens": reply.completion_tokens,
+                        }
+                        await self.emit(
+                            self._piece(
+                                request, max(index, request.delivered), **done, finished=True
+                            )
+                        )
+                        return
+                    if index >= request.delivered:
+                        fields = {
+                            "text": reply.text,
+                            "tool_calls": reply.tool_calls,
+                            "embedding": reply.embedding,
+                        }
+                        await self.emit(
+                            self._piece(request, index, **fields, logprobs=reply.logprobs)
+                        )
+                    index += 1
+                    self._update_gauges()
+                return
+            except PromptRefused as exc:
+                refused = failure(request, str(exc)).model_copy(
+                    update={"invalid": exc.field, "index": request.delivered}
+                )
+                await self.emit(refused)
+                return
+            except Exception as exc:  # the engine went away
+                if await alive(server):
+                    log.warning("request failed", extra={"request_id": request.request_id})
+                    with contextlib.suppress(Exception):
+                        await self.emit(failure(request, f"{type(exc).__name__}: {exc}"))
+                    return
+                if self.task is not task:
+                    return  # stopped for a newer placement: the owner re-runs it there
+                # The server died under it: run it again once it is back, skipping what went.
+                request = request.model_copy(update={"delivered": max(index, request.delivered)})
+                await asyncio.sleep(0.1)
+
+    def _piece(self, request: GenerationRequest, index: int, **fields: Any) -> TokenChunk:
+        return TokenChunk(
+            request_id=request.request_id,
+            index=index,
+            device_id=self.device_id,
+            epoch=request.epoch,
+            ts=time.time(),
+            **fields,
+        )
 
     def _token(self, request: GenerationRequest, index: int, token: int, text: str) -> TokenChunk:
         return TokenChunk(

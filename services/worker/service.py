@@ -53,6 +53,7 @@ from services.worker.actions import Action, Emit
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine import ShardEngine
 from services.worker.metrics import WorkerMetrics
+from services.worker.prompts import refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,6 +78,9 @@ class Item:
     parked_at: float = 0.0
     #: The trace context it came with (a new request, a prefill frame); None when untraced.
     headers: dict[str, str] | None = None
+    #: The device a frame came from (None: this worker's own work): taken only when it is a
+    #: device of the deployment's route at the frame's epoch.
+    sender: str | None = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,10 @@ class Worker(DeviceWorker):
 
     # -- incoming work ----------------------------------------------------------------------
     async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
+        refused = refusal(request, "torch")
+        if refused is not None:
+            await self.emit(refused)
+            return
         engine = self.engines.get(request.deployment_id)
         if engine is not None and engine.epoch == request.epoch:
             if not engine.first:
@@ -354,11 +362,13 @@ class Worker(DeviceWorker):
             frame = decode_frame(delivery.data)
             rows = step_rows(frame)
             deployment_id = HIDDEN.token_of(delivery.subject, "deployment_id")
+            sender = HIDDEN.token_of(delivery.subject, "sender_id")
         except ContractError as exc:
             self.refuse(HIDDEN.name, exc)
             return
         headers = dict(delivery.headers) if delivery.headers else None
-        self._accept(Item(deployment_id, frame.epoch, frame=frame, rows=rows, headers=headers))
+        item = Item(deployment_id, frame.epoch, frame=frame, rows=rows, headers=headers)
+        self._accept(dataclasses.replace(item, sender=sender))
 
     async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         deployment_id = CANCEL.token_of(delivery.subject, "deployment_id")
@@ -370,7 +380,7 @@ class Worker(DeviceWorker):
         engine = self.engines.get(item.deployment_id)
         if engine is None or item.epoch > engine.epoch:
             self.parked.append(dataclasses.replace(item, parked_at=time.monotonic()))
-        elif item.epoch == engine.epoch:
+        elif item.epoch == engine.epoch and self._from_route(item, engine.route):
             self.queue.put_nowait(item)
         self._update_gauges()  # an older epoch's work is dropped: its owner re-runs it
 
@@ -380,9 +390,18 @@ class Worker(DeviceWorker):
         for item in self.parked:
             if item.deployment_id != deployment_id or item.epoch > engine.epoch:
                 keep.append(item)
-            elif item.epoch == engine.epoch:
+            elif item.epoch == engine.epoch and self._from_route(item, engine.route):
                 self.queue.put_nowait(item)
         self.parked = keep
+
+    def _from_route(self, item: Item, route: tuple[str, ...]) -> bool:
+        """Whether a frame came from a device of the deployment's route (a device that serves
+        nothing of it cannot write into its pipeline); this worker's own work always does."""
+        if item.sender is None or item.sender in route:
+            return True
+        detail = f"a frame from {item.sender}, not a device of {item.deployment_id}"
+        self.refuse(HIDDEN.name, ContractError("not_routed", detail))
+        return False
 
     async def expire(self, idle_s: float) -> None:
         """Drop parked work nobody loaded a shard for, and requests whose END was lost."""
@@ -474,7 +493,11 @@ class Worker(DeviceWorker):
                 rows = step_rows(action.frame)
                 self._accept(Item(deployment_id, action.frame.epoch, frame=action.frame, rows=rows))
             else:
-                subject = HIDDEN.subject(deployment_id=deployment_id, device_id=action.device_id)
+                subject = HIDDEN.subject(
+                    deployment_id=deployment_id,
+                    device_id=action.device_id,
+                    sender_id=self.device_id,
+                )
                 # Only a step with a request's first rows carries its trace on.
                 headers = carried() if action.opens else None
                 await self.bus.publish_bytes(subject, action.frame.encode(), headers)

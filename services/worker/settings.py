@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from libs.contracts import DeviceClass
 from libs.contracts.base import Precision
+from libs.runtime.pki import Credentials
 from libs.runtime.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ class WorkerSettings(ServiceSettings):
     #: Telemetry period (s): each sample is the heartbeat; the failure detector waits three.
     interval_s: float = Field(1.0, ge=0.1, le=10.0)
     #: How the torch engine holds weights: int8 (weight-only, a quarter of float32's bytes and
-    #: the fastest here, see the README), bfloat16 or float32.
+    #: the fastest here, see docs/getting-started.md), bfloat16 or float32.
     precision: Precision = "int8"
     #: New requests a first shard accepts at once; more are refused with a clear error.
     max_active: int = Field(16, ge=1, le=10_000)
@@ -70,9 +71,20 @@ class WorkerSettings(ServiceSettings):
     llama_bin: Path = REPO / ".llama"
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)
+    #: This device's cluster certificate (PEM: the CA's, its own, its key; libs/runtime/pki.py):
+    #: its RPC server is lent to other hosts, and other hosts' reached, only through mutual TLS.
+    rpc_ca: Path | None = None
+    rpc_cert: Path | None = None
+    rpc_key: Path | None = None
     llama_threads: int | None = Field(None, ge=1, le=1024)
     llama_slots: int = Field(8, ge=1, le=256)
     llama_context: int = Field(1024, ge=128, le=131_072)
+
+    @property
+    def rpc_credentials(self) -> Credentials | None:
+        if self.rpc_ca is None or self.rpc_cert is None or self.rpc_key is None:
+            return None
+        return Credentials(self.rpc_ca, self.rpc_cert, self.rpc_key)
 
     @property
     def llama_thread_count(self) -> int:

@@ -250,10 +250,12 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
 def test_llama_cpp_splits_across_both_hosts_and_survives_the_link_going_down(
     hosts: tuple[list[str], str, list[str]],
 ) -> None:
-    """The same two hosts with the llamacpp engine on both (a trusted LAN): the head of the
-    split runs llama.cpp's server and the other host's RPC server holds its layers, reached on
-    that host's own address; the joined host's link goes down mid-stream and the answer
-    completes identical on the workers that remain."""
+    """The same two hosts with the llamacpp engine on both: the head of the split runs
+    llama.cpp's server and the other host's RPC server holds its layers, reached only through
+    the mutual-TLS channel on that host's address (certificates of the cluster's CA, the joined
+    host's issued at join; ``tests/integration/test_rpc_channel.py`` tries the ways around
+    it); the joined host's link goes down mid-stream and the answer completes identical on the
+    workers that remain."""
     on_a, address, on_b = hosts
     head = RunningCluster(
         "--listen", address, "--workers", "1", "--engine", "llamacpp",
@@ -271,7 +273,7 @@ def test_llama_cpp_splits_across_both_hosts_and_survives_the_link_going_down(
         joined.append(joins(on_b, url, token, "laptop-b", "--memory-gb", LLAMA_MEMORY_GB, *llama))
         said_b = [str(line.get("msg")) for line in joined[0].lines]
         b_address = address.rsplit(".", 1)[0] + ".2"
-        assert any(f"RPC server listens on {b_address}" in line for line in said_b), said_b
+        assert any(f"RPC server listens on {b_address} (mutual TLS" in line for line in said_b)
         on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
         deployed = run_in(on_a, on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
         assert "worker-0" in deployed and "laptop-b" in deployed, deployed

@@ -159,6 +159,10 @@ def test_redis_users_write_only_what_their_service_owns(acl_redis: RedisServer) 
     scorer.hset(keys.device("dev-a"), "total", "0.5")
     scorer.zadd(keys.rank("total"), {"dev-a": 0.5})
     scheduler.set(keys.mode, "energy")
+    scheduler.set(f"{keys.prefix}:models:m", "{}")  # the registry is written by the scheduler
+    scheduler.sadd(f"{keys.prefix}:models", "m")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gateway.set(f"{keys.prefix}:models:m", "{}")
     assert gateway.hget(keys.device("dev-a"), "total") == "0.5"
     assert scheduler.zrevrange(keys.rank("total"), 0, 9) == ["dev-a"]
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -58,7 +58,7 @@ async def test_the_gateway_follows_deployment_status_and_not_the_decision_broadc
     assert served.listed == [] and routes.get(name) is None  # loading: not listed, no route
     await bus.publish(DEPLOYMENT_STATUS, status(name, "serving", 1, "dev-a"), deployment_id=name)
     await wait_until(lambda: routes.get(name) is not None, 5)
-    assert served.listed == [name] and served.context[name] == 4096
+    assert served.listed == [MODEL] and served.context[name] == 4096  # listed by its model
     assert routes.get(name) == Route(name, 1, ("dev-a",))
     # A decision broadcast (a plan not loaded yet) moves nothing.
     plan = PlacementDecision(

@@ -16,10 +16,10 @@ from transformers import AutoTokenizer
 
 from libs.cluster.servers import NatsServer
 from libs.contracts import GenerationRequest, Sampling, TokenChunk, shard_ring
-from libs.core.catalogue import CATALOGUE, GB, as_gguf
+from libs.core.catalogue import GB, card_spec
 from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
-from libs.models.store import MODEL_NAME, gguf_path, prepare
+from libs.models.store import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook
@@ -196,7 +196,7 @@ async def test_a_devices_shard_takes_the_memory_the_placement_counts_for_it() ->
     try:
         await server.start(60.0)
         grown = resident_bytes(rpc.proc.pid) - before
-        spec = as_gguf(CATALOGUE[MODEL_NAME], ENGINE_SLOTS["llamacpp"])
+        spec = card_spec(shipped_card(), "llamacpp", ENGINE_SLOTS["llamacpp"])
         counted = (spec.shard_gb(15, False, True, 1024) - spec.runtime_overhead_gb) * GB
         assert abs(grown - counted) <= 0.1 * counted, (grown, counted)
     finally:

@@ -28,8 +28,10 @@ from libs.contracts import (
     PlacementRequest,
 )
 from libs.contracts.keys import Keys
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import card_spec
 from libs.core.partition import choose, previews
+from libs.models.registry import register_sync
+from libs.models.store import shipped_card
 from libs.runtime.bus import subscribe
 from libs.runtime.procs import free_port
 from services.scheduler.view import ClusterView
@@ -67,6 +69,7 @@ class Cluster:
         self.processes.append(ServiceProcess("scorer", self.env).start())
 
     def start_scheduler(self, **extra: str) -> ServiceProcess:
+        register_sync(self.env["TESSERA_REDIS_URL"], self.uid, shipped_card())
         self.scheduler = ServiceProcess("scheduler", {**self.env, **extra}).start()
         self.processes.append(self.scheduler)
         return self.scheduler
@@ -113,7 +116,7 @@ async def test_a_deployment_lands_where_the_core_would_choose(
     cluster.start_scheduler()
     view = ClusterView(redis, Keys(cluster.uid))
     await view.load()
-    expected = choose(previews(CATALOGUE[SMOL], view.devices({}, {}), 2048, 8))
+    expected = choose(previews(card_spec(shipped_card(), "ring", 1), view.devices({}, {}), 2048, 8))
     async with httpx.AsyncClient(base_url=cluster.api) as client:
         shown = (await client.get("/instance/previews", params={"model": SMOL})).json()
         assert next(p["devices"] for p in shown if p["feasible"]) == list(expected.devices[:1])

@@ -31,6 +31,8 @@ from libs.contracts import (
     ShardTask,
 )
 from libs.contracts.keys import Keys
+from libs.models.registry import ModelRegistry
+from libs.models.store import register_shipped
 from libs.runtime.bus import NatsBus, subscribe
 from libs.runtime.nats_client import ensure_streams
 from services.scheduler.api import create_api
@@ -117,6 +119,7 @@ class Setup:
         config = SchedulerSettings(key_prefix=self.uid, cycle_ms=100, mode_eval_s=3600, **settings)
         keys = Keys(self.uid)
         checkpoints = CheckpointStore(self.redis, None, keys, config.checkpoints_kept)
+        await register_shipped(ModelRegistry(self.redis, self.uid))
         service = Scheduler(config, self.bus, self.redis, checkpoints, SchedulerMetrics.create())
         await service.start()
         await self.nc.flush()

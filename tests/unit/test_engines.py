@@ -53,4 +53,4 @@ def test_the_cpu_workers_run_llama_cpp_where_it_was_built(tmp_path: Path) -> Non
     assert choose_cpu_engine("torch", repo) == ("torch", "CPU workers run torch, as asked")
     # A cluster others join keeps its CPU workers on torch (the joined hosts' engine).
     engine, why = choose_cpu_engine(None, repo, listening=True)
-    assert engine == "torch" and "no authentication" in why
+    assert engine == "torch" and "--engine llamacpp" in why

@@ -131,6 +131,20 @@ async function loadDeployments() {
   }));
 }
 
+// The registry: each model's file, sizes and the deployments of it.
+async function loadModels() {
+  const models = await api("/v1/cluster/models");
+  const box = $("#models");
+  if (!models.length) return box.replaceChildren(element("p", { className: "muted" }, "none"));
+  const head = ["name", "architecture", "layers", "GB", "types", "context", "deployed"];
+  box.replaceChildren(element("table", {},
+    element("thead", {}, element("tr", {}, ...head.map((h) => element("th", {}, h)))),
+    element("tbody", {}, ...models.map((m) => element("tr", { title: `${m.source} on ${m.origin_host}` },
+      element("td", {}, m.name), element("td", {}, m.architecture), element("td", {}, `${m.layers}`),
+      element("td", {}, (m.size_bytes / 1e9).toFixed(2)), element("td", {}, m.tensor_types.join(", ")),
+      element("td", {}, `${m.context_train}`), element("td", {}, m.deployments.join(", ") || "–"))))));
+}
+
 // A deployment's phase or progress changed: drawn again, at most once a second.
 let redraw = null;
 const phases = new Map();
@@ -141,7 +155,11 @@ function deploymentChanged(status) {
     const why = status.reason && status.phase !== "serving" ? `: ${status.reason}` : "";
     note(`${status.deployment_id} ${status.phase}${why}`, status.phase === "serving" ? "" : "failed");
   }
-  redraw = redraw || setTimeout(() => { redraw = null; loadDeployments().catch(() => {}); }, 1000);
+  redraw = redraw || setTimeout(() => {
+    redraw = null;
+    loadDeployments().catch(() => {});
+    loadModels().catch(() => {});
+  }, 1000);
 }
 
 async function loadMode() {
@@ -332,7 +350,7 @@ async function start() {
     $("#app").hidden = false;
     $("#logout").hidden = !state.key;
     rows.forEach(renderDevice);
-    await Promise.all([loadDeployments(), loadMode(), loadPolicy()]);
+    await Promise.all([loadDeployments(), loadModels(), loadMode(), loadPolicy()]);
     follow();
   } catch (error) {
     if (error instanceof Unauthorized) showLogin(state.key ? "that key was refused" : "");

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.contracts import DeviceClass
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.migration import replan_deployment
 from libs.core.partition import (
     choose,
@@ -22,8 +22,10 @@ from libs.core.partition import (
 from tests.builders import make_device
 
 #: SmolLM2 in float32 (the hand-checked memory figures below are for 4 bytes a weight).
-SMOL = dataclasses.replace(CATALOGUE["smollm2-135m-instruct"], bytes_per_param=4.0, tied=False)
-LLAMA8 = CATALOGUE["llama-3.1-8b-instruct"]
+SMOL = dataclasses.replace(
+    HYPOTHETICAL_MODELS["smollm2-135m-instruct"], bytes_per_param=4.0, tied=False
+)
+LLAMA8 = HYPOTHETICAL_MODELS["llama-3.1-8b-instruct"]
 
 
 def three_devices(**over: float) -> list:  # type: ignore[type-arg]
@@ -143,7 +145,7 @@ def test_a_whole_model_engine_takes_whole_models_but_never_one_shard_of_several(
 
 
 def test_exo_splits_by_memory_alone_on_the_largest_memory_devices() -> None:
-    seventy = CATALOGUE["llama-3.1-70b-instruct"]  # about 141 GB in fp16
+    seventy = HYPOTHETICAL_MODELS["llama-3.1-70b-instruct"]  # about 141 GB in fp16
     devices = [
         make_device(
             "slow-big",

@@ -28,7 +28,7 @@ def test_only_serving_deployments_are_listed_and_routed() -> None:
         waiting=("llama-3.1-8b-instruct", "pending", None),
         big=("llama-3.2-1b-instruct", "refused", "worker-0: has no weights of it"),
     )
-    assert deployments.listed == ["smol"]
+    assert deployments.listed == ["smollm2-135m-instruct"]  # by name, once, serving only
     assert deployments.resolve("smollm2-135m-instruct") == "smol"  # not the loading copy
     with pytest.raises(ApiError) as refused:
         deployments.resolve("big")

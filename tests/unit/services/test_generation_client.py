@@ -53,14 +53,20 @@ class Shard:
         end = len(ANSWER) if self.stop_after is None else self.stop_after
         for index in range(start, end):
             chunk = self.chunk(request, index, token_id=ANSWER[index])
-            await self.bus.publish(TOKENS, chunk, request_id=request.request_id)
+            await self.bus.publish(
+                TOKENS, chunk, request_id=request.request_id, device_id=self.device_id
+            )
             if index == start:  # a repeat on the way, as after a reconnect
-                await self.bus.publish(TOKENS, chunk, request_id=request.request_id)
+                await self.bus.publish(
+                    TOKENS, chunk, request_id=request.request_id, device_id=self.device_id
+                )
         if end == len(ANSWER):
             done = self.chunk(
                 request, end, finished=True, finish_reason="stop", completion_tokens=end
             )
-            await self.bus.publish(TOKENS, done, request_id=request.request_id)
+            await self.bus.publish(
+                TOKENS, done, request_id=request.request_id, device_id=self.device_id
+            )
 
     def chunk(self, request: GenerationRequest, index: int, **fields: Any) -> TokenChunk:
         return TokenChunk(

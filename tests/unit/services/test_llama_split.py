@@ -10,8 +10,8 @@ import pytest
 from gguf import GGUFReader
 
 from libs.contracts import shard_ring
-from libs.core.catalogue import CATALOGUE, GB, GGUF, as_gguf
-from libs.models.store import gguf_path
+from libs.core.catalogue import GB, card_spec
+from libs.models.store import gguf_path, shipped_card
 from services.worker.llama_server import SPIN_COUNT, LlamaServer, layer_split
 
 ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
@@ -69,13 +69,13 @@ def test_a_task_lists_one_endpoint_and_one_span_per_shard() -> None:
 
 
 def test_the_gguf_sizes_the_scheduler_counts_are_the_shipped_files() -> None:
-    """Bytes per weight of SmolLM2's layers and embeddings, read from the GGUF's tensor table."""
+    """Bytes of SmolLM2's layers and embeddings as the placement counts them are those of the
+    GGUF's tensor table."""
     reader = GGUFReader(gguf_path())
     layer = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.0."))
     [embedding] = [t for t in reader.tensors if t.name == "token_embd.weight"]
-    spec = CATALOGUE["smollm2-135m-instruct"]
-    sizes = GGUF["smollm2-135m-instruct"]
-    assert sizes.layer_bytes_per_param * spec.params_per_layer == pytest.approx(layer)
-    assert sizes.embedding_bytes_per_param * spec.embedding_params == int(embedding.n_bytes)
-    served = as_gguf(spec, slots=8)  # a 1,024-token context: 8 slots' f16 KV cache per layer
+    served = card_spec(shipped_card(), "llamacpp", slots=8)
+    assert served.params_per_layer * served.bytes_per_param == pytest.approx(layer)
+    assert served.embedding_params * served.embedding_bytes == pytest.approx(embedding.n_bytes)
+    # A 1,024-token context: 8 slots' f16 KV cache per layer (3 KV heads of 64).
     assert served.layer_gb(1024) * GB == pytest.approx(layer + 8 * 1024 * 2 * 3 * 64 * 2)

@@ -32,6 +32,8 @@ from libs.contracts import (
 from libs.contracts.keys import DeviceField, Keys, scored_fields
 from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
+from libs.models.registry import ModelRegistry
+from libs.models.store import register_shipped
 from libs.runtime.memory_bus import MemoryBus
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics
@@ -92,6 +94,7 @@ async def start(
         engine = (engines or {}).get(device_id, "torch")
         await seed(redis, keys, device_id, memory_gb, tflops, engine, slots)
     settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
+    await register_shipped(ModelRegistry(redis, "u"))
     checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)
     service = Scheduler(settings, bus, redis, checkpoints, SchedulerMetrics.create(), lambda: NOW)
     await service.start()

@@ -102,7 +102,7 @@ async def test_what_breaks_a_contract_is_counted_and_the_worker_carries_on(bus: 
     worker = Worker(bus, device("ws-c"), prepare())
     await worker.start()
     bus.send_raw(SHARD_TASK.subject(device_id="ws-c"), b'{"action": "explode"}')
-    bus.send_raw(HIDDEN.subject(deployment_id="d", device_id="ws-c"), b"\x00not a frame")
+    bus.send_raw(HIDDEN.subject(deployment_id="d", device_id="ws-c", sender_id="ws-x"), b"\x00bad")
     [task] = shard_ring("load", "d", MODEL_NAME, [("ws-c", 0, LAYERS)], 1, 0)
     await bus.publish_durable(SHARD_TASK, task, device_id="ws-c")
     await wait_until(lambda: [s.state for s in bus.sent(SHARD_STATUS)][-1:] == ["loaded"], 60)

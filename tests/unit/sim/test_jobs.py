@@ -97,7 +97,7 @@ def test_a_model_without_a_profile_is_named_with_the_folder(tmp_path: Path) -> N
 
 
 def test_the_shipped_data_runs_from_any_folder(tmp_path: Path) -> None:
-    """A fresh clone simulates with no ../shared: the traces and profiles are in data/."""
+    """A fresh clone simulates with nothing beside it: the traces and profiles are in data/."""
     command = [sys.executable, "-m", "libs.cli.main", "simulate", "--kind", "jobs", "--json"]
     command += ["--fleet", "cloud-edge", "--workload", str(ITP_TRACES / "195job.csv")]
     out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)

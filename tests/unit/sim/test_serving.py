@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from libs.core.catalogue import CATALOGUE
+from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.energy import SLEEP_AFTER_S, WAKE_S
 from libs.core.registry import make_policy
 from libs.devices.fleetfile import build, load_fleet
@@ -104,7 +104,7 @@ def test_one_request_takes_prefill_plus_one_step_per_token() -> None:
         [request]
     )
     [outcome] = result.outcomes
-    speed, caps = SpeedModel(CATALOGUE[MODEL]), device.capabilities
+    speed, caps = SpeedModel(HYPOTHETICAL_MODELS[MODEL]), device.capabilities
     expected = speed.prefill_s(caps, 500, 1.0) + 50 * speed.step_s(caps, 1, 1.0)
     assert outcome.start_s == pytest.approx(0.2)  # the next decision cycle
     assert outcome.done_s - outcome.start_s == pytest.approx(expected)
@@ -167,7 +167,7 @@ def test_a_sleeping_device_wakes_before_it_serves() -> None:
     late = Request("r0", SLEEP_AFTER_S * 10, prompt_tokens=500, output_tokens=50)
     result = ServingSimulation([device], make_policy("dwps"), model=MODEL, cycle_s=0.2).run([late])
     [outcome] = result.outcomes
-    speed, caps = SpeedModel(CATALOGUE[MODEL]), device.capabilities
+    speed, caps = SpeedModel(HYPOTHETICAL_MODELS[MODEL]), device.capabilities
     expected = speed.prefill_s(caps, 500, 1.0) + 50 * speed.step_s(caps, 1, 1.0)
     assert outcome.done_s - outcome.start_s == pytest.approx(WAKE_S + expected)
     # Asleep most of the run: less than a third of what idling throughout would draw.

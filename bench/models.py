@@ -1,0 +1,316 @@
+"""A user's own model through the cluster: its weights delivered to a second host, and its
+serving speed whole, split in 2, and on llama.cpp's own server.
+
+- ``delivery`` (needs root: two network namespaces joined by a veth pair, as
+  ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` is put into the
+  ``TESSERA_MODELS`` object store of a nats-server on host A (``libs/models/weights.publish``,
+  as ``tessera models add`` does), then host B fetches it (``ensure_local``: chunks, sha256,
+  rename) into its own cache: MB/s. The reference is the same bytes copied raw through the
+  same link: a TCP socket on A sending the file (``sendfile``), a receiver on B writing it to
+  disk. ``ratio_store_raw`` is the object store's share of the raw copy's rate (goal ≥ 0.8).
+  Rounds alternate the two, the median is reported.
+- ``serving`` (the llamacpp engine): the same model registered and deployed in a ``tessera up``
+  with one CPU worker (whole) and with two (split in 2, ``--devices worker-0,worker-1``), and
+  llama.cpp's server started directly on the file as the worker starts it; greedy 64-token chat
+  streams at 1 and 8 concurrent clients (``bench/serving.py``'s client), tokens/s.
+
+    python bench/models.py --json [--size-gb 1.0] [--rounds 2] [--skip-serving]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from libs.cluster.servers import find_nats_server  # noqa: E402
+from libs.runtime.procs import free_port  # noqa: E402
+
+SUBNET = "10.231.7"
+NS_A, NS_B = "tbench-a", "tbench-b"
+
+#: On host B: fetch the model from A's object store into B's cache; prints seconds.
+FETCH = """
+import asyncio, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from libs.models.weights import ensure_local
+from libs.runtime.nats_client import close_nats, connect_nats
+async def main():
+    nc = await connect_nats(sys.argv[1], "bench-fetch")
+    card = SimpleNamespace(name="bench", source="/not/on/host-b.gguf", sha256=sys.argv[2],
+                           size_bytes=int(sys.argv[3]))
+    started = time.perf_counter()
+    await ensure_local(nc, card, cache_dir=Path(sys.argv[4]))
+    print(time.perf_counter() - started)
+    await close_nats(nc)
+asyncio.run(main())
+"""
+#: On host A: publish the file; prints seconds.
+PUBLISH = """
+import asyncio, sys, time
+from pathlib import Path
+from libs.models.weights import publish_to
+started = time.perf_counter()
+asyncio.run(publish_to(sys.argv[1], None, Path(sys.argv[2]), sys.argv[3]))
+print(time.perf_counter() - started)
+"""
+#: On host A: send the file once to the first connection (raw TCP).
+SEND = """
+import socket, sys
+with socket.create_server((sys.argv[1], int(sys.argv[2]))) as server:
+    print("listening", flush=True)
+    conn, _ = server.accept()
+    with conn, open(sys.argv[3], "rb") as f:
+        conn.sendfile(f)
+"""
+#: On host B: receive into a file until EOF; prints seconds.
+RECEIVE = """
+import socket, sys, time
+buf = bytearray(4 << 20); view = memoryview(buf)
+started = time.perf_counter()
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as s, open(sys.argv[3], "wb") as f:
+    while n := s.recv_into(buf):
+        f.write(view[:n])
+print(time.perf_counter() - started)
+"""
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True)
+
+
+def make_hosts() -> None:
+    for ns in (NS_A, NS_B):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    sh("ip", "netns", "add", NS_A)
+    sh("ip", "netns", "add", NS_B)
+    sh("ip", "link", "add", "vtbench-a", "type", "veth", "peer", "name", "vtbench-b")
+    for ns, end, host in ((NS_A, "vtbench-a", 1), (NS_B, "vtbench-b", 2)):
+        sh("ip", "link", "set", end, "netns", ns)
+        sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.{host}/24", "dev", end)
+        sh("ip", "-n", ns, "link", "set", end, "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+def drop_hosts() -> None:
+    for ns in (NS_A, NS_B):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def on(ns: str, code: str, *args: str) -> float:
+    """Run python ``code`` in namespace ``ns``; its last printed line as a float."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code, *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def make_model(folder: Path, size_gb: float) -> tuple[Path, str]:
+    from libs.models.weights import file_sha256
+    from tests.models import make_gguf
+
+    path = make_gguf(
+        folder / "bench.gguf", "llama", "Q8_0", layers=16, target_bytes=int(size_gb * 1e9)
+    )
+    return path, file_sha256(path)
+
+
+def delivery(path: Path, sha256: str, rounds: int, work: Path) -> dict[str, object]:
+    size = path.stat().st_size
+    make_hosts()
+    a = f"{SUBNET}.1"
+    port = free_port()
+    nats = subprocess.Popen(
+        ["ip", "netns", "exec", NS_A, str(find_nats_server()), "-js", "-a", a, "-p", str(port),
+         "-sd", str(work / "nats")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"nats://{a}:{port}"
+        time.sleep(1.0)
+        publish_s = on(NS_A, PUBLISH, url, str(path), sha256)
+        store, raw = [], []
+        for k in range(rounds):
+            cache = work / f"b-cache-{k}"
+            store.append(size / 1e6 / on(NS_B, FETCH, url, sha256, str(size), str(cache)))
+            subprocess.run(["rm", "-rf", str(cache)], check=True)
+            raw_port = str(free_port())
+            sender = subprocess.Popen(
+                ["ip", "netns", "exec", NS_A, sys.executable, "-c", SEND, a, raw_port, str(path)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert sender.stdout is not None
+            sender.stdout.readline()  # listening
+            copy = work / "raw-copy.bin"
+            raw.append(size / 1e6 / on(NS_B, RECEIVE, a, raw_port, str(copy)))
+            sender.wait(timeout=60)
+            copy.unlink()
+            print(
+                f"round {k + 1}: store {store[-1]:.0f} MB/s, raw {raw[-1]:.0f} MB/s",
+                file=sys.stderr,
+            )
+    finally:
+        nats.terminate()
+        nats.wait(timeout=10)
+        drop_hosts()
+    store_mb_s, raw_mb_s = statistics.median(store), statistics.median(raw)
+    return {
+        "model_bytes": size,
+        "publish_mb_s": round(size / 1e6 / publish_s, 1),
+        "store_fetch_mb_s": round(store_mb_s, 1),
+        "raw_tcp_mb_s": round(raw_mb_s, 1),
+        "ratio_store_raw": round(store_mb_s / raw_mb_s, 2),
+        "rounds": {
+            "store_mb_s": [round(x, 1) for x in store],
+            "raw_mb_s": [round(x, 1) for x in raw],
+        },
+    }
+
+
+# -- serving -------------------------------------------------------------------------------------
+def cluster(workers: int, run_dir: Path) -> tuple[object, str, dict[str, str]]:
+    from libs.runtime.procs import ServiceProcess
+
+    port = free_port()
+    env = {
+        "TESSERA_WORKER_MEMORY_GB": "6",  # the model with 8 slots of KV cache: ~2.5 GB
+        "TESSERA_CPU_ENGINE": "llamacpp",
+        "TESSERA_GATEWAY_PORT": str(port),
+        "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
+        "TESSERA_RUN_FILE": str(run_dir / "cluster.json"),
+        "TESSERA_MODEL_DIR": str(run_dir / "models"),
+    }
+    argv = ["-m", "libs.cli.main", "up", "--workers", str(workers), "--engine", "llamacpp"]
+    ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731
+    child = ServiceProcess("tessera up", env, argv, ready_line=ready).start(ready_timeout_s=300)
+    return child, f"http://127.0.0.1:{port}/v1", env
+
+
+def cli(env: dict[str, str], *argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", *argv],
+        env={**os.environ, **env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"tessera {' '.join(argv)}: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+async def speeds(url: str, model: str, levels: list[int], requests: int) -> dict[str, float]:
+    from openai import AsyncOpenAI
+
+    from bench.serving import measure
+
+    client = AsyncOpenAI(base_url=url, api_key="none", timeout=600)
+    await measure(client, model, 1, 1)  # warm-up
+    rates = {}
+    for level in levels:
+        result = await measure(client, model, level, requests if level > 1 else max(2, requests))
+        rates[str(level)] = round(result.rate, 1)
+        print(f"{model} at {url}: c={level} {result.rate:.1f} tokens/s", file=sys.stderr)
+    return rates
+
+
+def tessera(path: Path, workers: int, levels: list[int], requests: int) -> dict[str, float]:
+    import httpx
+
+    from libs.cluster import runfile
+
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    child, url, env = cluster(workers, run_dir)
+    try:
+        scheduler = str(runfile.read(run_dir / "cluster.json")["scheduler_url"])
+        httpx.delete(f"{scheduler}/placements/smollm2-135m-instruct", timeout=30)
+        cli(env, "models", "add", str(path), "--name", "bench-model")
+        devices = ",".join(f"worker-{k}" for k in range(workers))
+        cli(env, "deploy", "bench-model", "--devices", devices, "--id", "bench")
+        return asyncio.run(speeds(url, "bench-model", levels, requests))
+    finally:
+        child.stop(timeout_s=30)  # type: ignore[attr-defined]
+
+
+def direct(path: Path, levels: list[int], requests: int) -> dict[str, float]:
+    """llama.cpp's server on the whole file, as the llamacpp worker starts it."""
+    from libs.contracts import shard_ring
+    from libs.models.gguf_info import read_card
+    from services.worker.llamacpp import server_factory
+    from services.worker.settings import WorkerSettings
+
+    card = read_card(path, name="bench-model")
+    [task] = shard_ring(
+        "load", "direct", card.name, [("direct", 0, card.layers)], 0, 0.0, card=card
+    )
+
+    async def run() -> dict[str, float]:
+        server = server_factory(WorkerSettings())(task)
+        await server.start(300)
+        try:
+            return await speeds(f"{server.url}/v1", "bench-model", levels, requests)
+        finally:
+            await server.stop()
+
+    return asyncio.run(run())
+
+
+def serving(path: Path, requests: int) -> dict[str, object]:
+    levels = [1, 8]
+    whole = tessera(path, 1, levels, requests)
+    split = tessera(path, 2, levels, requests)
+    llama = direct(path, levels, requests)
+
+    def ratio(a: dict[str, float], b: dict[str, float], level: int) -> float | None:
+        return round(a[str(level)] / b[str(level)], 2) if b.get(str(level)) else None
+
+    return {
+        "tokens_per_s": {"whole": whole, "split_2": split, "llamacpp_direct": llama},
+        "ratio_whole_direct_c1": ratio(whole, llama, 1),
+        "ratio_whole_direct_c8": ratio(whole, llama, 8),
+        "ratio_split_whole_c8": ratio(split, whole, 8),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--skip-delivery", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    try:
+        path, sha256 = make_model(work, args.size_gb)
+        report: dict[str, object] = {"model": f"llama Q8_0, {path.stat().st_size / 1e9:.2f} GB"}
+        if not args.skip_delivery:
+            report["delivery"] = delivery(path, sha256, args.rounds, work)
+        if not args.skip_serving:
+            report["serving"] = serving(path, args.requests)
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(json.dumps(report, indent=2 if args.json else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""``tessera models add|list|show|rm``: the cluster's registry of models, from a terminal.
+
+``add`` reads the file where it lies (this host): its card (sizes, architecture, template) and
+its sha256, with a progress bar, then hands the card to the scheduler, which registers it or
+says why not (a name taken, no engine of the cluster runs it). A URL or ``hf:`` source is
+downloaded first (``libs/models/hub.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from libs.cli.scheduling import call
+from libs.cli.tables import Column, fitted
+
+models_app = typer.Typer(help="The models the cluster knows.", no_args_is_help=True)
+SchedulerUrl = Annotated[
+    str | None, typer.Option(help="Scheduler API (default: the running `tessera up`).")
+]
+
+
+def _base(explicit: str | None) -> str:
+    from libs.cli.scheduling import scheduler_url
+    from libs.runtime.settings import LauncherSettings
+
+    return scheduler_url(explicit, LauncherSettings().run_file)
+
+
+def bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def local_card(source: str, name: str | None, sha256: str | None, console: Console) -> Any:
+    """The card of ``source`` read here (downloaded first when it is a URL or ``hf:``)."""
+    from libs.models.gguf_info import ModelFileError, read_card
+
+    path, origin = Path(source).expanduser(), source
+    with bar(console) as progress:
+        if source.startswith(("hf:", "http://", "https://")):
+            from libs.models.hub import DownloadError, download
+
+            task = progress.add_task(f"downloading {source}", total=None)
+            try:
+                path = download(
+                    source, lambda done, total: progress.update(task, completed=done, total=total)
+                )
+            except DownloadError as exc:
+                raise SystemExit(f"could not download {source}: {exc}") from None
+        else:
+            origin = str(path.resolve())
+        task = progress.add_task(f"checksum {path.name}", total=None)
+        try:
+            card = read_card(
+                path,
+                name=name,
+                source=origin,
+                expect_sha256=sha256,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+        except ModelFileError as exc:
+            raise SystemExit(str(exc)) from None
+        publish_weights(path, card.sha256, progress, console)
+        return card
+
+
+def publish_weights(path: Path, sha256: str, progress: Progress, console: Console) -> None:
+    """Put the file into the cluster's object store (``libs/models/weights.py``, as the running
+    cluster's admin), so that hosts without it receive it; once per file (by sha256)."""
+    import asyncio
+
+    from libs.cluster import runfile
+    from libs.models.weights import publish_to
+    from libs.runtime.settings import LauncherSettings
+
+    try:
+        running = runfile.read(LauncherSettings().run_file)
+    except (SystemExit, OSError, ValueError):
+        console.print("no running cluster here: the weights stay on this host only")
+        return
+    ca = running.get("nats_ca")
+    task = progress.add_task(f"sending {path.name} to the cluster", total=None)
+    asyncio.run(
+        publish_to(
+            running["nats_url"],
+            Path(ca) if ca else None,
+            path,
+            sha256,
+            lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    )
+
+
+def add_model(
+    base: str, source: str, name: str | None, sha256: str | None, console: Console
+) -> dict[str, Any]:
+    card = local_card(source, name, sha256, console)
+    added: dict[str, Any] = call(
+        "POST", f"{base}/models", json={"card": card.model_dump(mode="json")}
+    )
+    return added
+
+
+def model_name(base: str, model: str, console: Console) -> str:
+    """The registered name ``model`` stands for: itself, or for a GGUF file, the name of the
+    model of that file (added now when it is not registered yet)."""
+    if not (model.endswith(".gguf") or Path(model).expanduser().is_file()):
+        return model
+    card = local_card(model, None, None, console)
+    same = [c for c in call("GET", f"{base}/models") if c["sha256"] == card.sha256]
+    if same:
+        console.print(f"{model} is registered as {same[0]['name']}")
+        return str(same[0]["name"])
+    added = call("POST", f"{base}/models", json={"card": card.model_dump(mode="json")})
+    console.print(f"added {added['name']}: {describe(added)}")
+    return str(added["name"])
+
+
+@models_app.command("add")
+def add(
+    source: Annotated[str, typer.Argument(help="FILE.gguf, a URL, or hf:ORG/REPO\\[/FILE].")],
+    name: Annotated[str | None, typer.Option(help="Its name (default: from the file's).")] = None,
+    sha256: Annotated[
+        str | None, typer.Option(help="The sha256 the file must have (its publisher's).")
+    ] = None,
+    scheduler_url: SchedulerUrl = None,
+) -> None:
+    """Register a model: its sizes, architecture and template are read from the file."""
+    console = Console()
+    card = add_model(_base(scheduler_url), source, name, sha256, console)
+    console.print(f"added {card['name']}: {describe(card)}")
+
+
+def describe(card: dict[str, Any]) -> str:
+    gb = card["size_bytes"] / 1e9
+    types = ", ".join(card["tensor_types"])
+    return f"{card['architecture']}, {card['layers']} layers, {gb:.2f} GB ({types})"
+
+
+COLUMNS = [
+    Column("name", "left"),
+    Column("architecture", "left"),
+    Column("layers"),
+    Column("GB"),
+    Column("types", "left"),
+    Column("context"),
+    Column("deployed", "left"),
+]
+
+
+@models_app.command("list")
+def list_models(scheduler_url: SchedulerUrl = None) -> None:
+    """Every registered model."""
+    cards = call("GET", f"{_base(scheduler_url)}/models")
+    console = Console()
+    if not cards:
+        console.print("no models: add one with `tessera models add FILE.gguf`")
+        return
+    rows = [
+        [
+            c["name"],
+            c["architecture"],
+            str(c["layers"]),
+            f"{c['size_bytes'] / 1e9:.2f}",
+            ",".join(c["tensor_types"]),
+            str(c["context_train"]),
+            ",".join(c["deployments"]) or "-",
+        ]
+        for c in cards
+    ]
+    console.print(fitted(console, "models", COLUMNS, rows))
+
+
+@models_app.command("show")
+def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
+    """One model's card."""
+    card = call("GET", f"{_base(scheduler_url)}/models/{name}")
+    console = Console()
+    console.print(f"[bold]{card['name']}[/bold]: {describe(card)}")
+    per_layer = card["layer_bytes"]
+    lines = {
+        "source": f"{card['source']} (added on {card['origin_host']})",
+        "sha256": card["sha256"],
+        "layers": f"{min(per_layer) / 1e6:.2f}–{max(per_layer) / 1e6:.2f} MB each",
+        "embedding": f"{card['embedding_bytes'] / 1e6:.2f} MB",
+        "output": f"{card['output_bytes'] / 1e6:.2f} MB" + (" (tied)" if card["tied"] else ""),
+        "KV cache": f"{card['kv_bytes_per_token']:,} bytes per token (f16)",
+        "context": f"{card['context_train']:,} tokens trained",
+        "tokenizer": card.get("tokenizer_model") or "-",
+        "stop tokens": ", ".join(card["stop_tokens"]) or "-",
+        "chat template": "yes" if card.get("chat_template") else "none (completions only)",
+        "deployed": ", ".join(card["deployments"]) or "-",
+    }
+    for key, value in lines.items():
+        console.print(f"  {key:<14} {value}")
+
+
+@models_app.command("rm")
+def remove(name: str, scheduler_url: SchedulerUrl = None) -> None:
+    """Forget a model (refused while it is deployed)."""
+    call("DELETE", f"{_base(scheduler_url)}/models/{name}")
+    Console().print(f"removed {name}")

@@ -1,0 +1,183 @@
+"""OpenAI's requests as an ``Ask``, and an answer's pieces in OpenAI's shapes.
+
+The other APIs (``anthropic_api``, ``ollama_api``) build an OpenAI request and come through
+here too, so every API reaches the engines the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libs.contracts import TokenLogprob, ToolCall
+from services.gateway.answers import Ask, sampling_for
+from services.gateway.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    unsupported,
+)
+
+
+def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    found = unsupported(body)
+    if found is not None:
+        name, reason = found
+        raise ApiError(400, f"{name}: {reason}", param=name, code="unsupported_field")
+
+
+def _sampling_fields(
+    body: ChatCompletionRequest | CompletionRequest,
+) -> tuple[dict[str, Any], list[str]]:
+    """The penalties and biases (llama.cpp honours them; an engine of ids does not)."""
+    fields: dict[str, Any] = {}
+    names: list[str] = []
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            fields[name] = value
+            if value != 0:
+                names.append(name)
+    if body.logit_bias:
+        for token, bias in body.logit_bias.items():
+            number = isinstance(bias, int | float) and not isinstance(bias, bool)
+            if not (token.isdigit() and len(token) < 10 and number and -100 <= bias <= 100):
+                message = "logit_bias: token ids (digits) to numbers from -100 to 100"
+                raise ApiError(400, message, param="logit_bias")
+        fields["logit_bias"] = body.logit_bias
+        names.append("logit_bias")
+    return fields, names
+
+
+def chat_ask(body: ChatCompletionRequest) -> Ask:
+    """A chat completion's ``Ask`` (``refuse_unsupported`` first)."""
+    messages: list[dict[str, Any]] = []
+    names: list[str] = []
+    for message in body.messages:
+        out = message.model_dump(exclude_none=True)
+        if message.role == "developer":  # OpenAI's newer name for the system prompt
+            out["role"] = "system"
+        if message.tool_calls:
+            names.append("messages.tool_calls")
+        if message.role == "assistant" and message.content is None:
+            out["content"] = ""
+        messages.append(out)
+    fields, more = _sampling_fields(body)
+    names += more
+    engine: dict[str, Any] = {"messages": messages, **fields}
+    tools = body.tools
+    choice = body.tool_choice
+    if tools and choice != "none":
+        if isinstance(choice, NamedToolChoice):  # llama.cpp takes none, auto or required
+            named = [t for t in tools if t.function.name == choice.function.name]
+            if not named:
+                missing = f"tool_choice names {choice.function.name!r}, which is not in tools"
+                raise ApiError(400, missing, param="tool_choice")
+            tools, choice = named, "required"
+        engine["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        engine["tool_choice"] = choice or "auto"
+        names.append("tools")
+        if body.parallel_tool_calls is not None:
+            engine["parallel_tool_calls"] = body.parallel_tool_calls
+    format_ = body.response_format
+    if format_ is not None and format_.type != "text":
+        engine["response_format"] = format_.model_dump(exclude_none=True, by_alias=True)
+        names.append("response_format")
+    if body.logprobs:
+        engine["logprobs"] = True
+        engine["top_logprobs"] = body.top_logprobs or 0
+        names.append("logprobs")
+    elif body.top_logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    plain = [
+        {"role": m["role"], "content": message.text()}
+        for m, message in zip(messages, body.messages, strict=True)
+    ]
+    return Ask(
+        kind="chat",
+        model=body.model,
+        body=engine,
+        fields=tuple(dict.fromkeys(names)),
+        sampling=sampling_for(
+            body.max_completion_tokens or body.max_tokens,
+            body.temperature,
+            body.top_p,
+            body.stops(),
+            body.seed,
+        ),
+        n=body.n,
+        plain=plain,
+    )
+
+
+def text_ask(body: CompletionRequest) -> Ask:
+    fields, names = _sampling_fields(body)
+    engine: dict[str, Any] = {"prompt": body.text(), **fields}
+    if body.logprobs:
+        engine["logprobs"] = body.logprobs
+        names.append("logprobs")
+    return Ask(
+        kind="text",
+        model=body.model,
+        body=engine,
+        fields=tuple(names),
+        sampling=sampling_for(
+            body.max_tokens or 16, body.temperature, body.top_p, body.stops(), body.seed
+        ),
+        n=body.n,
+        plain=body.text(),
+    )
+
+
+def tool_call_delta(
+    calls: tuple[ToolCall, ...] | list[ToolCall], first: int
+) -> list[dict[str, Any]]:
+    """Tool calls as OpenAI's stream sends them (each whole, numbered from ``first``)."""
+    return [
+        {
+            "index": first + i,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": list(lp.bytes) if lp.bytes is not None else None,
+                "top_logprobs": [
+                    {
+                        "token": t.token,
+                        "logprob": t.logprob,
+                        "bytes": list(t.bytes) if t.bytes is not None else None,
+                    }
+                    for t in lp.top
+                ],
+            }
+            for lp in logprobs
+        ],
+        "refusal": None,
+    }
+
+
+def text_logprobs(
+    logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0
+) -> dict[str, Any]:
+    """The legacy completions' log-probabilities: parallel lists per token."""
+    tokens, offsets = [], []
+    for lp in logprobs:
+        offsets.append(offset)
+        tokens.append(lp.token)
+        offset += len(lp.token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }

@@ -1,0 +1,101 @@
+"""The models a deploy names, as placement needs them: cards from the registry, sizes from the
+cards, devices whose engine serves the model, and what a deploy told it to do.
+
+The cards are read from Redis outside the command loop (``Scheduler.learn``) and kept here;
+the loop only reads them. Every helper is pure over what it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+
+from libs.contracts import DeviceAnnounce, ModelCard
+from libs.core.catalogue import GB, ModelSpec, card_spec
+from libs.core.model import Device
+from libs.core.partition import Preview, plan, previews
+from libs.models.engines import unserved_reason
+
+
+def spec_for(card: ModelCard, family: str, slots: int, precision: str | None) -> ModelSpec:
+    """``card``'s model as the engines of ``family`` hold it (``card_spec``)."""
+    return card_spec(card, family, slots, precision)
+
+
+def left_out(
+    card: ModelCard, devices: Sequence[Device], announces: Mapping[str, DeviceAnnounce]
+) -> dict[str, str]:
+    """Devices whose every engine refuses ``card``'s model, each with why. A device with no
+    announced engine (an emulated fleet planned as a whole) is not held to any."""
+    reasons: dict[str, str] = {}
+    for device in devices:
+        announce = announces.get(device.device_id)
+        engines = announce.engines if announce is not None else ()
+        why = [r for e in engines if (r := unserved_reason(e, card))]
+        if engines and len(why) == len(engines):
+            reasons[device.device_id] = "; ".join(why)
+    return reasons
+
+
+def why_left(reasons: Mapping[str, str]) -> str:
+    return ", ".join(f"{d} ({r})" for d, r in sorted(reasons.items()))
+
+
+def told_options(
+    spec: ModelSpec,
+    devices: Sequence[Device],
+    context_length: int,
+    max_shards: int,
+    shard_count: int | None,
+    told_devices: Sequence[str],
+    without: Collection[str] = (),
+) -> list[Preview]:
+    """The candidate placements a deploy allows: on exactly ``told_devices`` (in that order)
+    when it names them, with exactly ``shard_count`` shards when it says so, else the
+    scheduler's own candidates (up to ``max_shards``). A told choice that cannot be kept is
+    one infeasible option whose reason says why."""
+    by_id = {d.device_id: d for d in devices}
+    if told_devices:
+        gone = [d for d in told_devices if d not in by_id or d in without]
+        if gone:
+            return [_no(spec, f"told devices not available for it: {', '.join(gone)}")]
+        if shard_count is not None and shard_count != len(told_devices):
+            return [_no(spec, f"told {shard_count} shards on {len(told_devices)} devices")]
+        if len(told_devices) > spec.layers:
+            return [_no(spec, f"{len(told_devices)} devices for {spec.layers} layers")]
+        return [plan(spec, [by_id[d] for d in told_devices], context_length)]
+    usable = [d for d in devices if d.device_id not in without]
+    if shard_count is None:
+        return previews(spec, usable, context_length, max_shards)
+    candidates = previews(spec, usable, context_length, shard_count)
+    options = [o for o in candidates if len(o.devices) == shard_count]
+    if not options:
+        return [_no(spec, f"told {shard_count} shards: only {len(usable)} device(s) can take one")]
+    return options
+
+
+def _no(spec: ModelSpec, reason: str) -> Preview:
+    return Preview(spec.name, (), (), False, reason, None)
+
+
+def fleet_too_small(spec: ModelSpec, devices: Sequence[Device], context_length: int) -> str | None:
+    """Why no placement can hold the model, when even all the fleet's free memory is less
+    than its weights and KV cache (one runtime overhead counted)."""
+    need = spec.shard_gb(spec.layers, True, True, context_length)
+    free = sum(d.memory_free_gb for d in devices if not d.failed)
+    if need <= free:
+        return None
+    return f"{spec.name} needs {need:.2f} GB; the whole fleet has {free:.2f} GB free"
+
+
+def explain(option: Preview, reasons: Mapping[str, str]) -> Preview:
+    """``option`` with the devices left out named in its reason, when it is infeasible."""
+    if option.feasible or not reasons:
+        return option
+    return dataclasses.replace(
+        option, reason=f"{option.reason or 'infeasible'}; left out: {why_left(reasons)}"
+    )
+
+
+def bytes_gb(value: int) -> float:
+    return value / GB

@@ -1,0 +1,108 @@
+"""The scheduler's model routes: the registry (``/models``) through the HTTP API.
+
+The scheduler writes the registry (its Redis user may; the gateway's reads only) and knows
+which engines the cluster runs and which deployments use a model, so adding and removing
+happen here; the gateway's ``/v1/cluster/models`` forwards to these routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+
+from libs.contracts import ModelCard
+from libs.contracts.admin import AddModelBody
+from libs.models.gguf_info import ModelFileError, read_card
+from libs.models.registry import ModelError, NameTaken
+from services.scheduler import phases
+from services.scheduler.service import Scheduler
+
+
+def is_remote(source: str) -> bool:
+    return source.startswith(("hf:", "http://", "https://"))
+
+
+def fetch_remote(source: str) -> str:
+    """A URL's or ``hf:`` source's file, downloaded to this host (``libs/models/hub.py``:
+    resumable, checksummed; a host with no route is told at once)."""
+    from libs.models.hub import DownloadError, download
+
+    try:
+        return str(download(source))
+    except DownloadError as exc:
+        raise HTTPException(400, f"could not download {source}: {exc}") from None
+
+
+def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
+    def engines() -> set[str]:
+        return {e for a in scheduler.view.announces.values() for e in a.engines}
+
+    def users(name: str) -> list[str]:
+        return sorted(
+            d.deployment_id
+            for d in scheduler.state.deployments.values()
+            if d.model == name and d.phase not in phases.FINAL
+        )
+
+    @app.get("/models")
+    async def list_models() -> list[dict[str, Any]]:
+        """Every registered model's card, with the live deployments of it."""
+        return [
+            c.model_dump(mode="json", exclude={"chat_template"}) | {"deployments": users(c.name)}
+            for c in await scheduler.registry.list()
+        ]
+
+    @app.get("/models/{name}")
+    async def show_model(name: str) -> dict[str, Any]:
+        card = await scheduler.registry.get(name)
+        if card is None:
+            raise HTTPException(404, f"no model {name!r}")
+        return card.model_dump(mode="json") | {"deployments": users(name)}
+
+    @app.post("/models", status_code=201)
+    async def add_model(body: AddModelBody) -> ModelCard:
+        """Register a model from a file on this host (``source``) or a card read elsewhere."""
+        if (body.card is None) == (body.source is None):
+            raise HTTPException(422, "give either source (a path here) or card")
+        card = body.card
+        if card is None:
+            assert body.source is not None
+            source = body.source
+            path = await asyncio.to_thread(fetch_remote, source) if is_remote(source) else source
+            try:
+                card = await asyncio.to_thread(
+                    read_card,
+                    path,
+                    name=body.name,
+                    source=source if is_remote(source) else None,
+                    expect_sha256=body.sha256,
+                )
+            except ModelFileError as exc:
+                raise HTTPException(400, str(exc)) from None
+        else:
+            if body.sha256 and body.sha256.lower() != card.sha256:
+                raise HTTPException(400, f"corrupt: {card.name}'s sha256 is not {body.sha256}")
+            if body.name:
+                card = card.model_copy(update={"name": body.name})
+        known = engines()
+        try:
+            added = await scheduler.registry.add(card, known if known else None)
+        except NameTaken as exc:
+            raise HTTPException(409, str(exc)) from None
+        except ModelError as exc:
+            raise HTTPException(400, str(exc)) from None
+        scheduler.deployments.cards[added.name] = added
+        return added
+
+    @app.delete("/models/{name}", status_code=204)
+    async def remove_model(name: str) -> Response:
+        """Forget a model; refused while a deployment of it is live (undeploy it first)."""
+        live = users(name)
+        if live:
+            raise HTTPException(409, f"{name} is deployed ({', '.join(live)}): undeploy first")
+        if not await scheduler.registry.remove(name):
+            raise HTTPException(404, f"no model {name!r}")
+        scheduler.deployments.cards.pop(name, None)
+        return Response(status_code=204)

@@ -1,0 +1,197 @@
+"""llama.cpp's RPC between hosts, through mutual TLS: ``socat`` at both ends.
+
+``ggml-rpc-server`` takes no credentials (llama.cpp's README: never on an open network), so it
+listens on 127.0.0.1 only. A device that lends it to other hosts runs a TLS listener on its LAN
+address (``listener``) that forwards each connection to it, and accepts only a peer presenting
+a certificate the cluster's CA signed (``libs/runtime/pki.py``); anything else — plain TCP, a
+certificate of another CA, none — ends in a failed handshake and never reaches the server. The
+head of a split reaches each remote RPC server through a tunnel (``tunnel``) on its own
+loopback: llama-server connects there, the tunnel opens TLS to the device with the head's
+certificate and checks that the other end's certificate names the device the placement routes
+to (``commonname``), so a host that took a device's address cannot pose as it.
+
+socat is a C relay from Debian (``make deps``): one process per connection (``fork``), TLS 1.3,
+Nagle off on every socket (llama.cpp's RPC is many small round trips per token). Each relay is
+a child in a process group of its own, stopped with its forked connections (``killpg``); when the
+worker dies it gets SIGKILL, and its connections end with the servers they relay to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Sequence
+
+from libs.runtime.pki import Credentials
+from libs.runtime.procs import child_kwargs, free_port
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+#: Both ends: TLS 1.3 only, Nagle off.
+TLS_OPTIONS = "verify=1,min-version=TLS1.3,nodelay"
+
+
+class ChannelError(RuntimeError):
+    """A relay could not start (socat missing, a port taken, bad files); the message says why."""
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def is_own_address(host: str) -> bool:
+    """Whether ``host`` is an address of this host (a socket can be bound to it)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _files(credentials: Credentials) -> str:
+    for path in (credentials.ca, credentials.cert, credentials.key):
+        if any(c in str(path) for c in ",:!'\"\\ ") or not path.exists():
+            raise ChannelError(f"{path}: missing, or a name socat cannot take (, : ! quotes)")
+    return f"cafile={credentials.ca},cert={credentials.cert},key={credentials.key}"
+
+
+def listener_command(credentials: Credentials, host: str, port: int, target_port: int) -> list[str]:
+    """socat: TLS on ``host:port`` (cluster peers only) → the RPC server on loopback."""
+    return [
+        "socat",
+        f"OPENSSL-LISTEN:{port},bind={host},reuseaddr,fork,{_files(credentials)},{TLS_OPTIONS}",
+        f"TCP:{LOOPBACK}:{target_port},nodelay",
+    ]
+
+
+def tunnel_command(
+    credentials: Credentials, local_port: int, endpoint: str, device_id: str
+) -> list[str]:
+    """socat: plain TCP on loopback ``local_port`` → TLS to ``endpoint``, whose certificate
+    must be the cluster's and name ``device_id``."""
+    host, port = endpoint.rsplit(":", 1)
+    return [
+        "socat",
+        f"TCP-LISTEN:{local_port},bind={LOOPBACK},reuseaddr,fork,nodelay",
+        f"OPENSSL:{host}:{port},{_files(credentials)},{TLS_OPTIONS},commonname={device_id}",
+    ]
+
+
+class Relay:
+    """One socat child listening on ``host:port`` until ``stop``."""
+
+    def __init__(self, command: list[str], host: str, port: int) -> None:
+        self.command, self.host, self.port = command, host, port
+        self.proc: asyncio.subprocess.Process | None = None
+        self._errors: asyncio.Future[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self, timeout_s: float = 10.0) -> Relay:
+        if shutil.which(self.command[0]) is None:
+            raise ChannelError(f"{self.command[0]} not found: install it with `make deps`")
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            **child_kwargs(signal.SIGKILL),
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if self.proc.returncode is not None:
+                said = b"" if self.proc.stderr is None else await self.proc.stderr.read(2000)
+                raise ChannelError(f"socat exited with {self.proc.returncode}: {said.decode()}")
+            if listening(self.port):
+                self._errors = asyncio.ensure_future(self._read_errors())
+                return self
+            await asyncio.sleep(0.05)
+        await self.stop()
+        raise ChannelError(f"socat did not listen on {self.address} in {timeout_s} s")
+
+    async def _read_errors(self) -> None:
+        """socat's own errors (a refused peer's failed handshake), logged at debug."""
+        if self.proc is None or self.proc.stderr is None:
+            return
+        async for line in self.proc.stderr:
+            log.debug("rpc channel", extra={"socat": line.decode(errors="replace").strip()})
+
+    async def stop(self) -> None:
+        """SIGTERM to its whole group (the listener and its forked connections)."""
+        proc, self.proc = self.proc, None
+        if self._errors is not None:
+            self._errors.cancel()
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+def listening(port: int) -> bool:
+    """Whether a socket of this network namespace listens on TCP ``port`` (IPv4). Read from
+    ``/proc/net/tcp``, not by connecting: a connection to a tunnel would open one to the
+    device behind it."""
+    with open("/proc/net/tcp") as table:
+        for row in table.readlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def listener(credentials: Credentials, host: str, port: int, target_port: int) -> Relay:
+    return Relay(listener_command(credentials, host, port, target_port), host, port)
+
+
+def tunnel(credentials: Credentials, endpoint: str, device_id: str) -> Relay:
+    port = free_port(LOOPBACK)
+    return Relay(tunnel_command(credentials, port, endpoint, device_id), LOOPBACK, port)
+
+
+async def open_tunnels(
+    credentials: Credentials | None, endpoints: Sequence[str], devices: Sequence[str]
+) -> tuple[list[str], list[Relay]]:
+    """The addresses llama-server is given for ``endpoints`` (of ``devices``, in route
+    order), and the tunnels opened for them. A device on this very host is reached on
+    loopback (its RPC server listens there on the port number of its TLS listener, see
+    ``RpcServer``); any other through a tunnel, never in the clear."""
+    addresses: list[str] = []
+    relays: list[Relay] = []
+    try:
+        for endpoint, device_id in zip(endpoints, devices, strict=True):
+            host, port = endpoint.rsplit(":", 1)
+            if is_loopback(host) or is_own_address(host):
+                addresses.append(f"{LOOPBACK}:{port}")
+                continue
+            if credentials is None:
+                raise ChannelError(
+                    f"{device_id}'s RPC server is on another host ({endpoint}) and this device "
+                    "has no cluster certificate to reach it with (join the cluster again)"
+                )
+            relays.append(await tunnel(credentials, endpoint, device_id).start())
+            addresses.append(relays[-1].address)
+    except BaseException:
+        await close_all(relays)
+        raise
+    return addresses, relays
+
+
+async def close_all(relays: Sequence[Relay]) -> None:
+    for relay in relays:
+        await relay.stop()

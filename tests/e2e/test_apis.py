@@ -1,0 +1,350 @@
+"""OpenAI's, Anthropic's and Ollama's official clients against `tessera up` (llama.cpp engine,
+the shipped SmolLM2 GGUF): every endpoint and field the gateway serves, on one cluster.
+
+The tool calls come from a 135M model that knows no tools: with the tool forced, llama.cpp's
+grammar makes its answer a valid call anyway. The last test kills the worker generating a
+tool call, so it runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from tests.e2e.cluster import RunningCluster, process_with_env
+
+MODEL = "smollm2-135m-instruct"
+KEY = "test-key-apis"
+pytestmark = pytest.mark.timeout(600)
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+        },
+    },
+}
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    running = RunningCluster(
+        "--engine",
+        "llamacpp",
+        env={
+            "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
+            "TESSERA_GATEWAY_RATE_PER_S": "100000",
+        },
+    )
+    running.wait_for("ready:", 240)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(cluster: RunningCluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=KEY, max_retries=0)
+
+
+def chat(client: Any, content: Any, **kw: Any) -> Any:
+    messages = [{"role": "user", "content": content}]
+    return client.chat.completions.create(model=MODEL, messages=messages, **kw)
+
+
+def test_chat_and_completions_streamed_and_not(client: Any) -> None:
+    parts = [{"type": "text", "text": "Name the capital"}, {"type": "text", "text": " of France."}]
+    reply = chat(client, parts, max_completion_tokens=12, temperature=0, seed=1)
+    assert "Paris" in (reply.choices[0].message.content or "")
+    usage = reply.usage
+    assert usage is not None and 0 < usage.completion_tokens <= 12 and usage.prompt_tokens > 10
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    stream = chat(
+        client,
+        "Name the capital of France.",
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts, finish, streamed_usage = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            texts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        streamed_usage = chunk.usage or streamed_usage
+    assert "".join(texts) == reply.choices[0].message.content  # greedy: the same answer
+    assert finish == reply.choices[0].finish_reason
+    assert (
+        streamed_usage is not None and streamed_usage.completion_tokens == usage.completion_tokens
+    )
+    text = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=6)
+    assert text.choices[0].text and text.usage is not None and text.usage.completion_tokens <= 6
+    pieces = client.completions.create(
+        model=MODEL, prompt="One, two, three,", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in pieces if c.choices)
+
+
+def test_stop_seed_n_and_logprobs(client: Any) -> None:
+    stopped = chat(
+        client, "Count from 1 to 10 with commas.", max_tokens=40, temperature=0, stop=["5"]
+    )
+    assert "5" not in (stopped.choices[0].message.content or "")
+    same = [
+        chat(client, "Tell me a word.", max_tokens=8, temperature=1.0, seed=42)
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert same[0] == same[1]  # one seed, one answer
+    two = chat(client, "Say hi.", max_tokens=6, temperature=0.8, n=2, seed=7)
+    assert [c.index for c in two.choices] == [0, 1] and all(c.message.content for c in two.choices)
+    streamed = chat(client, "Say hi.", max_tokens=6, n=2, stream=True)
+    seen = {c.choices[0].index for c in streamed if c.choices}
+    assert seen == {0, 1}
+    probed = chat(client, "Hi", max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    content = probed.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content) == probed.choices[0].message.content
+    legacy = client.completions.create(model=MODEL, prompt="One, two,", max_tokens=3, logprobs=2)
+    assert legacy.choices[0].logprobs is not None and legacy.choices[0].logprobs.tokens
+
+
+def test_a_tool_call_round_trip(client: Any) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice=FORCED, temperature=0
+    )
+    (call,) = first.choices[0].message.tool_calls or []
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    streamed = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice=FORCED,
+        temperature=0,
+        stream=True,
+    )
+    calls, finish = streamed_calls(streamed)
+    assert calls == [(call.function.name, call.function.arguments)] and finish == "tool_calls"
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 22 degrees."},
+    ]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], max_tokens=30, temperature=0
+    )
+    assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
+
+
+def streamed_calls(stream: Any) -> tuple[list[tuple[str, str]], str | None]:
+    """The tool calls of an OpenAI stream, gathered as the client's docs gather them."""
+    calls: dict[int, list[str]] = {}
+    finish = None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for delta in chunk.choices[0].delta.tool_calls or ():
+            name, args = calls.setdefault(delta.index, ["", ""])
+            calls[delta.index] = [
+                name + (delta.function.name or ""),
+                args + (delta.function.arguments or ""),
+            ]
+        finish = chunk.choices[0].finish_reason or finish
+    return [(n, a) for _, (n, a) in sorted(calls.items())], finish
+
+
+def test_json_schema_output_validates_for_twenty_prompts(client: Any) -> None:
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for i in range(20):
+        reply = chat(
+            client,
+            f"Invent person number {i} with a name and an age.",
+            response_format=format_,
+            # The grammar bounds each run of whitespace, so this many tokens always end it.
+            max_tokens=400,
+            temperature=0.7,
+            seed=i,
+        )
+        jsonschema.validate(json.loads(reply.choices[0].message.content or ""), PERSON)
+
+
+def test_embeddings(client: Any) -> None:
+    found = client.embeddings.create(model=MODEL, input=["hello", "a longer sentence here"])
+    one, two = (d.embedding for d in found.data)
+    assert len(one) == len(two) > 100 and one != two
+    floats = client.embeddings.create(model=MODEL, input="hello", encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(one, abs=1e-5)
+    assert found.usage.prompt_tokens > 0
+
+
+def test_fields_not_honoured_are_refused_by_name(client: Any) -> None:
+    with pytest.raises(openai.BadRequestError, match="functions") as known:
+        chat(client, "x", functions=[{"name": "f"}])
+    assert known.value.body["param"] == "functions"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="made_up_field"):
+        chat(client, "x", extra_body={"made_up_field": 1})
+    with pytest.raises(openai.BadRequestError, match="image_url"):
+        chat(client, [{"type": "image_url", "image_url": {"url": "data:,"}}])
+
+
+def test_anthropic_messages_streamed_and_not_and_a_tool_use(cluster: RunningCluster) -> None:
+    client: Any = anthropic.Anthropic(base_url=cluster.base_url, api_key=KEY, max_retries=0)
+    greedy = {"extra_body": {"temperature": 0}}  # this SDK leaves sampling to the server
+    question = [{"role": "user", "content": "Name the capital of France."}]
+    reply = client.messages.create(
+        model=MODEL, max_tokens=12, system="Answer briefly.", messages=question, **greedy
+    )
+    assert reply.content[0].type == "text" and reply.content[0].text
+    assert reply.stop_reason in ("end_turn", "max_tokens") and reply.usage.output_tokens > 0
+    with client.messages.stream(
+        model=MODEL, max_tokens=12, system="Answer briefly.", messages=question, **greedy
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == reply.content[0].text and final.usage.output_tokens == reply.usage.output_tokens
+    tool = {"name": "get_weather", "description": "The weather.", "input_schema": PERSON_CITY}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    used = client.messages.create(
+        model=MODEL,
+        max_tokens=60,
+        messages=ask,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        **greedy,
+    )
+    (block,) = [b for b in used.content if b.type == "tool_use"]
+    assert used.stop_reason == "tool_use" and block.name == "get_weather" and "city" in block.input
+    after = client.messages.create(
+        model=MODEL,
+        max_tokens=30,
+        tools=[tool],
+        **greedy,
+        messages=[
+            *ask,
+            {"role": "assistant", "content": [b.model_dump() for b in used.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "Sunny."}],
+            },
+        ],
+    )
+    assert after.content
+    stranger: Any = anthropic.Anthropic(base_url=cluster.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        stranger.messages.create(model=MODEL, max_tokens=4, messages=question)
+
+
+PERSON_CITY = WEATHER["function"]["parameters"]
+
+
+def test_ollama_chat_generate_tags_show_version(cluster: RunningCluster) -> None:
+    client: Any = ollama.Client(host=cluster.base_url, headers={"Authorization": f"Bearer {KEY}"})
+    assert MODEL in [m.model for m in client.list().models]
+    shown = client.show(MODEL)
+    assert shown.details is not None
+    ask = [{"role": "user", "content": "Name the capital of France."}]
+    options = {"temperature": 0, "num_predict": 12}
+    whole = client.chat(model=MODEL, messages=ask, options=options)
+    assert whole.message.content and whole.done and (whole.eval_count or 0) > 0
+    streamed = list(client.chat(model=MODEL, messages=ask, options=options, stream=True))
+    assert "".join(p.message.content or "" for p in streamed) == whole.message.content
+    assert streamed[-1].done and streamed[-1].done_reason in ("stop", "length")
+    generated = list(
+        client.generate(
+            model=MODEL, prompt="Name the capital of France.", options=options, stream=True
+        )
+    )
+    assert "".join(p.response for p in generated) == whole.message.content  # the same template
+    called = client.chat(
+        model=f"{MODEL}:latest",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        options={"temperature": 0},
+    )
+    assert called.message.tool_calls is None or called.message.tool_calls[0].function.name
+    vectors = client.embed(model=MODEL, input=["hello", "world"])
+    assert len(vectors.embeddings) == 2
+    version = httpx.get(
+        f"{cluster.base_url}/api/version", headers={"Authorization": f"Bearer {KEY}"}
+    ).json()
+    assert version["version"]
+    with pytest.raises(ollama.ResponseError, match=r"options\.mirostat"):
+        client.chat(model=MODEL, messages=ask, options={"mirostat": 1})
+
+
+def test_a_tool_call_cut_by_a_migration_reaches_the_client_once(
+    cluster: RunningCluster, client: Any
+) -> None:
+    """Runs last: the worker generating a forced tool call is killed after the first piece
+    streamed; the request moves to the other worker and the client gets one whole call."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    [placed] = [
+        p
+        for p in httpx.get(f"{cluster.base_url}/v1/cluster/placements", headers=headers).json()
+        if p["deployment_id"] == MODEL
+    ]
+    host = placed["assignments"][0]["device_id"]
+    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
+    assert pid is not None
+    long_call = {
+        **WEATHER,
+        "function": {
+            **WEATHER["function"],
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "notes": {"type": "string", "minLength": 60},
+                },
+                "required": ["city", "notes"],
+            },
+        },
+    }
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris, with notes?"}],
+        tools=[long_call],
+        tool_choice=FORCED,
+        temperature=0,
+        max_tokens=200,
+        stream=True,
+    )
+    chunks = iter(stream)
+    first = next(chunks)  # the role: the call's first piece exists, the rest is to come
+    assert first.choices[0].delta.role == "assistant"
+    seen = len(cluster.lines)
+    os.kill(pid, signal.SIGKILL)
+    calls, finish = streamed_calls(chunks)
+    assert finish == "tool_calls" and len(calls) == 1
+    name, arguments = calls[0]
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), long_call["function"]["parameters"])
+    cluster.wait_for(f"{host} exited", 10)
+    moved = [line for line in cluster.lines[seen:] if "following the deployment" in line]
+    assert moved  # the call was cut: it was sent again to the new placement

@@ -1,0 +1,153 @@
+"""A user's own model on `tessera up` with the llama.cpp engine, as the README tells it: a GGUF
+made here (qwen2, Q8_0, random weights) added by path, deployed by name whole and split in 2
+and by path split in 3, listed by /v1/models under its name only while a copy serves, and
+kept in the registry while deployed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.worker.settings import WorkerSettings
+from tests.e2e.cluster import RunningCluster
+from tests.models import llama_server, make_gguf
+
+BINARIES = WorkerSettings().llama_bin
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not (BINARIES / ".installed").exists(), reason="no llama.cpp build: `make llama`"
+    ),
+]
+NAME = "qwen-e2e"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    running = RunningCluster(
+        "--engine", "llamacpp", "--workers", "3", env={"TESSERA_WORKER_LLAMA_THREADS": "1"}
+    )
+    running.wait_for("ready:", 300)
+    yield running
+    running.stop()
+
+
+def tessera(cluster: RunningCluster, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "TESSERA_RUN_FILE": str(cluster.run_file), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode, " ".join((done.stdout + done.stderr).split())
+
+
+def listed(cluster: RunningCluster) -> list[str]:
+    data = httpx.get(f"{cluster.base_url}/v1/models", timeout=5).json()["data"]
+    return [m["id"] for m in data]
+
+
+def placement(cluster: RunningCluster, deployment: str) -> dict:  # type: ignore[type-arg]
+    url = f"{cluster.base_url}/v1/cluster/placements/{deployment}"
+    answer: dict = httpx.get(url, timeout=5).json()  # type: ignore[type-arg]
+    return answer
+
+
+def undeploy(cluster: RunningCluster, *deployments: str) -> None:
+    for deployment in deployments:
+        url = f"{cluster.base_url}/v1/cluster/placements/{deployment}"
+        assert httpx.delete(url, timeout=30).status_code == 204, deployment
+
+
+def test_a_model_added_by_path_serves_by_name_whole_and_split(
+    cluster: RunningCluster, tmp_path: Path
+) -> None:
+    """A llama.cpp worker heads one deployment at a time: the shipped model's goes first."""
+    undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
+    path = make_gguf(tmp_path / "qwen.gguf", "qwen2", "Q8_0", layers=6, hidden=128)
+    code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
+    assert code == 0 and f"added {NAME}: qwen2, 6 layers" in out, out
+    code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
+    assert code == 1 and "already registered" in out, out
+    code, out = tessera(cluster, "models", "list")
+    assert NAME in out and "smollm2-135m-instruct" in out, out
+
+    code, out = tessera(cluster, "deploy", NAME, "--shards", "2", "--id", "q2", "--timeout", "0")
+    assert code == 0, out
+    while True:  # listed, it serves: the phase read after the list says so
+        shown = NAME in listed(cluster)
+        phase = placement(cluster, "q2")["phase"]
+        assert phase == "serving" or not shown, phase  # not listed before a copy serves
+        if phase in ("serving", "refused", "failed"):
+            break
+    assert phase == "serving", placement(cluster, "q2")
+    assert listed(cluster) == [NAME]
+
+    code, out = tessera(cluster, "deploy", NAME, "--shards", "1", "--id", "q1")
+    assert code == 0 and "q1 serving on" in out, out
+    rows = httpx.get(f"{cluster.base_url}/v1/cluster/placements", timeout=5).json()
+    shards = {r["deployment_id"]: len(r["assignments"]) for r in rows if r["model"] == NAME}
+    assert shards == {"q1": 1, "q2": 2}
+    assert listed(cluster) == [NAME]  # by name, once, however many copies serve
+
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    code, out = tessera(cluster, "models", "rm", NAME)
+    assert code == 1 and "undeploy first" in out, out
+    undeploy(cluster, "q1", "q2")
+
+    code, out = tessera(cluster, "deploy", str(path), "--shards", "3", "--id", "q3")
+    assert code == 0 and f"registered as {NAME}" in out and "q3 serving on" in out, out
+    assert len(placement(cluster, "q3")["shards"]) == 3
+    undeploy(cluster, "q3")
+    assert NAME not in listed(cluster)
+    code, out = tessera(cluster, "models", "rm", NAME)
+    assert code == 0 and f"removed {NAME}" in out, out
+
+
+#: Three architectures besides SmolLM2's (llama), in two tensor types.
+MODELS = (("qwen2", "Q8_0"), ("gemma2", "F16"), ("phi3", "Q8_0"))
+PROMPTS = ("The capital of France is", "def fibonacci(n):")
+NEW_TOKENS = 12
+
+
+@pytest.mark.parametrize(("arch", "tensor_type"), MODELS)
+def test_each_architecture_gives_llama_cpps_own_greedy_text_whole_and_split(
+    cluster: RunningCluster, tmp_path: Path, arch: str, tensor_type: str
+) -> None:
+    """Added by path, deployed whole, split in 2 and in 3: /v1/completions' greedy text is
+    llama.cpp's own server's on the same file, whole (the same special tokens added)."""
+    undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
+    path = make_gguf(tmp_path / f"{arch}.gguf", arch, tensor_type, layers=6, hidden=128)
+    with llama_server(path) as reference:
+        expected = [reference.completion(p, NEW_TOKENS)["content"] for p in PROMPTS]
+    name = f"{arch}-{tensor_type.lower()}-e2e"
+    code, out = tessera(cluster, "models", "add", str(path), "--name", name)
+    assert code == 0, out
+    for shards in (1, 2, 3):
+        deployment = f"{arch[:5]}-{shards}"
+        code, out = tessera(cluster, "deploy", name, "--shards", str(shards), "--id", deployment)
+        assert code == 0 and f"{deployment} serving on" in out, out
+        assert len(placement(cluster, deployment)["shards"]) == shards
+        for prompt, text in zip(PROMPTS, expected, strict=True):
+            body = {"model": name, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+            answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["text"] == text, (shards, prompt)
+        undeploy(cluster, deployment)
+    code, out = tessera(cluster, "models", "rm", name)
+    assert code == 0, out
+
+
+def deployed(cluster: RunningCluster) -> set[str]:
+    rows = httpx.get(f"{cluster.base_url}/v1/cluster/placements", timeout=5).json()
+    return {r["deployment_id"] for r in rows}

@@ -1,0 +1,217 @@
+"""The README's five-minute tour, run as written against a real `tessera up`, so the front door
+cannot go stale.
+
+The commands are read from the README itself (its "A five-minute tour" section, one
+``### `` step each), not copied here: a command added to the tour that this file does not know
+how to run fails ``test_the_tour_shows_only_commands_this_test_runs``. Each is run as a user would
+type it, with only what differs on a test machine replaced: the gateway's port (a free one, not
+8000), the LAN address (127.0.0.1: both "machines" are this one), the join token the cluster
+printed, and the model file (made at test time: a random-weight qwen2 GGUF under the README's
+file name; nothing is downloaded). ``make up`` is run as what the Makefile's ``up`` recipe runs,
+``tessera up $(ARGS)``, after checking that it still is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from libs.devices.host import host_device_id
+from libs.runtime.procs import ServiceProcess
+from libs.runtime.settings import LauncherSettings
+from tests.e2e.cluster import RunningCluster
+from tests.models import make_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The `tessera` command of this virtualenv (`.venv/bin/tessera` in the README).
+TESSERA = str(Path(sys.executable).parent / "tessera")
+README_GATEWAY = "127.0.0.1:8000"
+README_ADDRESS = "192.168.1.20"
+STEPS = ("Start it", "Chat through any OpenAI client", "Open the dashboard")
+OWN_MODEL, SECOND_MACHINE = "Add and deploy your own model", "Join a second machine"
+
+
+def tour() -> dict[str, str]:
+    """Each step of the README's tour: its ``### `` title → its text."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## A five-minute tour\n", 1)[1].split("\n## ", 1)[0]
+    steps = {}
+    for part in section.split("\n### ")[1:]:
+        title, _, body = part.partition("\n")
+        steps[title.strip()] = body
+    return steps
+
+
+def blocks(body: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.DOTALL)
+
+
+def commands(body: str) -> list[str]:
+    """The shell commands of a step, a continued line joined, comments dropped."""
+    found = []
+    for block in blocks(body, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                found.append(line)
+    return found
+
+
+def up_args(command: str) -> list[str]:
+    """The options `make up ARGS="…"` hands `tessera up`, on this machine's address."""
+    found = re.fullmatch(r'make up(?: ARGS="(.*)")?', command)
+    assert found, command
+    return shlex.split((found.group(1) or "").replace(README_ADDRESS, "127.0.0.1"))
+
+
+#: The commands this file knows how to run (``run``, ``up_args``, the join in the last test).
+KNOWN = re.compile(
+    r"make up.*|curl .*|\.venv/bin/tessera (chat|devices|models|deploy|placements|join)( .*)?"
+)
+
+
+def test_the_tour_shows_only_commands_this_test_runs() -> None:
+    steps = tour()
+    assert list(steps) == [*STEPS, OWN_MODEL, SECOND_MACHINE]
+    every = [command for body in steps.values() for command in commands(body)]
+    assert [c for c in every if not KNOWN.fullmatch(c)] == []
+    recipe = (ROOT / "Makefile").read_text().split("\nup:", 1)[1].split("\n\n", 1)[0]
+    assert "$(BIN)/tessera up $(ARGS)" in recipe  # what `make up` runs, and so what is run here
+
+
+def start(args: list[str]) -> RunningCluster:
+    """`tessera up` with the README's options, ready (its devices as the default)."""
+    devices = int(LauncherSettings.model_fields["devices"].default)
+    cluster = RunningCluster(*args, devices=devices)
+    try:
+        cluster.wait_for("ready:", 300)
+    except AssertionError:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def on_this_machine(text: str, cluster: RunningCluster, tmp: Path) -> str:
+    return (
+        text.replace(README_GATEWAY, f"127.0.0.1:{cluster.port}")
+        .replace("~/models/", f"{tmp}/")
+        .replace(".venv/bin/tessera", TESSERA)
+    )
+
+
+def run(command: str, cluster: RunningCluster, tmp: Path) -> str:
+    """One command of the tour, as typed, against ``cluster``; its output (exit status 0)."""
+    argv = shlex.split(on_this_machine(command, cluster, tmp))
+    if argv[0] == TESSERA:
+        argv = [sys.executable, *argv]
+    done = subprocess.run(
+        argv,
+        env={**os.environ, "TESSERA_RUN_FILE": str(cluster.run_file), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="class")
+def one_machine() -> Iterator[RunningCluster]:
+    (start_up,) = commands(tour()["Start it"])
+    cluster = start(up_args(start_up))
+    yield cluster
+    cluster.stop()
+
+
+class TestOnOneMachine:
+    """Steps 1–4 on the cluster `make up` starts (stopped before the second machine's step)."""
+
+    def test_start_chat_and_open_the_dashboard(
+        self, one_machine: RunningCluster, tmp_path: Path
+    ) -> None:
+        steps = tour()
+        ready = [line for line in one_machine.lines if "ready:" in line]
+        assert ready and f"gateway http://127.0.0.1:{one_machine.port}" in ready[0], ready
+        (script,) = blocks(steps["Chat through any OpenAI client"], "python")
+        done = subprocess.run(
+            [sys.executable, "-c", on_this_machine(script, one_machine, tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        curl, chat = commands(steps["Chat through any OpenAI client"])
+        answer = json.loads(run(curl, one_machine, tmp_path))
+        assert answer["choices"][0]["message"]["content"].strip()
+        assert run(chat, one_machine, tmp_path).strip()
+
+        body = steps["Open the dashboard"]
+        urls = re.findall(r"http://127\.0\.0\.1:8000/\S*", body.split("```")[0])
+        assert urls, "the dashboard's step names no address to open"
+        for url in urls:
+            page = httpx.get(on_this_machine(url, one_machine, tmp_path), timeout=10)
+            assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        (devices,) = commands(body)
+        assert "worker-0" in run(devices, one_machine, tmp_path)
+
+    def test_add_and_deploy_your_own_model(
+        self, one_machine: RunningCluster, tmp_path: Path
+    ) -> None:
+        add, deploy, placements = commands(tour()[OWN_MODEL])
+        file_name = re.search(r"~/models/(\S+\.gguf)", add)
+        assert file_name, add
+        make_gguf(tmp_path / file_name.group(1), "qwen2", "Q8_0")
+        run(add, one_machine, tmp_path)
+        run(deploy, one_machine, tmp_path)
+        name = deploy.split()[-1]
+        assert name in run(placements, one_machine, tmp_path)
+        client = openai.OpenAI(base_url=f"{one_machine.base_url}/v1", api_key="-")
+        assert name in [model.id for model in client.models.list()]
+        reply = client.completions.create(model=name, prompt="Hello", max_tokens=4)
+        assert reply.model == name and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_join_a_second_machine(tmp_path: Path) -> None:
+    """The cluster started again with --listen; the printed command joins from another
+    "machine" (this one: a second device of the cluster); `tessera devices` lists it."""
+    listen, devices = (c for c in commands(tour()[SECOND_MACHINE]) if "join" not in c)
+    (join,) = (c for c in commands(tour()[SECOND_MACHINE]) if "join" in c)
+    cluster = start(up_args(listen))
+    joined: ServiceProcess | None = None
+    try:
+        said = next(line for line in cluster.lines if "other hosts join with:" in line)
+        printed = re.search(r"tessera join (\S+) --token (\S+)", said)
+        assert printed, said
+        url, token = printed.groups()
+        typed = re.sub(r"nats://\S+", url, join)
+        typed = re.sub(r"--token \S+", f"--token {token}", typed)
+        argv = shlex.split(on_this_machine(typed, cluster, tmp_path))
+        joined = ServiceProcess(
+            "join",
+            {"COLUMNS": "200"},
+            argv,
+            ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
+        ).start(ready_timeout_s=180)
+        device = host_device_id()
+        assert device in run(devices, cluster, tmp_path)
+        rows = json.loads(run(f"{devices} --json", cluster, tmp_path))
+        assert any(row["device_id"] == device and row["state"] == "alive" for row in rows), rows
+    finally:
+        if joined is not None and joined.process is not None:
+            joined.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                joined.process.wait(timeout=45)  # it leaves once its shards moved
+            joined.stop(timeout_s=5)
+        cluster.stop()

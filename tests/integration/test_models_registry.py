@@ -1,0 +1,166 @@
+"""Models as data, on real Redis and NATS: the registry, the scheduler's model routes (what the
+gateway's ``/v1/cluster/models`` forwards to) and deploys by name that place a model only on
+devices whose engine serves it, with what a deploy told it, or refuse saying why. Workers are
+played by ``Workers`` (test_scheduler_phases.py); every model is generated at test time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from libs.contracts import ModelCard
+from libs.contracts.keys import Keys
+from libs.models.gguf_info import read_card
+from libs.models.registry import ModelError, ModelRegistry, NameTaken
+from libs.models.store import MODEL_NAME, shipped_card
+from tests.integration.test_scheduler_phases import Setup, Workers, api, setup  # noqa: F401
+from tests.models import make_gguf
+from tests.unit.services.test_scheduler_handlers import seed
+from tests.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    return make_gguf(folder / "Qwen-Test.Q8_0.gguf", "qwen2", "Q8_0", layers=6, hidden=128)
+
+
+async def llama_fleet(made: Setup, names: tuple[str, ...], memory_gb: float = 4.0) -> None:
+    for name in names:
+        await seed(made.redis, Keys(made.uid), made.device(name), memory_gb, 1.0, "llamacpp")
+
+
+async def test_the_registry_adds_lists_shows_and_removes_and_never_overwrites(
+    redis: Redis, uid: str, qwen: Path
+) -> None:
+    registry = ModelRegistry(redis, uid)
+    card = read_card(qwen)
+    assert card.name == "qwen-test.q8_0"
+    await registry.add(card, engines={"llamacpp"})
+    await registry.add(shipped_card())
+    assert [c.name for c in await registry.list()] == [card.name, MODEL_NAME]  # by name
+    assert await registry.get(card.name) == card
+    assert (await registry.by_sha256(card.sha256)) == card
+    other = card.model_copy(update={"architecture": "llama", "sha256": "f" * 64})
+    with pytest.raises(NameTaken, match="already registered"):
+        await registry.add(other)
+    assert await registry.get(card.name) == card  # the first card stands
+    unknown = card.model_copy(update={"name": "mystery", "architecture": "no-such-arch"})
+    with pytest.raises(ModelError, match="llamacpp does not run architecture no-such-arch"):
+        await registry.add(unknown, engines={"llamacpp"})
+    with pytest.raises(ModelError, match="torch serves only"):
+        await registry.add(card.model_copy(update={"name": "other"}), engines={"torch"})
+    assert await registry.names() == {MODEL_NAME, card.name}  # nothing half-registered
+    assert await registry.remove(card.name) and not await registry.remove(card.name)
+    assert await registry.get(card.name) is None
+    with pytest.raises(KeyError, match="registered: smollm2"):
+        await registry.card(card.name)
+
+
+async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
+    setup: Setup,  # noqa: F811
+    qwen: Path,
+    tmp_path: Path,
+) -> None:
+    await llama_fleet(setup, ("a",))
+    service = await setup.scheduler()
+    async with api(service) as client:
+        added = await client.post("/models", json={"source": str(qwen), "name": "qwen"})
+        assert added.status_code == 201, added.text
+        card = ModelCard.model_validate(added.json())
+        assert (card.name, card.architecture, card.layers) == ("qwen", "qwen2", 6)
+        names = [c["name"] for c in (await client.get("/models")).json()]
+        assert names == ["qwen", MODEL_NAME]
+        shown = (await client.get("/models/qwen")).json()
+        assert shown["chat_template"] and shown["deployments"] == []
+        taken = await client.post("/models", json={"source": str(qwen), "name": "qwen"})
+        assert taken.status_code == 409 and "already registered" in taken.json()["detail"]
+
+        text = tmp_path / "readme.gguf"
+        text.write_text("not weights\n")
+        bad = await client.post("/models", json={"source": str(text), "name": "bad"})
+        assert bad.status_code == 400 and "not a GGUF" in bad.json()["detail"]
+        cut = tmp_path / "cut.gguf"
+        cut.write_bytes(qwen.read_bytes()[:-5000])
+        short = await client.post("/models", json={"source": str(cut), "name": "cut"})
+        assert short.status_code == 400 and "truncated" in short.json()["detail"]
+        wrong = await client.post(
+            "/models", json={"source": str(qwen), "name": "wrong", "sha256": "0" * 64}
+        )
+        assert wrong.status_code == 400 and "corrupt" in wrong.json()["detail"]
+        alien = card.model_copy(update={"name": "alien", "architecture": "no-such-arch"})
+        refused = await client.post("/models", json={"card": alien.model_dump(mode="json")})
+        assert refused.status_code == 400, refused.text
+        assert "no engine in the cluster serves alien" in refused.json()["detail"]
+        kept = {c["name"] for c in (await client.get("/models")).json()}
+        assert kept == {"qwen", MODEL_NAME}  # none of the bad ones, not even in part
+
+        assert (await client.delete("/models/qwen")).status_code == 204
+        assert (await client.get("/models/qwen")).status_code == 404
+        gone = await client.post("/placements", json={"model": "qwen"})
+        assert gone.status_code == 404 and "registered: smollm2" in gone.json()["detail"]
+
+
+async def test_a_model_goes_only_where_its_engine_serves_it_and_as_told(
+    setup: Setup,  # noqa: F811
+    qwen: Path,
+) -> None:
+    await llama_fleet(setup, ("a", "b", "c"))
+    await setup.fleet(("t",))  # a torch worker: it runs SmolLM2 only
+    workers = Workers(setup.nc, {})
+    await workers.start(setup.uid)
+    service = await setup.scheduler()
+    torch_device, llama = setup.device("t"), [setup.device(n) for n in ("a", "b", "c")]
+    async with api(service) as client:
+        assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
+        shown = (await client.get("/instance/previews", params={"model": "q"})).json()
+        assert all(torch_device not in o["devices"] for o in shown)
+
+        two = await client.post(
+            "/placements", json={"model": "q", "shards": 2, "deployment_id": f"{setup.uid}two"}
+        )
+        assert two.status_code == 201, two.text
+        placed = [a["device_id"] for a in two.json()["assignments"]]
+        assert len(placed) == 2 and set(placed) <= set(llama)
+        await wait_until(lambda: setup.phase(service, "two") == "serving", 10)
+        [task, *_] = workers.loads(f"{setup.uid}two")
+        assert task.card is not None and task.card.sha256 == read_card(qwen).sha256
+
+        order = [llama[2], llama[0]]
+        told = await client.post(
+            "/placements",
+            json={"model": "q", "devices": order, "deployment_id": f"{setup.uid}told"},
+        )
+        assert [a["device_id"] for a in told.json()["assignments"]] == order
+
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"shards": 5}, "told 5 shards: only 3 device(s)"),
+            ({"devices": [torch_device]}, "torch serves only"),
+            ({"devices": ["nowhere"]}, "not available for it: nowhere"),
+            ({"devices": order, "shards": 3}, "told 3 shards on 2 devices"),
+        ]
+        for body, cause in cases:
+            refused = await client.post("/placements", json={"model": "q", **body})
+            assert refused.status_code == 409, body
+            assert cause in refused.json()["detail"], refused.json()
+        deployed = (await client.get("/models/q")).json()["deployments"]
+        assert deployed == sorted([f"{setup.uid}two", f"{setup.uid}told"])
+        assert (await client.delete("/models/q")).status_code == 409  # deployed: kept
+
+
+async def test_a_model_larger_than_the_whole_fleet_or_served_by_no_engine_is_refused(
+    setup: Setup,  # noqa: F811
+    qwen: Path,
+) -> None:
+    await llama_fleet(setup, ("a", "b"), memory_gb=0.02)
+    await setup.fleet(("t",))
+    service = await setup.scheduler()
+    async with api(service) as client:
+        assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
+        big = await client.post("/placements", json={"model": "q"})
+        assert big.status_code == 409 and "whole fleet has" in big.json()["detail"], big.json()
+        assert "left out" in big.json()["detail"] and "torch serves only" in big.json()["detail"]
+    assert service.state.deployments == {}  # nothing reported as deployed
