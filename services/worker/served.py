@@ -270,17 +270,10 @@ class ServedWorker(DeviceWorker):
             ts=self.clock(),
         )
         while True:
-            try:
-                await asyncio.wait_for(self.ready.wait(), self.park_s)
-            except TimeoutError:
-                await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
+            engine = await self._engine_for(request)
+            if engine is None:
                 return
-            task, server = self.task, self.server
-            if task is None or server is None or task.deployment_id != request.deployment_id:
-                await self.emit(failure(request, f"{request.deployment_id} is not served here"))
-                return
-            if request.epoch < task.epoch:
-                return  # the owner re-runs it on the newer placement
+            task, server = engine
             left = request.sampling.max_tokens - len(generated)
             try:
                 if left > 0:
@@ -308,6 +301,25 @@ class ServedWorker(DeviceWorker):
                 # The server died under it: carry on from the last token once it is back.
                 await asyncio.sleep(0.1)
 
+    async def _engine_for(
+        self, request: GenerationRequest
+    ) -> tuple[ShardTask, EngineServer] | None:
+        """This request's engine once it is up; None when none will come here (the request's
+        failure is sent) or the request belongs to an older placement (its owner re-runs it
+        on the newer one)."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), self.park_s)
+        except TimeoutError:
+            await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
+            return None
+        task, server = self.task, self.server
+        if task is None or server is None or task.deployment_id != request.deployment_id:
+            await self.emit(failure(request, f"{request.deployment_id} is not served here"))
+            return None
+        if request.epoch < task.epoch:
+            return None
+        return task, server
+
     async def _serve_prompt(self, request: GenerationRequest) -> None:
         """A request as OpenAI's fields: its answer's pieces from the engine, the first
         ``delivered`` skipped (a re-run with the same seed: the user has them). An engine of
@@ -315,17 +327,10 @@ class ServedWorker(DeviceWorker):
         prompt = request.prompt
         assert prompt is not None
         while True:
-            try:
-                await asyncio.wait_for(self.ready.wait(), self.park_s)
-            except TimeoutError:
-                await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
+            engine = await self._engine_for(request)
+            if engine is None:
                 return
-            task, server = self.task, self.server
-            if task is None or server is None or task.deployment_id != request.deployment_id:
-                await self.emit(failure(request, f"{request.deployment_id} is not served here"))
-                return
-            if request.epoch < task.epoch:
-                return  # the owner re-runs it on the newer placement
+            task, server = engine
             if not isinstance(server, LlamaServer):
                 refused = refusal(request, server.engine)
                 if refused is not None:
