@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -112,7 +113,7 @@ class Relay:
             if self.proc.returncode is not None:
                 said = b"" if self.proc.stderr is None else await self.proc.stderr.read(2000)
                 raise ChannelError(f"socat exited with {self.proc.returncode}: {said.decode()}")
-            if listening(self.port):
+            if listening(self.port, self.host):
                 self._errors = asyncio.ensure_future(self._read_errors())
                 return self
             await asyncio.sleep(0.05)
@@ -143,16 +144,28 @@ class Relay:
             await proc.wait()
 
 
-def listening(port: int) -> bool:
-    """Whether a socket of this network namespace listens on TCP ``port`` (IPv4). Read from
-    ``/proc/net/tcp``, not by connecting: a connection to a tunnel would open one to the
-    device behind it."""
+def listening(port: int, host: str | None = None) -> bool:
+    """Whether a socket of this network namespace listens on TCP ``port`` (IPv4), on ``host``
+    where given (the RPC server listens on loopback at its TLS listener's port number, so the
+    listener's own address must be asked for). Read from ``/proc/net/tcp``, not by
+    connecting: a connection to a tunnel would open one to the device behind it."""
     with open("/proc/net/tcp") as table:
         for row in table.readlines()[1:]:
             local, state = row.split()[1], row.split()[3]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+            address, at = local.rsplit(":", 1)
+            if state != "0A" or int(at, 16) != port:
+                continue
+            bound = ".".join(str(b) for b in reversed(bytes.fromhex(address)))
+            if host is None or not _ipv4(host) or bound in (host, "0.0.0.0"):
                 return True
     return False
+
+
+def _ipv4(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    except ValueError:
+        return False  # a name: any address of the port will do
 
 
 def listener(credentials: Credentials, host: str, port: int, target_port: int) -> Relay:
