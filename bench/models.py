@@ -122,13 +122,13 @@ def on(ns: str, code: str, *args: str) -> float:
 
 
 def make_model(folder: Path, size_gb: float) -> tuple[Path, str]:
-    from libs.models.weights import file_sha256
+    from libs.models.gguf_info import sha256_of
     from tests.models import make_gguf
 
     path = make_gguf(
         folder / "bench.gguf", "llama", "Q8_0", layers=16, target_bytes=int(size_gb * 1e9)
     )
-    return path, file_sha256(path)
+    return path, sha256_of(path)
 
 
 def delivery(path: Path, sha256: str, rounds: int, work: Path) -> dict[str, object]:

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from libs.models.weights import Progress, file_sha256
+from libs.models.gguf_info import sha256_of
+from libs.models.weights import Progress
 from libs.runtime.settings import model_cache_dir
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ def _check(path: Path, expected: str, what: str) -> None:
     if not SHA256.match(expected):
         log.info("no checksum stated; the file is hashed when it is added", extra={"source": what})
         return
-    actual = file_sha256(path)
+    actual = sha256_of(path)
     if actual != expected:
         for gone in (path.resolve(), path):
             with contextlib.suppress(OSError):

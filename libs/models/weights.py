@@ -39,6 +39,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
+from libs.models.gguf_info import sha256_of
 from libs.runtime.settings import model_cache_dir
 
 log = logging.getLogger(__name__)
@@ -96,18 +97,6 @@ def cached_path(sha256: str, cache_dir: Path | None = None) -> Path:
     return gguf_dir(cache_dir) / f"{sha256}.gguf"
 
 
-def file_sha256(path: Path, progress: Progress | None = None) -> str:
-    """The file's sha256 (hex), read in 4 MiB pieces, ``progress`` after each."""
-    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
-    with open(path, "rb") as file:
-        while piece := file.read(READ_BYTES):
-            digest.update(piece)
-            done += len(piece)
-            if progress is not None:
-                progress(done, total)
-    return digest.hexdigest()
-
-
 # -- verified markers ----------------------------------------------------------------------------
 def _marker(sha256: str, cache_dir: Path | None) -> Path:
     return gguf_dir(cache_dir) / "verified" / f"{sha256}.json"
@@ -152,7 +141,7 @@ def holds(
             return False
         if _read_marker(_marker(sha256, cache_dir)).get(str(path.resolve())) == _stamp(path):
             return True
-        if file_sha256(path, progress) != sha256:
+        if sha256_of(path, progress) != sha256:
             return False
     except OSError:
         return False

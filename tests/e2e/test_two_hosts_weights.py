@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from libs.cluster import runfile
-from libs.models.weights import file_sha256
+from libs.models.gguf_info import sha256_of
 from libs.runtime.procs import ServiceProcess
 from tests.e2e.cluster import RunningCluster
 from tests.e2e.test_two_hosts import hosts, pytestmark, run_in, stop_all  # noqa: F401
@@ -150,8 +150,8 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         placed = run_in(on_a, on_head, *head_b)
         assert "laptop-b" in placed, placed
         assert int(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) > 0
-        sha256 = file_sha256(model)
-        assert file_sha256(b_cache / "gguf" / f"{sha256}.gguf") == sha256
+        sha256 = sha256_of(model)
+        assert sha256_of(b_cache / "gguf" / f"{sha256}.gguf") == sha256
     finally:
         stop_all(joined)
         head.stop()
