@@ -12,9 +12,15 @@ serving speed whole, split in 2, and on llama.cpp's own server.
 - ``serving`` (the llamacpp engine): the same model registered and deployed in a ``tessera up``
   with one CPU worker (whole) and with two (split in 2, ``--devices worker-0,worker-1``), and
   llama.cpp's server started directly on the file as the worker starts it; greedy 64-token chat
-  streams at 1 and 8 concurrent clients (``bench/serving.py``'s client), tokens/s.
+  streams at 1 and 8 concurrent clients (``bench/serving.py``'s client; ``--requests`` streams
+  per client, 4 at least at one), tokens/s. Whole and direct are up side by side and measured
+  in turn each round (the order swaps every round); split runs after, on its own cluster.
+  Medians over ``--rounds`` are reported, with each round and each round's ratio, and the
+  machine's CPU in use while both sat idle (``idle_busy_cores``: what the idle cluster costs
+  the direct runs).
 
-    python bench/models.py --json [--size-gb 1.0] [--rounds 2] [--skip-serving]
+    python bench/models.py --json [--size-gb 1.0] [--rounds 2] [--requests 2]
+        [--skip-serving] [--skip-delivery] [--skip-split]
 """
 
 from __future__ import annotations
@@ -216,41 +222,59 @@ def cli(env: dict[str, str], *argv: str) -> str:
     return done.stdout
 
 
-async def speeds(url: str, model: str, levels: list[int], requests: int) -> dict[str, float]:
+async def speeds(url: str, name: str, levels: list[int], requests: int) -> dict[str, float]:
+    """Tokens/s at each concurrency: that many clients, ``requests`` streams each (at least
+    4 at one client), after one warm-up stream."""
     from openai import AsyncOpenAI
 
     from bench.serving import measure
 
-    client = AsyncOpenAI(base_url=url, api_key="none", timeout=600)
-    await measure(client, model, 1, 1)  # warm-up
     rates = {}
-    for level in levels:
-        result = await measure(client, model, level, requests if level > 1 else max(2, requests))
-        rates[str(level)] = round(result.rate, 1)
-        print(f"{model} at {url}: c={level} {result.rate:.1f} tokens/s", file=sys.stderr)
+    async with AsyncOpenAI(base_url=url, api_key="none", timeout=600) as client:
+        await measure(client, "bench-model", 1, 1)  # warm-up
+        for level in levels:
+            result = await measure(client, "bench-model", level, max(requests, 4 // level))
+            rates[str(level)] = round(result.rate, 1)
+            print(f"{name}: c={level} {result.rate:.1f} tokens/s", file=sys.stderr)
     return rates
 
 
-def tessera(path: Path, workers: int, levels: list[int], requests: int) -> dict[str, float]:
-    import httpx
-
+def tessera_up(path: Path, workers: int) -> tuple[object, str]:
+    """A ``tessera up`` of ``workers`` CPU workers serving the model on all of them."""
     from libs.cluster import runfile
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-models-"))
     child, url, env = cluster(workers, run_dir)
     try:
+        import httpx
+
         scheduler = str(runfile.read(run_dir / "cluster.json")["scheduler_url"])
         httpx.delete(f"{scheduler}/placements/smollm2-135m-instruct", timeout=30)
         cli(env, "models", "add", str(path), "--name", "bench-model")
         devices = ",".join(f"worker-{k}" for k in range(workers))
         cli(env, "deploy", "bench-model", "--devices", devices, "--id", "bench")
-        return asyncio.run(speeds(url, "bench-model", levels, requests))
-    finally:
+    except BaseException:
         child.stop(timeout_s=30)  # type: ignore[attr-defined]
+        raise
+    return child, url
 
 
-def direct(path: Path, levels: list[int], requests: int) -> dict[str, float]:
-    """llama.cpp's server on the whole file, as the llamacpp worker starts it."""
+def busy_cores(seconds: float = 5.0) -> float:
+    """The machine's CPU in use over ``seconds`` (cores), from /proc/stat."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    (total0, idle0), _ = sample(), time.sleep(seconds)
+    total1, idle1 = sample()
+    cores = os.cpu_count() or 1
+    return round(cores * (1 - (idle1 - idle0) / max(1, total1 - total0)), 3)
+
+
+def side_by_side(path: Path, levels: list[int], requests: int, rounds: int) -> dict[str, object]:
+    """Tessera whole and llama.cpp's server direct, both up, measured in turn each round
+    (the order swaps every round, so drift falls on both alike)."""
     from libs.contracts import shard_ring
     from libs.models.gguf_info import read_card
     from services.worker.llamacpp import server_factory
@@ -260,43 +284,77 @@ def direct(path: Path, levels: list[int], requests: int) -> dict[str, float]:
     [task] = shard_ring(
         "load", "direct", card.name, [("direct", 0, card.layers)], 0, 0.0, card=card
     )
+    child, whole_url = tessera_up(path, 1)
 
-    async def run() -> dict[str, float]:
-        server = server_factory(WorkerSettings())(task)
+    async def run() -> dict[str, object]:
+        server = server_factory(WorkerSettings())(task)  # as the llamacpp worker starts it
         await server.start(300)
         try:
-            return await speeds(f"{server.url}/v1", "bench-model", levels, requests)
+            urls = {"whole": whole_url, "llamacpp_direct": f"{server.url}/v1"}
+            idle = await asyncio.to_thread(busy_cores)  # both up, neither asked anything
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
+            for k in range(rounds):
+                order = list(urls) if k % 2 == 0 else list(reversed(urls))
+                for name in order:
+                    runs[name].append(await speeds(urls[name], name, levels, requests))
+            return {"idle_busy_cores": idle, "rounds": runs}
         finally:
             await server.stop()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        child.stop(timeout_s=30)  # type: ignore[attr-defined]
 
 
-def serving(path: Path, requests: int) -> dict[str, object]:
+def split_runs(path: Path, levels: list[int], requests: int, rounds: int) -> list[dict[str, float]]:
+    child, url = tessera_up(path, 2)
+    try:
+        return [asyncio.run(speeds(url, "split_2", levels, requests)) for _ in range(rounds)]
+    finally:
+        child.stop(timeout_s=30)  # type: ignore[attr-defined]
+
+
+def serving(path: Path, requests: int, rounds: int, split: bool) -> dict[str, object]:
     levels = [1, 8]
-    whole = tessera(path, 1, levels, requests)
-    split = tessera(path, 2, levels, requests)
-    llama = direct(path, levels, requests)
+    started = time.monotonic()
+    measured = side_by_side(path, levels, requests, rounds)
+    runs: dict[str, list[dict[str, float]]] = measured["rounds"]  # type: ignore[assignment]
+    if split:
+        runs["split_2"] = split_runs(path, levels, requests, rounds)
 
-    def ratio(a: dict[str, float], b: dict[str, float], level: int) -> float | None:
-        return round(a[str(level)] / b[str(level)], 2) if b.get(str(level)) else None
+    def median(name: str) -> dict[str, float]:
+        return {str(n): round(statistics.median(r[str(n)] for r in runs[name]), 1) for n in levels}
 
-    return {
-        "tokens_per_s": {"whole": whole, "split_2": split, "llamacpp_direct": llama},
-        "ratio_whole_direct_c1": ratio(whole, llama, 1),
-        "ratio_whole_direct_c8": ratio(whole, llama, 8),
-        "ratio_split_whole_c8": ratio(split, whole, 8),
+    medians = {name: median(name) for name in runs}
+    whole, llama = medians["whole"], medians["llamacpp_direct"]
+    report: dict[str, object] = {
+        "requests_per_client": requests,
+        "tokens_per_s": medians,
+        "rounds": runs,
+        "idle_busy_cores": measured["idle_busy_cores"],
     }
+    for n in levels:
+        report[f"ratio_whole_direct_c{n}"] = round(whole[str(n)] / llama[str(n)], 2)
+        report[f"ratio_whole_direct_c{n}_rounds"] = [
+            round(w[str(n)] / d[str(n)], 2)
+            for w, d in zip(runs["whole"], runs["llamacpp_direct"], strict=True)
+        ]
+    if split:
+        report["ratio_split_whole_c8"] = round(medians["split_2"]["8"] / whole["8"], 2)
+    report["seconds"] = round(time.monotonic() - started)
+    return report
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--size-gb", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each half")
     parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--skip-delivery", action="store_true")
+    parser.add_argument("--skip-split", action="store_true", help="serve whole and direct only")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
@@ -305,7 +363,7 @@ def main() -> int:
         if not args.skip_delivery:
             report["delivery"] = delivery(path, sha256, args.rounds, work)
         if not args.skip_serving:
-            report["serving"] = serving(path, args.requests)
+            report["serving"] = serving(path, args.requests, args.rounds, not args.skip_split)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     print(json.dumps(report, indent=2 if args.json else None))

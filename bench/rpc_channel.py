@@ -172,7 +172,7 @@ def main() -> None:
         [host_b] = network.hosts
         proc, plain_endpoint = plain_lender(host_b, args.threads)
         try:
-            with lender(host_b, BINARIES, folder / "lender", args.threads) as lent:
+            with lender(host_b, BINARIES, folder / "lender", args.threads, ["head-a"]) as lent:
                 result = asyncio.run(measure(args, plain_endpoint, str(lent["endpoint"]), head))
         finally:
             proc.kill()

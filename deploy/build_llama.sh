@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's server and RPC server (the `llamacpp` engine of the worker) into $1.
+# Build llama.cpp's server and RPC server (the `llamacpp` engine of the worker) into $1, and
+# its quantizer (the tests make K-quant models with it, as llama.cpp's users do).
 #
 # The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
 # under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.
@@ -11,7 +12,7 @@ DEST=${1:?usage: build_llama.sh DEST}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 PYTHON=${PYTHON:-python3}
 CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp/$VERSION
-BINS=(llama-server ggml-rpc-server)
+BINS=(llama-server ggml-rpc-server llama-quantize)
 
 flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 for flag in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
@@ -21,7 +22,9 @@ done
 key=$(echo "${flags[*]}" | md5sum | cut -c1-8)
 out=$CACHE/$key
 
-if [ ! -x "$out/bin/ggml-rpc-server" ] || [ ! -x "$out/bin/llama-server" ]; then
+missing=0
+for bin in "${BINS[@]}"; do [ -x "$out/bin/$bin" ] || missing=1; done
+if [ "$missing" = 1 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "building llama.cpp (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"

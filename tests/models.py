@@ -11,7 +11,10 @@ the reference the serving tests compare against: llama.cpp's own server on the w
 
 Quantized weights are written as random blocks (random quants, a scale per block) rather than
 by quantizing float arrays: a 1 GB file is then written in seconds, not a minute, and the
-values are what the type can hold exactly.
+values are what the type can hold exactly. K-quants and i-quants (``QUANTIZED_TYPES``), which
+the ``gguf`` package cannot write, are made as llama.cpp's users make them: an F16 file of the
+same model quantized by llama.cpp's own ``llama-quantize`` (Q4_K_M mixes Q4_K and Q6_K, so
+its layers differ in size, as real ones do).
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ from services.worker.settings import WorkerSettings
 ARCHS = ("llama", "qwen2", "gemma2", "phi3")
 #: Types written here; K-quants are not (``gguf`` only dequantizes them).
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+#: File types ``llama-quantize`` makes from an F16 file (its names), with the tensor types the
+#: weight matrices then hold. Their blocks are 256 wide: ``hidden`` and ``ffn`` must be
+#: multiples of 256 (llama-quantize would fall back to another type otherwise).
+QUANTIZED_TYPES = {
+    "Q4_K_M": ("Q4_K", "Q6_K"),
+    "Q5_K_M": ("Q5_K", "Q6_K"),
+    "Q6_K": ("Q6_K",),
+    "IQ4_XS": ("IQ4_XS",),
+}
 #: A weight matrix's standard deviation is ``GAIN / sqrt(its input width)``: activations keep
 #: about the same size through every layer, and greedy tokens follow the prompt and each other
 #: (at 0.02, as first tried, most architectures repeated one token whatever the prompt).
@@ -263,17 +275,32 @@ def make_gguf(
     seed: int = 0,
     target_bytes: int | None = None,
     tied: bool = True,
+    chat_template: bool = True,
 ) -> Path:
     """Write a random-weight GGUF of ``arch`` (one of ``ARCHS``) that llama.cpp loads.
 
-    Weights of ``tensor_type`` (one of ``TENSOR_TYPES``), norms F32. ``tied`` leaves out
-    ``output.weight`` (the output is the token embedding; gemma2 is always tied). With
+    Weights of ``tensor_type`` (one of ``TENSOR_TYPES``; or of ``QUANTIZED_TYPES``, made by
+    ``quantized`` from the F16 file), norms F32. ``tied`` leaves out ``output.weight`` (the
+    output is the token embedding; gemma2 is always tied). With
     ``target_bytes``, ``hidden``, ``heads``, ``kv_heads`` and ``ffn`` are resized (keeping
     ``layers``, the head size and the ratios) so the file is about that size. ``hidden`` and
-    ``ffn`` must be multiples of 32 (the block size). The same arguments give the same file.
+    ``ffn`` must be multiples of 32 (the block size). ``chat_template=False`` leaves out
+    SmolLM2's chat template (a base model's file). The same arguments give the same file.
     """
+    if tensor_type in QUANTIZED_TYPES:
+        if target_bytes is not None or hidden % 256 or ffn % 256:
+            raise ValueError(f"{tensor_type}: hidden and ffn by 256, and no target_bytes")
+        source = make_gguf(
+            Path(path).with_suffix(".f16.tmp"), arch, "F16", layers, hidden, heads, kv_heads, ffn,
+            context, seed, None, tied, chat_template,
+        )  # fmt: skip
+        try:
+            return quantized(source, Path(path), tensor_type)
+        finally:
+            source.unlink()
     if tensor_type not in TENSOR_TYPES:
-        raise ValueError(f"tensor type {tensor_type!r} is not written here: one of {TENSOR_TYPES}")
+        known = (*TENSOR_TYPES, *QUANTIZED_TYPES)
+        raise ValueError(f"tensor type {tensor_type!r} is not made here: one of {known}")
     if hidden % heads or heads % kv_heads or hidden % 32 or ffn % 32:
         raise ValueError("hidden must split into heads and heads into KV heads; hidden, ffn by 32")
     dims = Dims(layers, hidden, heads, kv_heads, ffn)
@@ -284,6 +311,8 @@ def make_gguf(
     writer = gguf.GGUFWriter(path, arch)
     write_metadata(writer, arch, tensor_type, dims, context)
     for key, value, vtype, sub in smollm2_tokenizer():
+        if key == "tokenizer.chat_template" and not chat_template:
+            continue
         writer.add_key_value(key, value, vtype, sub_type=sub)
     for spec in specs:
         # Shape in numpy order (the writer reverses it into GGUF's); dtype only needs to be
@@ -298,6 +327,22 @@ def make_gguf(
     for spec in specs:  # one tensor in memory at a time
         writer.write_tensor_data(random_tensor(rng, spec))
     writer.close()
+    return path
+
+
+def quantized(source: Path, path: Path, file_type: str) -> Path:
+    """``source`` (an F16 or F32 GGUF) quantized to ``file_type`` by llama.cpp's
+    ``llama-quantize``, written to ``path``. Raises ``RuntimeError`` with its output's end."""
+    binary = llama_binaries() / "llama-quantize"
+    if not binary.exists():
+        raise RuntimeError(f"{binary} not found: build it with `make llama`")
+    done = subprocess.run(
+        [str(binary), str(source), str(path), file_type, "1"],
+        capture_output=True, text=True, env=llama_env(), timeout=120,
+    )  # fmt: skip
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
+        raise RuntimeError(f"llama-quantize {file_type} failed ({done.returncode}):\n{tail}")
     return path
 
 

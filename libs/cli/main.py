@@ -301,8 +301,14 @@ def deploy(
         ),
     ] = 600.0,
     context: Annotated[
-        int, typer.Option(min=1, max=1_048_576, help="Context length per request, tokens.")
-    ] = 2048,
+        int | None,
+        typer.Option(
+            min=1,
+            max=1_048_576,
+            help="Context length per request, tokens (default: 2048, or less where the "
+            "model or its workers allow less).",
+        ),
+    ] = None,
     shards: Annotated[
         int | None, typer.Option(min=1, max=256, help="Exactly this many shards per copy.")
     ] = None,

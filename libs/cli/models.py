@@ -182,6 +182,10 @@ def list_models(scheduler_url: SchedulerUrl = None) -> None:
     console.print(fitted(console, "models", COLUMNS, rows))
 
 
+#: What a chat to a model with no chat template gets (docs/api.md).
+NO_TEMPLATE = "none (chats use llama.cpp's ChatML)"
+
+
 @models_app.command("show")
 def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
     """One model's card."""
@@ -199,7 +203,7 @@ def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
         "context": f"{card['context_train']:,} tokens trained",
         "tokenizer": card.get("tokenizer_model") or "-",
         "stop tokens": ", ".join(card["stop_tokens"]) or "-",
-        "chat template": "yes" if card.get("chat_template") else "none (completions only)",
+        "chat template": "yes" if card.get("chat_template") else NO_TEMPLATE,
         "deployed": ", ".join(card["deployments"]) or "-",
     }
     for key, value in lines.items():
@@ -208,6 +212,42 @@ def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
 
 @models_app.command("rm")
 def remove(name: str, scheduler_url: SchedulerUrl = None) -> None:
-    """Forget a model (refused while it is deployed)."""
-    call("DELETE", f"{_base(scheduler_url)}/models/{name}")
-    Console().print(f"removed {name}")
+    """Forget a model (refused while it is deployed) and remove its weights from the
+    cluster's object store, unless another registered name is the same file."""
+    base, console = _base(scheduler_url), Console()
+    card = call("GET", f"{base}/models/{name}")
+    call("DELETE", f"{base}/models/{name}")
+    console.print(f"removed {name}")
+    same = [c["name"] for c in call("GET", f"{base}/models") if c["sha256"] == card["sha256"]]
+    if same:
+        console.print(f"its weights stay in the cluster: {', '.join(same)} is the same file")
+    else:
+        unpublish_weights(card["sha256"], console)
+
+
+def unpublish_weights(sha256: str, console: Console) -> None:
+    """Delete the file from the cluster's object store (``libs/models/weights.py``), as the
+    running cluster's admin, as ``publish_weights`` put it there."""
+    import asyncio
+
+    from libs.cluster import runfile
+    from libs.models.weights import unpublish
+    from libs.runtime.nats_client import close_nats, connect_nats
+    from libs.runtime.settings import LauncherSettings
+
+    try:
+        running = runfile.read(LauncherSettings().run_file)
+    except (SystemExit, OSError, ValueError):
+        console.print("no running cluster here: its weights were left in the object store")
+        return
+    ca = running.get("nats_ca")
+
+    async def drop() -> bool:
+        nc = await connect_nats(running["nats_url"], "models-rm", ca_file=Path(ca) if ca else None)
+        try:
+            return await unpublish(nc, sha256)
+        finally:
+            await close_nats(nc)
+
+    if asyncio.run(drop()):
+        console.print("its weights were removed from the cluster")

@@ -14,9 +14,9 @@ carry ids only). Its JetStream is one pull consumer: it may create (by name and 
 subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its SHARD_TASK subject>``:
 the server refuses a body whose filter differs), read the info of, and pull from
 (``MSG.NEXT``) its own durable consumer, and acknowledge on ``$JS.ACK.TESSERA_WORK.worker-
-<device>.>``; the model weights' object store it may only read (stream info, an ordered
-consumer, a message by subject: ``MODEL_READ``). No stream or consumer administration, no
-key-value bucket, no stream listing, no Redis user.
+<device>.>``; the model weights' object store it may only read (stream info, a message by
+subject or by direct get, no consumer: ``MODEL_READ``). No stream or consumer administration,
+no key-value bucket, no stream listing, no Redis user.
 
 The **services** (``service_grants``):
 - ``telemetry`` (the emulated fleet, many devices under one agent): every device's announce
@@ -32,7 +32,9 @@ The **services** (``service_grants``):
   (filtered by route), placements, device events, scores, deployment status and mode changes
   in. No JetStream.
 - ``batch``: placement requests and decisions in (it watches). No JetStream.
-- ``join``: the join token's user: may only ask to join (``JOIN``) and read its own replies.
+- ``join``: the join token's user: may only ask to join (``JOIN``, never read it: the request
+  carries the joining device's password) and read its own replies (every join answer, none
+  secret).
 - ``admin``: everything (the operator's ``tessera`` commands, ``tessera up``'s join desk).
 ``redis_acl`` gives each service a Redis user with only the key patterns and command
 categories it needs; devices and the telemetry service have none. Passwords are drawn per
@@ -78,20 +80,18 @@ REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
 JETSTREAM_ADMIN = ("$JS.API.>", "$KV.>")
 WORK_STREAM = next(name for name, subjects in STREAMS.items() if SHARD_TASK.wildcard in subjects)
 MODEL_STREAM = f"OBJ_{MODEL_BUCKET}"
-#: Reading the model weights' object store, nothing more (nats-py's object store ``get``
-#: through ``libs/runtime/objects.py``, which names the stream: listing streams is refused):
-#: the stream's info, an ephemeral consumer on it (ordered, or pulled), a message by subject (the
-#: object's meta, directly or through the API), flow-control replies. No put, no delete,
-#: no purge: ``$O.TESSERA_MODELS.>`` itself is not granted.
+#: Reading the model weights' object store, nothing more: the stream's info (nats-py's
+#: ``object_store``, which names the stream: listing streams is refused), a message by subject
+#: (an object's meta, directly or through the API) and JetStream's direct get by sequence
+#: (``libs/models/weights.py``'s fetch: batches of an object's chunks onto the reader's own
+#: inbox). No consumer: a consumer's creator chooses where a push consumer delivers, so a
+#: grant to make one would let a device pour the weights onto any subject. No put, no
+#: delete, no purge: ``$O.TESSERA_MODELS.>`` itself is not granted.
 MODEL_READ = (
     f"$JS.API.STREAM.INFO.{MODEL_STREAM}",
-    f"$JS.API.CONSUMER.CREATE.{MODEL_STREAM}",
     f"$JS.API.STREAM.MSG.GET.{MODEL_STREAM}",
+    f"$JS.API.DIRECT.GET.{MODEL_STREAM}",
     f"$JS.API.DIRECT.GET.{MODEL_STREAM}.>",
-    f"$JS.FC.{MODEL_STREAM}.>",
-    # libs/models/weights.py's fetch: a pull consumer created unnamed (above), pulled by the
-    # name the server gave it (twice an ordered push consumer's rate, which waits on flow control).
-    f"$JS.API.CONSUMER.MSG.NEXT.{MODEL_STREAM}.*",
 )
 
 
@@ -244,14 +244,17 @@ class AccessControl:
         self.passwords[JOIN_USER] = secrets.token_urlsafe(24)
         return self.token
 
-    def admit(self, device_id: str) -> str:
-        """A user for ``device_id`` with a device's permissions; its new password. A device
-        that joins again gets a new password (the old one stops working)."""
+    def admit(self, device_id: str, password: str | None = None) -> str:
+        """A user for ``device_id`` with a device's permissions and ``password`` (the one a
+        joining device drew and sent, which nobody else reads; None: one drawn here); its
+        password. A device that joins again gets the new one (the old one stops working)."""
         if device_id in RESERVED or device_id in service_grants():
             raise ValueError(f"{device_id!r} is the name of a service; choose another device id")
+        if password is not None and len(password) < 16:
+            raise ValueError("a device's password must have at least 16 characters")
         if device_id not in self.devices:
             self.devices.append(device_id)
-        self.passwords[device_id] = secrets.token_urlsafe(18)
+        self.passwords[device_id] = password or secrets.token_urlsafe(18)
         return self.passwords[device_id]
 
     def revoke(self, device_id: str) -> bool:

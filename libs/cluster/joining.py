@@ -2,13 +2,15 @@
 
 ``tessera up --listen ADDRESS`` makes NATS reachable on that address and prints
 ``tessera join nats://ADDRESS:PORT --token TOKEN``. The token is the password of the ``join``
-user, who may only ask on ``JOIN``; the desk (in the ``tessera up`` process, as the admin)
-answers with a user of the joining device's own (``libs/cluster/access.py``: its telemetry and
-its work, never another device's, never a placement), writes the server's config and has it
-reload before answering. ``tessera token rotate`` draws a new token the same way, and
-``tessera devices revoke ID`` removes one device's user: nats-server closes a connection whose
-user a reload removed (tests/integration/test_hostile_device.py), the scorer is told the device
-left so its shards move at once, and its work consumer is deleted.
+user, who may only ask on ``JOIN`` (never read it) and read the answers under its inbox; the
+joining device draws its own user's password and sends it in its request, so the answer —
+which every holder of the token may read — carries no secret. The desk (in the ``tessera up``
+process, as the admin) makes that user of the joining device's own (``libs/cluster/access.py``:
+its telemetry and its work, never another device's, never a placement), writes the server's
+config and has it reload before answering. ``tessera token rotate`` draws a new token the
+same way, and ``tessera devices revoke ID`` removes one device's user: nats-server closes a
+connection whose user a reload removed (tests/integration/test_hostile_device.py), the scorer
+is told the device left so its shards move at once, and its work consumer is deleted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import socket
 import threading
 import time
@@ -113,10 +117,16 @@ class JoinDesk:
         try:
             if ask.device_id in self.access.devices and ask.device_id not in self.joined:
                 raise ValueError(f"{ask.device_id!r} is a worker of this cluster already")
+            held = self.access.passwords.get(ask.device_id, "")
+            if ask.device_id in self.joined and not secrets.compare_digest(held, ask.password):
+                raise ValueError(  # another holder of the token must not take its user over
+                    f"{ask.device_id!r} has joined already from another host: only that host "
+                    f"joins as it again (`tessera revoke {ask.device_id}` frees the name)"
+                )
             certificate = ""
             if ask.csr_pem and self.rpc_ca is not None:
                 certificate = self.rpc_ca.sign(ask.csr_pem, ask.device_id)
-            password = self.access.admit(ask.device_id)
+            password = self.access.admit(ask.device_id, ask.password)
         except ValueError as exc:
             answer = JoinAnswer(device_id=ask.device_id, refused=str(exc))
         else:
@@ -124,7 +134,6 @@ class JoinDesk:
             answer = JoinAnswer(
                 device_id=ask.device_id,
                 user=ask.device_id,
-                password=password,
                 certificate_pem=certificate,
                 ca_pem=self.rpc_ca.cert_pem if certificate and self.rpc_ca is not None else "",
             )
@@ -206,6 +215,24 @@ async def connect(url: str, ca_file: Path | None, **options: Any) -> NatsClient:
     return await nats.connect(server_list(url), tls=tls_context(ca_file), **options)
 
 
+#: Where a host keeps the password of each device id it joined as (``device_password``).
+SECRETS_DIR = Path.home() / ".local" / "state" / "tessera" / "devices"
+
+
+def device_password(device_id: str, folder: Path | None = None) -> str:
+    """The password this host's ``device_id`` joins with: drawn once and kept (mode 0600) in
+    ``folder``, so the host joins as it again after a restart, while another holder of the
+    join token, who lacks the file, is refused that name (the desk keeps the first password)."""
+    path = (folder or SECRETS_DIR) / f"{device_id}.secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path.with_suffix(".part"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24))
+        os.replace(path.with_suffix(".part"), path)
+    return path.read_text().strip()
+
+
 async def ask_to_join(
     url: str,
     token: str,
@@ -213,10 +240,12 @@ async def ask_to_join(
     ca_file: Path | None = None,
     timeout_s: float = 10.0,
     rpc_folder: Path | None = None,
+    secrets_dir: Path | None = None,
 ) -> str:
     """The NATS URL with this device's own credentials, asked of the cluster at ``url``
     (over TLS when ``ca_file``, the cluster's CA, is given). With ``rpc_folder``, a key made
-    there and the certificate the cluster signs for it (``pki.Credentials.in_folder``)."""
+    there and the certificate the cluster signs for it (``pki.Credentials.in_folder``). The
+    password is this host's for ``device_id`` (``device_password`` in ``secrets_dir``)."""
     failure: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -245,8 +274,13 @@ async def ask_to_join(
         raise JoinRefused(f"no cluster answers at {url}: {str(exc) or 'unreachable'}") from exc
     try:
         csr = pki.request(rpc_folder, device_id) if rpc_folder is not None else ""
+        password = device_password(device_id, secrets_dir)  # only the desk reads the request
         ask = JoinRequest(
-            device_id=device_id, hostname=socket.gethostname(), ts=time.time(), csr_pem=csr
+            device_id=device_id,
+            hostname=socket.gethostname(),
+            ts=time.time(),
+            csr_pem=csr,
+            password=password,
         )
         answer = await request(nc, JOIN, ask, JOIN_ANSWER, timeout_s)
     finally:
@@ -255,7 +289,7 @@ async def ask_to_join(
         raise JoinRefused(f"the cluster refused {device_id}: {answer.refused}")
     if rpc_folder is not None and answer.certificate_pem:
         pki.accept(rpc_folder, answer.certificate_pem, answer.ca_pem)
-    return with_user(url, answer.user, answer.password)
+    return with_user(url, answer.user, password)
 
 
 def tls_trouble(url: str, ca_file: Path | None, said: str) -> str:

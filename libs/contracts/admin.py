@@ -40,7 +40,8 @@ class DeployBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: Annotated[str, Field(min_length=1, max_length=128)]
     deployment_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
-    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    #: None: the scheduler's default (``ModelDeployment.context_length``).
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
     #: Copies of the model; each request goes to one, chosen by the active policy.
     replicas: Annotated[int, Field(ge=1, le=16)] = 1

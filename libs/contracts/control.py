@@ -74,23 +74,27 @@ class SchedulerCheckpoint(WireModel):
 
 class JoinRequest(WireModel):
     """A host asks to join the cluster. It speaks as the ``join`` user, whose password is the
-    cluster's token; what it gets back is a user of its own device, never more."""
+    cluster's token; what it gets back is a user of its own device, never more. The device
+    draws that user's password itself and sends it here: only the join desk may read this
+    subject, while every holder of the token reads every join answer (its inbox is theirs)."""
 
     device_id: DeviceId
     hostname: Annotated[str, Field(min_length=1, max_length=255)]
     ts: Timestamp
+    #: The password the device's NATS user gets (URL-safe: it goes into a nats:// URL).
+    password: Annotated[str, Field(min_length=16, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
     #: A certificate signing request (PEM) for a key made on the joining host: the cluster's
     #: CA signs a certificate naming the device for llama.cpp's RPC channel (libs/runtime/pki.py).
     csr_pem: Annotated[str, Field(max_length=4096)] = ""
 
 
 class JoinAnswer(WireModel):
-    """The joining device's NATS user and password, or why it was refused; with the
-    certificate its request asked for and the cluster CA's (public, both: the key stays home)."""
+    """The joining device's NATS user (with the password its request gave), or why it was
+    refused; with the certificate its request asked for and the cluster CA's. Nothing in it
+    is secret: any holder of the join token may read it."""
 
     device_id: DeviceId
     user: Annotated[str, Field(max_length=128)] = ""
-    password: Annotated[str, Field(max_length=128)] = ""
     refused: Annotated[str, Field(max_length=500)] = ""
     certificate_pem: Annotated[str, Field(max_length=4096)] = ""
     ca_pem: Annotated[str, Field(max_length=4096)] = ""

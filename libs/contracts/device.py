@@ -67,9 +67,14 @@ class DeviceAnnounce(WireModel):
     #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker), else None.
     rpc_endpoint: Endpoint | None = None
     #: Requests its worker engine serves at once (llama.cpp's slots, vLLM's sequences; the
-    #: torch ring: 1), and the context each gets where a task names none. None: no worker
-    #: (the scheduler then assumes its engine's default). The scheduler plans with these.
+    #: torch ring: 1). None: no worker (the scheduler then assumes its engine's default).
+    #: The scheduler sizes a plan's KV cache with it.
     slots: Annotated[int, Field(ge=1, le=1024)] | None = None
+    #: The longest context its worker engine gives a request, tokens (vLLM's
+    #: ``--max-model-len``, fixed when it starts). None: no bound of its own (llama.cpp and
+    #: the torch ring size their cache to each deployment's context). The scheduler leaves
+    #: this device out of a deployment with a longer context, saying so, and a deployment
+    #: that names none gets no more than the longest its able workers announce.
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     ts: Timestamp
 

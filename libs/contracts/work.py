@@ -62,7 +62,9 @@ class ModelDeployment(WireModel):
     kind: Literal["deployment"] = "deployment"
     deployment_id: DeploymentId
     model: ModelName
-    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    #: Tokens of context each request may use (None: the scheduler's default, 2,048 at most,
+    #: lowered to what the model and its workers allow: docs/models.md).
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
     urgency: Fraction = 0.5
     #: Copies of the model, each placed on its own devices where the fleet allows; each
@@ -320,6 +322,8 @@ class TokenChunk(WireModel):
     logprobs: tuple[TokenLogprob, ...] = Field(default=(), max_length=4096)
     #: An embeddings request's piece: one input's vector.
     embedding: tuple[float, ...] = Field(default=(), max_length=65536)
+    #: On the final chunk of a ``prompt`` request a stop sequence ended: which one.
+    stop_sequence: Annotated[str, Field(max_length=256)] | None = None
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
     device_id: DeviceId | None = None

@@ -5,7 +5,8 @@ from a registered model's card (``card_spec``) or, for the simulator, written do
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Protocol
 
 GB = 1e9
@@ -15,9 +16,11 @@ GB = 1e9
 class ModelSpec:
     """A decoder-only transformer, as far as placement cares.
 
-    Memory of a shard = its layers × (weights + KV cache for the context) + the embeddings on
-    the first shard + the LM head on the last + a fixed runtime overhead per process.
+    Memory of a shard = its layers' weights + their KV cache for the context + the embeddings
+    on the first shard + the LM head on the last + a fixed runtime overhead per process.
     ``gflop_per_layer_token`` is the forward cost of one layer for one token (≈ 2 × params).
+    Every layer weighs ``params_per_layer × bytes_per_param`` unless ``layer_bytes`` gives
+    each its own (a mixed quantization such as Q4_K_M stores some layers wider than others).
     """
 
     name: str
@@ -32,24 +35,46 @@ class ModelSpec:
     tied: bool = False
     #: Bytes per weight of the embeddings and LM head, where they differ from the layers'.
     embedding_bytes_per_param: float | None = None
+    #: Each layer's weights in bytes, where they differ; empty: all the same.
+    layer_bytes: tuple[float, ...] = ()
+    #: ``layer_bytes`` summed: element i is the bytes of layers 0..i-1.
+    _before: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.params_per_layer <= 0 or self.bytes_per_param <= 0:
             raise ValueError(f"{self.name}: layers and sizes must be positive")
+        if self.layer_bytes and len(self.layer_bytes) != self.layers:
+            raise ValueError(f"{self.name}: {len(self.layer_bytes)} layer sizes for {self.layers}")
+        object.__setattr__(self, "_before", tuple(accumulate(self.layer_bytes, initial=0.0)))
 
     def layer_gb(self, context_length: int) -> float:
+        """A layer of the mean size, with its KV cache."""
         weights = self.params_per_layer * self.bytes_per_param
         return (weights + self.kv_bytes_per_token_layer * context_length) / GB
 
-    def shard_gb(self, layers: int, first: bool, last: bool, context_length: int) -> float:
+    def layers_gb(self, start: int, end: int, context_length: int) -> float:
+        """Layers ``start`` to ``end - 1``, each at its own size, with their KV cache."""
+        if not self.layer_bytes:
+            return (end - start) * self.layer_gb(context_length)
+        weights = self._before[end] - self._before[start]
+        return (weights + (end - start) * self.kv_bytes_per_token_layer * context_length) / GB
+
+    def shard_gb(
+        self, layers: int, first: bool, last: bool, context_length: int, start: int | None = None
+    ) -> float:
+        """A shard of ``layers`` layers from ``start`` (default: 0 for the first shard, the
+        last ``layers`` for the last; a middle shard with no ``start``: the mean layer)."""
         extra = (self.embedding_params if first else 0.0) + (self.head_params if last else 0.0)
         if first and last and self.tied:
             extra = self.embedding_params
-        return (
+        if start is None:
+            start = 0 if first else self.layers - layers if last else None
+        body = (
             layers * self.layer_gb(context_length)
-            + extra * self.embedding_bytes / GB
-            + self.runtime_overhead_gb
+            if start is None
+            else self.layers_gb(start, start + layers, context_length)
         )
+        return body + extra * self.embedding_bytes / GB + self.runtime_overhead_gb
 
     @property
     def embedding_bytes(self) -> float:
@@ -65,7 +90,7 @@ class ModelSpec:
 
     @property
     def weights_gb(self) -> float:
-        layers = self.layers * self.params_per_layer * self.bytes_per_param
+        layers = self._before[-1] or self.layers * self.params_per_layer * self.bytes_per_param
         return (layers + self.embedding_params * self.embedding_bytes) / GB
 
 
@@ -79,7 +104,7 @@ def in_precision(spec: ModelSpec, precision: str | None) -> ModelSpec:
     keeps its own width."""
     if precision is None:
         return spec
-    return dataclasses.replace(spec, bytes_per_param=PRECISION_BYTES[precision])
+    return dataclasses.replace(spec, bytes_per_param=PRECISION_BYTES[precision], layer_bytes=())
 
 
 class CardSizes(Protocol):
@@ -109,11 +134,11 @@ class CardSizes(Protocol):
 def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = None) -> ModelSpec:
     """A registered model as the engines of ``family`` hold it.
 
-    ``llamacpp``: the GGUF's own bytes (each layer's mean, as stored; the embeddings and the
-    output as stored: the LM head of a tied model is a copy of the embeddings on the last
-    shard's device) and llama.cpp's f16 KV cache for each of ``slots`` request slots.
-    Otherwise (the torch ring): its weights in ``precision`` (default int8, the CPU worker's)
-    and a float32 KV cache.
+    ``llamacpp``: the GGUF's own bytes (each layer's as stored, where they differ; the
+    embeddings and the output as stored: the LM head of a tied model is a copy of the
+    embeddings on the last shard's device) and llama.cpp's f16 KV cache for each of ``slots``
+    request slots. Otherwise (the torch ring): its weights in ``precision`` (default int8, the
+    CPU worker's) and a float32 KV cache.
     """
     params = max(1.0, sum(card.layer_params) / card.layers)
     embedding_params = float(max(1, card.embedding_params))
@@ -130,6 +155,7 @@ def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = 
             tied=card.tied,
         )
     embedding_bytes = max(1, card.embedding_bytes) / embedding_params
+    uneven = len(set(card.layer_bytes)) > 1
     head = card.output_bytes + (card.embedding_bytes if card.tied else 0)
     return ModelSpec(
         card.name,
@@ -141,6 +167,7 @@ def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = 
         kv_layer * slots,
         tied=card.tied,
         embedding_bytes_per_param=embedding_bytes,
+        layer_bytes=tuple(float(b) for b in card.layer_bytes) if uneven else (),
     )
 
 

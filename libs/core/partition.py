@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate, pairwise
 
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
@@ -80,25 +81,75 @@ def split_layers(
     limits = [
         _max_layers(model, d, i == 0, i == n - 1, context_length) for i, d in enumerate(devices)
     ]
-    if sum(limits) < model.layers or min(limits) < 1:
+    counts: list[int] | None = None
+    if sum(limits) >= model.layers and min(limits) >= 1:
+        counts = largest_remainder(model.layers, capacity_weights(devices))
+        # Move layers off devices over their limit onto those with room, most room first.
+        for _ in range(model.layers):
+            over = [i for i in range(n) if counts[i] > limits[i]]
+            if not over:
+                break
+            i = over[0]
+            room = [(limits[j] - counts[j], j) for j in range(n) if counts[j] < limits[j]]
+            j = max(room)[1]
+            counts[i] -= 1
+            counts[j] += 1
+    if model.layer_bytes:  # layers of their own sizes: the limits above counted the mean
+        counts = fit_ranges(model, devices, counts, context_length)
+    if counts is None:
         need = model.shard_gb(model.layers, True, True, context_length)
         short = [d.device_id for d, lim in zip(devices, limits, strict=True) if lim < 1]
         if short:
             return None, f"memory: {', '.join(short)} cannot hold even one layer"
         free = sum(d.memory_free_gb for d in devices)
         return None, f"memory: needs about {need:.2f} GB, these devices have {free:.2f} GB free"
-    counts = largest_remainder(model.layers, capacity_weights(devices))
-    # Move layers off devices over their limit onto those with room, most room first.
-    for _ in range(model.layers):
-        over = [i for i in range(n) if counts[i] > limits[i]]
-        if not over:
-            break
-        i = over[0]
-        room = [(limits[j] - counts[j], j) for j in range(n) if counts[j] < limits[j]]
-        j = max(room)[1]
-        counts[i] -= 1
-        counts[j] += 1
     return counts, None
+
+
+def fit_ranges(
+    model: ModelSpec, devices: Sequence[Device], counts: list[int] | None, context_length: int
+) -> list[int] | None:
+    """``counts`` where each device holds its own layers' bytes; else the cuts nearest to them
+    (or to the capacity shares) that fit, or None when no contiguous split is found.
+
+    From the end, each device takes as many layers as fit (``lowest[i]``: the first layer
+    devices i.. can start at and hold the rest); then from the start each device ends at its
+    wanted cut, moved only as far as needed: no further than fits, no earlier than the rest
+    can hold."""
+    n, total = len(devices), model.layers
+
+    def fits(i: int, start: int, end: int) -> bool:
+        memory = model.shard_gb(end - start, i == 0, i == n - 1, context_length, start)
+        return memory <= devices[i].memory_free_gb + 1e-9
+
+    if counts and all(
+        fits(i, end - count, end)
+        for i, (end, count) in enumerate(zip(accumulate(counts), counts, strict=True))
+    ):
+        return counts
+    lowest = [0] * n + [total]
+    for i in reversed(range(n)):
+        start = lowest[i + 1] - 1
+        if start < i or not fits(i, start, lowest[i + 1]):
+            return None
+        while start > i and fits(i, start - 1, lowest[i + 1]):
+            start -= 1
+        lowest[i] = start
+    if lowest[0] > 0:
+        return None
+    wanted = counts or largest_remainder(total, capacity_weights(devices))
+    cuts, start = [], 0
+    for i in range(n - 1):
+        end = max(start + 1, lowest[i + 1], min(start + wanted[i], total - (n - 1 - i)))
+        while end > max(start + 1, lowest[i + 1]) and not fits(i, start, end):
+            end -= 1
+        if not fits(i, start, end):  # no cut near the wanted one: the split from the end
+            return [b - a for a, b in pairwise(lowest)]
+        cuts.append(end - start)
+        start = end
+    if not fits(n - 1, start, total):
+        return [b - a for a, b in pairwise(lowest)]
+    return [*cuts, total - start]
 
 
 def plan(model: ModelSpec, devices: Sequence[Device], context_length: int = 2048) -> Preview:
@@ -117,7 +168,7 @@ def _preview(
     shards, start = [], 0
     for index, (device, layers) in enumerate(zip(devices, counts, strict=True)):
         first, last = index == 0, index == len(devices) - 1
-        memory = model.shard_gb(layers, first, last, context_length)
+        memory = model.shard_gb(layers, first, last, context_length, start)
         shards.append(ShardPlan(device.device_id, index, start, start + layers, round(memory, 4)))
         start += layers
     ids = tuple(d.device_id for d in devices)

@@ -137,6 +137,7 @@ class Chaos:
         self.placements = PlacementFaults(self.cluster, self.url, MODEL, interval_s)
         self.expected: dict[str, str] = {}
         self.killed: str | None = None  #: a worker a fault killed, respawned after it
+        self.fault_at = 0.0  #: when the last fault struck (monotonic s): recovery runs from it
         self.lied: DeviceAnnounce | None = None  #: a device's true announce, sent again after
         self.downed: NatsServer | None = None  #: a NATS cluster member a fault killed
 
@@ -185,9 +186,9 @@ class Chaos:
         )
         load.start()
         third.wait()
-        started = time.monotonic()
+        self.fault_at = time.monotonic()  # _inject moves it to the fault itself, after look-ups
         check = self._inject(fault)
-        outcome.recovery_s = self._recover(started, check)
+        outcome.recovery_s = self._recover(self.fault_at, check)
         load.join()
         outcome.elapsed_s = time.monotonic() - began
         self._heal()
@@ -270,6 +271,7 @@ class Chaos:
         cluster = self.cluster
         if fault == "worker_kill":
             host = self._placement()[0]
+            self.fault_at = time.monotonic()
             cluster.child(host).kill()
             self.killed = host
             return lambda: host not in self._placement()
@@ -280,6 +282,7 @@ class Chaos:
             return self._devices_healthy
         if fault == "scheduler_leader_kill":  # the standby takes over; it restarts afterwards
             leader = self._leader()
+            self.fault_at = time.monotonic()
             cluster.child(leader).kill()
             self.killed = leader
             return lambda: bool(self._placement()) and self._leader() != leader

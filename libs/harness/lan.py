@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,8 +74,9 @@ def lan(hosts: int) -> Iterator[Lan]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
-#: A device lending its CPU: Tessera's own ``RpcServer`` on the host it runs on, announcing
-#: ``{"endpoint", "local_port"}`` on stdout and stopping when its stdin closes.
+#: A device lending its CPU: Tessera's own ``RpcServer`` on the host it runs on, lent to the
+#: heads named (comma-separated), announcing ``{"endpoint", "local_port"}`` on stdout and
+#: stopping when its stdin closes.
 LENDER = """
 import asyncio, json, sys
 from pathlib import Path
@@ -83,10 +84,11 @@ from libs.runtime.pki import Credentials
 from services.worker.llama_server import RpcServer
 
 async def main() -> None:
-    host, folder, binaries, threads = sys.argv[1:5]
+    host, folder, binaries, threads, heads = sys.argv[1:6]
     credentials = Credentials.in_folder(Path(folder)) if folder else None
     rpc = RpcServer(Path(binaries), host, threads=int(threads), credentials=credentials)
     await rpc.start()
+    await rpc.lend_to(filter(None, heads.split(",")))
     print(json.dumps({"endpoint": rpc.endpoint, "local_port": rpc.local_port}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await rpc.stop()
@@ -97,12 +99,18 @@ asyncio.run(main())
 
 @contextmanager
 def lender(
-    host: Host, binaries: Path, credentials_folder: Path | None, threads: int = 1
+    host: Host,
+    binaries: Path,
+    credentials_folder: Path | None,
+    threads: int = 1,
+    heads: Sequence[str] = (),
 ) -> Iterator[dict[str, object]]:
     """Tessera's RPC server on ``host`` (mutual TLS on its address with the credentials in
-    ``credentials_folder``; None: loopback only), until the block ends."""
+    ``credentials_folder``, for the devices ``heads`` only; None: loopback only), until the
+    block ends."""
     folder = str(credentials_folder) if credentials_folder is not None else ""
     argv = [sys.executable, "-c", LENDER, host.address, folder, str(binaries), str(threads)]
+    argv.append(",".join(heads))
     proc = subprocess.Popen(
         [*host.prefix, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO
     )

@@ -56,6 +56,7 @@ class TextStream:
     text: str = ""  #: all text decoded so far (stop string excluded once found)
     sent: int = 0  #: characters of ``text`` already returned
     stopped: bool = False
+    stop_word: str | None = None  #: the stop string that ended the text, once one did
     _prefix: int = 0
     _read: int = 0
 
@@ -75,8 +76,8 @@ class TextStream:
         self._prefix, self._read = self._read, len(self.ids)
         for stop in self.stops:
             at = self.text.find(stop)
-            if at != -1:
-                self.text, self.stopped = self.text[:at], True
+            if at != -1:  # the last one cut is the earliest in the text
+                self.text, self.stopped, self.stop_word = self.text[:at], True, stop
         hold = 0 if self.stopped else _partial_stop(self.text, self.stops)
         ready = self.text[self.sent : len(self.text) - hold]
         self.sent += len(ready)

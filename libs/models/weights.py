@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
@@ -368,21 +370,16 @@ async def _receive(
 ) -> None:
     """Chunks from stream sequence ``start_seq`` on, appended to ``file`` in order; after each,
     how far it got goes to ``state_file`` (so a cut fetch resumes). Hashing and writing run on a
-    thread while the next chunks arrive (a queue of ``QUEUED`` chunks between them)."""
-    config = api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=start_seq,
-        ack_policy=api.AckPolicy.NONE,
-        inactive_threshold=CHUNK_WAIT_S,  # a fetcher gone: its consumer goes too
-        mem_storage=True,
-    )
-    # A pull consumer, asked for BATCH chunks at a time: twice the rate of an ordered push
-    # consumer, whose flow control waits on the client every few chunks.
-    # Created unnamed (``$JS.API.CONSUMER.CREATE.<stream>``) and pulled by the name the server
-    # gave it: the two subjects a device's grant names for this (``MODEL_READ``).
-    config.filter_subject = f"$O.{BUCKET}.C.{nuid}"
-    consumer = (await js.add_consumer(STREAM, config)).name
-    sub = await js.pull_subscribe_bind(consumer, STREAM)
+    thread while the next chunks arrive (a queue of ``QUEUED`` chunks between them).
+
+    The chunks come by JetStream's direct get, ``BATCH`` at a time (``$JS.API.DIRECT.GET.
+    <stream>``: the next messages of the object's chunk subject from a sequence on, then an
+    end-of-batch status), onto this connection's own inbox: no consumer is made, so a device's
+    grant names no consumer API on the bucket (``MODEL_READ``), and none it could turn into a
+    push consumer delivering the weights onto another subject."""
+    nc = js._nc
+    subject = f"$O.{BUCKET}.C.{nuid}"
+    sub = await nc.subscribe(nc.new_inbox(), pending_bytes_limit=4 * BATCH * CHUNK_BYTES)
     queue: asyncio.Queue[tuple[bytes, int, int] | None] = asyncio.Queue(QUEUED)
 
     def write(items: list[tuple[bytes, int, int]]) -> None:
@@ -408,26 +405,44 @@ async def _receive(
                     progress(chunks[-1][2], total)
 
     writing = asyncio.create_task(writer())
+    next_seq = start_seq
     try:
         while done < total:
-            try:
-                batch = await sub.fetch(BATCH, timeout=CHUNK_WAIT_S)
-            except TimeoutError:
-                raise WeightsError(
-                    f"the {BUCKET} bucket sent nothing for {CHUNK_WAIT_S:.0f} s "
-                    f"at byte {done} of {total}"
-                ) from None
-            for msg in batch:
+            ask = {"seq": next_seq, "next_by_subj": subject, "batch": BATCH}
+            await nc.publish(f"$JS.API.DIRECT.GET.{STREAM}", json.dumps(ask).encode(), sub.subject)
+            while (msg := await _next(sub, done, total)) is not None:
                 done += len(msg.data)
                 if done > total:
                     raise WeightsError(f"the bucket's object is longer than {total} bytes")
-                await _put(queue, (msg.data, msg.metadata.sequence.stream, done), writing)
+                next_seq = int(msg.headers["Nats-Sequence"]) + 1  # type: ignore[index]
+                await _put(queue, (msg.data, next_seq - 1, done), writing)
         await _put(queue, None, writing)
         await writing
     finally:
         writing.cancel()
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _next(sub: Subscription, done: int, total: int) -> Msg | None:
+    """The next chunk a direct get sent, None at the end of its batch."""
+    try:
+        msg = await sub.next_msg(timeout=CHUNK_WAIT_S)
+    except TimeoutError:
+        raise WeightsError(
+            f"the {BUCKET} bucket sent nothing for {CHUNK_WAIT_S:.0f} s at byte {done} of {total}"
+        ) from None
+    headers = msg.headers or {}
+    status = headers.get(api.Header.STATUS)
+    if status == "204":  # the batch's end
+        return None
+    if status is not None or "Nats-Sequence" not in headers:
+        said = f"{status} {headers.get(api.Header.DESCRIPTION, '')}".strip()
+        raise WeightsError(
+            f"the {BUCKET} bucket answered {said or 'a message without a sequence'} at byte "
+            f"{done} of {total} (404: the object lost chunks; 503: no direct get on its stream)"
+        )
+    return msg
 
 
 async def _put(queue: asyncio.Queue[Any], item: Any, writing: asyncio.Task[None]) -> None:

@@ -59,12 +59,25 @@ class Background:
         self.tasks: list[asyncio.Task[None]] = []
         self.subscriptions: list[Unsubscribe] = []
 
-    def every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
-        self.tasks.append(asyncio.create_task(self._loop(period_s, step)))
+    def every(
+        self,
+        period_s: float,
+        step: Callable[[], Awaitable[None]],
+        due_in_s: Callable[[], float] | None = None,
+    ) -> None:
+        """Run ``step`` every ``period_s``, or sooner: after ``due_in_s()`` seconds when that
+        is shorter (a step that knows when it next has work, such as a deadline)."""
+        self.tasks.append(asyncio.create_task(self._loop(period_s, step, due_in_s)))
 
-    async def _loop(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    async def _loop(
+        self,
+        period_s: float,
+        step: Callable[[], Awaitable[None]],
+        due_in_s: Callable[[], float] | None,
+    ) -> None:
         while True:
-            await asyncio.sleep(period_s)
+            wait = period_s if due_in_s is None else max(0.0, min(period_s, due_in_s()))
+            await asyncio.sleep(wait)
             try:
                 await step()
             except Exception:

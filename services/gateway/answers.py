@@ -76,6 +76,8 @@ class Choice:
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    #: The stop sequence that ended the text, where the engine names it.
+    stop_sequence: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -85,6 +87,7 @@ class Choice:
         self.logprobs.extend(chunk.logprobs)
         if chunk.finished:
             self.finish_reason = chunk.finish_reason
+            self.stop_sequence = chunk.stop_sequence
             self.prompt_tokens = chunk.prompt_tokens or 0
             self.completion_tokens = chunk.completion_tokens or 0
 

@@ -258,10 +258,8 @@ def stream(answer: Answer, mid: str, model: str) -> StreamingResponse:
                     "input_tokens": chunk.prompt_tokens or answer.prompt_tokens,
                     "output_tokens": chunk.completion_tokens or 0,
                 }
-                stop = {"stop_reason": STOP.get(chunk.finish_reason or "stop", "end_turn")}
-                yield _event(
-                    "message_delta", {"delta": {**stop, "stop_sequence": None}, "usage": usage}
-                )
+                stop = stop_of(chunk.finish_reason, chunk.stop_sequence)
+                yield _event("message_delta", {"delta": stop, "usage": usage})
                 yield _event("message_stop", {})
 
     return StreamingResponse(
@@ -280,8 +278,16 @@ def whole(choice: Choice, mid: str, model: str) -> MessageOut:
             arguments = {"_raw": call.arguments}
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
     usage = {"input_tokens": choice.prompt_tokens, "output_tokens": choice.completion_tokens}
-    stop = STOP.get(choice.finish_reason or "stop", "end_turn")
-    return MessageOut(id=mid, model=model, content=content, stop_reason=stop, usage=usage)
+    stop = stop_of(choice.finish_reason, choice.stop_sequence)
+    return MessageOut(id=mid, model=model, content=content, usage=usage, **stop)
+
+
+def stop_of(finish_reason: str | None, stop_sequence: str | None) -> dict[str, Any]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` of an engine's finish: a stop
+    sequence the engine names is ``stop_sequence`` (OpenAI's ``stop`` covers it too)."""
+    if finish_reason in (None, "stop") and stop_sequence:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_sequence}
+    return {"stop_reason": STOP.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
 
 
 def anthropic_router() -> APIRouter:

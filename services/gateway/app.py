@@ -37,6 +37,7 @@ from services.gateway.generation import GenerationClient, RouteBook
 from services.gateway.guards import install_errors, install_limits
 from services.gateway.metrics import RequestMetrics
 from services.gateway.ollama_api import ollama_router
+from services.gateway.ollama_models import ollama_models_router
 from services.gateway.routes import openai_router
 from services.gateway.schedulers import split_urls
 from services.gateway.settings import GatewaySettings
@@ -113,11 +114,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.registry = registry
     app.state.deployments = deployments
+    app.state.key_prefix = settings.key_prefix  # the model registry's keys
     install_errors(app)
     install_limits(app, settings)
     app.include_router(openai_router(settings))
     app.include_router(anthropic_router())
     app.include_router(ollama_router())
+    app.include_router(ollama_models_router())
     app.include_router(admin_router(settings))
     app.include_router(dashboard_router())
     requests_total = Counter(

@@ -193,6 +193,15 @@ def loading(reason: str | None) -> bool:
     return " pending (" in reason or " loading (" in reason
 
 
+async def next_item(queue: Inbox, wait: float) -> TokenChunk | Moved | Resend:
+    """The queue's next item, waiting ``wait`` seconds at most (``TimeoutError``). One that is
+    there already is taken without a timer (``wait_for`` starts a task per call: per token)."""
+    if not queue.empty():
+        return queue.get_nowait()
+    async with asyncio.timeout(wait):
+        return await queue.get()
+
+
 #: How often a request is sent again when its tokens go missing, before it fails.
 RESENDS = 2
 #: The first shard acknowledges a request within this long, or it is sent again (until the
@@ -296,7 +305,7 @@ class GenerationClient:
                 if down_since is not None:
                     wait = max(0.0, down_since + wait - time.monotonic())
                 try:
-                    item = await asyncio.wait_for(queue.get(), wait)
+                    item = await next_item(queue, wait)
                 except TimeoutError:
                     waited = time.monotonic() - (unacked or 0.0)
                     if not down and unacked is not None and waited < self.stall_s:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -115,38 +114,53 @@ def install_errors(app: FastAPI) -> None:
         return error_response(500, "internal error; see the gateway log", "server_error")
 
 
-def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
-    keys = [k.encode() for k in settings.api_keys]
-    rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
-    # Added first, so it runs inside the key and rate checks below (they answer first).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+class Limits:
+    """ASGI middleware: the API key and the client's rate, checked on the API's paths (OpenAI's,
+    Anthropic's, Ollama's) before anything else runs. Plain ASGI, not ``@app.middleware``:
+    that wraps every response in a task and a memory stream, a hop per streamed token."""
 
-    @app.middleware("http")
-    async def limits(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        path = request.url.path
-        if path.startswith(("/v1/", "/api/")):  # OpenAI's and Anthropic's, and Ollama's
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if "x-api-key" in request.headers:  # Anthropic's clients send the key so
-                scheme, token = "bearer", request.headers["x-api-key"]
-            if keys and (
-                scheme.lower() != "bearer"
-                or not any(secrets.compare_digest(token.encode(), k) for k in keys)
-            ):
-                return error_response(
-                    401, "missing or invalid API key", "authentication_error", "invalid_api_key"
-                )
-            client = token if keys else (request.client.host if request.client else "")
-            wait = rates.take(client)
-            if wait > 0:
-                return error_response(
-                    429,
-                    f"more than {settings.rate_burst} requests at once or "
-                    f"{settings.rate_per_s:g} per second; retry in {wait:.2f} s",
-                    "rate_limit_error",
-                    "rate_limit_exceeded",
-                    headers={"Retry-After": str(math.ceil(wait))},
-                )
-        return await call_next(request)
+    def __init__(self, app: ASGIApp, settings: GatewaySettings) -> None:
+        self.app, self.settings = app, settings
+        self.keys = [k.encode() for k in settings.api_keys]
+        self.rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/api/")):
+            refused = self.refusal(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> Response | None:
+        headers = Headers(scope=scope)
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if "x-api-key" in headers:  # Anthropic's clients send the key so
+            scheme, token = "bearer", headers["x-api-key"]
+        if self.keys and (
+            scheme.lower() != "bearer"
+            or not any(secrets.compare_digest(token.encode(), k) for k in self.keys)
+        ):
+            return error_response(
+                401, "missing or invalid API key", "authentication_error", "invalid_api_key"
+            )
+        address = scope.get("client")
+        client = token if self.keys else (address[0] if address else "")
+        wait = self.rates.take(client)
+        if wait > 0:
+            settings = self.settings
+            return error_response(
+                429,
+                f"more than {settings.rate_burst} requests at once or "
+                f"{settings.rate_per_s:g} per second; retry in {wait:.2f} s",
+                "rate_limit_error",
+                "rate_limit_exceeded",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+        return None
+
+
+def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
+    # Added first, so it runs inside the key and rate checks (they answer first).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Limits, settings=settings)

@@ -1,6 +1,6 @@
-"""Ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``, ``/api/show``,
-``/api/version``), translated onto the OpenAI path, streamed as Ollama streams: one JSON object
-per line (NDJSON), the last with ``done: true`` and the counts.
+"""Ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/version``; the model
+endpoints are in ``ollama_models``), translated onto the OpenAI path, streamed as Ollama
+streams: one JSON object per line (NDJSON), the last with ``done: true`` and the counts.
 
 Ollama streams unless the request says ``"stream": false``. ``/api/generate`` applies the
 model's chat template to its prompt (a user turn after the optional ``system``) unless ``raw``
@@ -25,6 +25,7 @@ from libs.contracts import TokenChunk
 from services.gateway.answers import Answer, Ask, Choice, start
 from services.gateway.embeddings import EmbeddingRequest, Input, embed
 from services.gateway.error_shapes import OllamaError, documented_as
+from services.gateway.ollama_models import model_name
 from services.gateway.openai_api import (
     MAX_TOKENS,
     ApiError,
@@ -105,17 +106,6 @@ class EmbedBody(BaseModel):
     options: dict[str, Any] | None = None
     keep_alive: str | int | None = None
     dimensions: Annotated[int, Field(ge=1, le=65536)] | None = None
-
-
-class ShowBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: Annotated[str, Field(min_length=1, max_length=128)]
-    verbose: bool | None = None
-
-
-def model_name(name: str) -> str:
-    """Ollama's clients name ``model:latest``; the deployment is ``model``."""
-    return name.removesuffix(":latest") or name
 
 
 def now() -> str:
@@ -330,48 +320,8 @@ def ollama_router() -> APIRouter:
         count = found.usage.prompt_tokens
         return {"model": body.model, "embeddings": vectors, "prompt_eval_count": count}
 
-    @router.get("/tags", responses=ERRORS)
-    async def tags(request: Request) -> dict[str, Any]:
-        listed = request.app.state.deployments.listed
-        return {"models": [_model_entry(name) for name in listed]}
-
-    @router.post("/show", responses=ERRORS)
-    async def show(body: ShowBody, request: Request) -> dict[str, Any]:
-        name = body.model
-        deployments = request.app.state.deployments
-        deployment = await deployments.lookup(model_name(name))
-        context = deployments.context.get(deployment, 2048)
-        return {
-            "modelfile": "",
-            "parameters": f"num_ctx {context}",
-            "template": "",
-            "details": _model_entry(name)["details"],
-            "model_info": {"general.architecture": "", "context_length": context},
-            "capabilities": ["completion", "tools", "embedding"],
-            "modified_at": now(),
-        }
-
     @router.get("/version", responses=documented_as(OllamaError, 401, 429))
     async def version() -> dict[str, str]:
         return {"version": VERSION}
 
     return router
-
-
-def _model_entry(name: str) -> dict[str, Any]:
-    details = {
-        "parent_model": "",
-        "format": "gguf",
-        "family": "",
-        "families": None,
-        "parameter_size": "",
-        "quantization_level": "",
-    }
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": now(),
-        "size": 0,
-        "digest": "",
-        "details": details,
-    }

@@ -1,4 +1,5 @@
-"""OpenAI's request and response shapes (the subset Tessera serves) and its error shape."""
+"""OpenAI's request shapes (the subset Tessera serves) and its error shape; the answers' shapes
+are in ``openai_out``."""
 
 from __future__ import annotations
 
@@ -279,135 +280,9 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
     return None
 
 
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "tessera"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ToolCallOut(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class TopLogprobOut(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprobOut(TopLogprobOut):
-    top_logprobs: list[TopLogprobOut] = Field(default_factory=list)
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprobOut] | None = None
-    refusal: list[TokenLogprobOut] | None = None
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCallOut] | None = None
-    refusal: str | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatMessageOut
-    finish_reason: str | None
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    system_fingerprint: str | None = None
-
-
-class TextLogprobs(BaseModel):
-    """The legacy completions' shape: parallel lists per token."""
-
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: str | None
-    logprobs: TextLogprobs | None = None
-
-
-class TextCompletion(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChoice]
-    usage: Usage
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def now_s() -> int:
     return int(time.time())
-
-
-def chat_chunk(
-    rid: str,
-    model: str,
-    created: int,
-    delta: dict[str, Any],
-    finish: str | None,
-    index: int = 0,
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-
-
-def text_chunk(
-    rid: str,
-    model: str,
-    created: int,
-    text: str,
-    finish: str | None,
-    index: int = 0,
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }

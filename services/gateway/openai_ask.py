@@ -11,6 +11,7 @@ from typing import Any
 from libs.contracts import TokenLogprob, ToolCall
 from services.gateway.answers import Ask, sampling_for
 from services.gateway.openai_api import (
+    MAX_TOKENS,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -80,7 +81,11 @@ def chat_ask(body: ChatCompletionRequest) -> Ask:
         if body.parallel_tool_calls is not None:
             engine["parallel_tool_calls"] = body.parallel_tool_calls
     format_ = body.response_format
-    if format_ is not None and format_.type != "text":
+    as_json = format_ is not None and format_.type != "text"
+    if format_ is not None and as_json:
+        if body.stop:  # it could end the text inside the object: it would not parse
+            cut = "stop: a stop sequence could cut the JSON that response_format asks for"
+            raise ApiError(400, cut, param="stop")
         engine["response_format"] = format_.model_dump(exclude_none=True, by_alias=True)
         names.append("response_format")
     if body.logprobs:
@@ -93,13 +98,18 @@ def chat_ask(body: ChatCompletionRequest) -> Ask:
         {"role": m["role"], "content": message.text()}
         for m, message in zip(messages, body.messages, strict=True)
     ]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    # JSON without a limit gets the room left in the context, as OpenAI gives it (not the
+    # default 256 a chat gets), so the object ends whole unless the context runs out; a
+    # limit that cuts it is reported as "length", never "stop".
+    fit = as_json and max_tokens is None
     return Ask(
         kind="chat",
         model=body.model,
         body=engine,
         fields=tuple(dict.fromkeys(names)),
         sampling=sampling_for(
-            body.max_completion_tokens or body.max_tokens,
+            MAX_TOKENS if fit else max_tokens,
             body.temperature,
             body.top_p,
             body.stops(),
@@ -107,6 +117,7 @@ def chat_ask(body: ChatCompletionRequest) -> Ask:
         ),
         n=body.n,
         plain=plain,
+        fit=fit,
     )
 
 

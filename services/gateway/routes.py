@@ -15,25 +15,12 @@ from services.gateway.answers import Answer, Choice, start, usage_of
 from services.gateway.completions import Completions
 from services.gateway.embeddings import EmbeddingList, EmbeddingRequest, embed
 from services.gateway.openai_api import (
-    ChatChoice,
-    ChatCompletion,
     ChatCompletionRequest,
-    ChatMessageOut,
-    ChoiceLogprobs,
     CompletionRequest,
     FunctionCall,
-    ModelCard,
-    ModelList,
-    TextChoice,
-    TextCompletion,
-    TextLogprobs,
-    ToolCallOut,
-    Usage,
-    chat_chunk,
     documented,
     new_id,
     now_s,
-    text_chunk,
 )
 from services.gateway.openai_ask import (
     chat_ask,
@@ -42,6 +29,21 @@ from services.gateway.openai_ask import (
     text_ask,
     text_logprobs,
     tool_call_delta,
+)
+from services.gateway.openai_out import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    ModelCard,
+    ModelList,
+    TextChoice,
+    TextCompletion,
+    TextLogprobs,
+    ToolCallOut,
+    Usage,
+    chat_chunk,
+    text_chunk,
 )
 from services.gateway.settings import GatewaySettings
 
@@ -67,8 +69,9 @@ def sse(answer: Answer, render: Render, usage: Callable[[], dict[str, Any]] | No
                 error = {"message": chunk.error, "type": "server_error", "code": "no_capacity"}
                 yield f"data: {json.dumps({'error': error})}\n\n"
                 break
-            for event in render(index, chunk):
-                yield f"data: {json.dumps(event)}\n\n"
+            events = render(index, chunk)
+            if events:  # one write for the chunk's events
+                yield "".join(f"data: {json.dumps(event)}\n\n" for event in events)
             if chunk.finished:
                 totals[index] = (chunk.prompt_tokens or 0, chunk.completion_tokens or 0)
         else:

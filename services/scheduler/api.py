@@ -56,13 +56,15 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     @app.get("/instance/previews")
     async def instance_previews(
         model: str,
-        context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
+        context_length: Annotated[int | None, Query(ge=1, le=1_048_576)] = None,
         max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
         precision: Precision | None = None,
     ) -> list[dict[str, Any]]:
         """Every candidate placement: per-device layers and memory (in ``precision``), or why
         it is infeasible."""
         await _known_model(model)
+        now = scheduler.clock()
+        context = scheduler.deployments.context_for(model, context_length, now)
         return [
             {
                 "devices": list(p.devices),
@@ -81,7 +83,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                 ],
             }
             for p in scheduler.deployments.preview(
-                model, context_length, max_shards, scheduler.clock(), precision=precision
+                model, context, max_shards, now, precision=precision
             )
         ]
 

@@ -4,7 +4,9 @@ validate is reported and skipped for the one before it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -14,6 +16,9 @@ from redis.asyncio import Redis
 from libs.contracts import CHECKPOINT, ContractError, SchedulerCheckpoint
 from libs.contracts.keys import Keys
 from libs.runtime.nats_client import copies
+from services.scheduler.loop import CommandLoop
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.state import Pending, SchedulerState
 
 log = logging.getLogger(__name__)
 BUCKET = "tessera_scheduler"
@@ -84,3 +89,52 @@ class CheckpointStore:
         except (NoKeysError, NotFoundError, BucketNotFoundError):
             return []
         return [e.value for e in reversed(entries) if e.value]
+
+
+class Checkpointing:
+    """The scheduler's checkpoints: the loop takes the snapshot, the writer stores it.
+    ``Scheduler`` (service.py) is one; what it needs is set by ``Scheduler.__init__``."""
+
+    state: SchedulerState
+    pending: list[Pending]
+    clock: Callable[[], float]
+    loop: CommandLoop
+    checkpoints: CheckpointStore
+    metrics: SchedulerMetrics
+    _snapshot: SchedulerCheckpoint | None
+    _to_write: asyncio.Event
+
+    def persist(self) -> None:
+        """Snapshot the state for the writer (called by commands, in the loop)."""
+        self.state.queue = [r for r, _, _ in self.pending]
+        self._snapshot = self.state.checkpoint(self.clock())
+        self._to_write.set()
+
+    async def save_soon(self) -> None:
+        """The periodic checkpoint: snapshot in the loop's turn, stored by the writer."""
+
+        async def snapshot() -> None:
+            self.persist()
+
+        await self.loop.call(snapshot, "checkpoint")
+
+    async def save(self) -> None:
+        """Snapshot now and store it before returning (at shutdown; the loop has stopped)."""
+        self.persist()
+        await self._write()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._to_write.wait()
+            try:
+                await self._write()
+            except Exception:  # the next snapshot is written again; keep deciding
+                log.exception("checkpoint not written")
+                await asyncio.sleep(1.0)
+
+    async def _write(self) -> None:
+        self._to_write.clear()
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            await self.checkpoints.save(snapshot)
+            self.metrics.checkpoint_timestamp.set(snapshot.ts)

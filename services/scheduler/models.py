@@ -22,19 +22,55 @@ def spec_for(card: ModelCard, family: str, slots: int, precision: str | None) ->
     return card_spec(card, family, slots, precision)
 
 
+#: A deployment's context where it names none, tokens (``default_context`` lowers it).
+DEFAULT_CONTEXT = 2048
+
+
 def left_out(
-    card: ModelCard, devices: Sequence[Device], announces: Mapping[str, DeviceAnnounce]
+    card: ModelCard,
+    devices: Sequence[Device],
+    announces: Mapping[str, DeviceAnnounce],
+    context_length: int | None = None,
 ) -> dict[str, str]:
-    """Devices whose every engine refuses ``card``'s model, each with why. A device with no
-    announced engine (an emulated fleet planned as a whole) is not held to any."""
+    """Devices that cannot serve ``card``'s model, each with why: every engine refuses it, or
+    its worker announced a context shorter than ``context_length`` (the longest one its engine
+    gives a request). A device with no announced engine (an emulated fleet planned as a whole)
+    is not held to any engine, nor a worker that announced no context to a length."""
     reasons: dict[str, str] = {}
     for device in devices:
         announce = announces.get(device.device_id)
         engines = announce.engines if announce is not None else ()
         why = [r for e in engines if (r := unserved_reason(e, card))]
-        if engines and len(why) == len(engines):
+        if not engines or len(why) < len(engines):
+            why = []
+        longest = announce.context_length if announce is not None else None
+        if context_length is not None and longest is not None and longest < context_length:
+            why.append(
+                f"its worker gives a request at most {longest:,} tokens of context, "
+                f"the deployment {context_length:,}"
+            )
+        if why:
             reasons[device.device_id] = "; ".join(why)
     return reasons
+
+
+def default_context(
+    card: ModelCard, devices: Sequence[Device], announces: Mapping[str, DeviceAnnounce]
+) -> int:
+    """The context of a deployment of ``card``'s model that names none: ``DEFAULT_CONTEXT``
+    tokens, no more than the model was trained on, and no more than the longest context that
+    a worker able to serve it announces (a worker that announces none, whose engine sizes its
+    cache to each deployment, sets no bound), so that the longest-context workers can hold it
+    and a shorter one is left out saying why."""
+    able = [d for d in devices if d.device_id not in left_out(card, [d], announces)]
+    bounds = [
+        a.context_length if a is not None else None
+        for a in (announces.get(d.device_id) for d in able)
+    ]
+    context = min(DEFAULT_CONTEXT, card.context_train or DEFAULT_CONTEXT)
+    if bounds and None not in bounds:
+        context = min(context, max(b for b in bounds if b is not None))
+    return context
 
 
 def why_left(reasons: Mapping[str, str]) -> str:

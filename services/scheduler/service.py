@@ -6,7 +6,8 @@ cycles and decided together every ``cycle_ms``, except an inference request for 
 model, routed at once to a serving copy (``deployments.py``). Workers' shard reports move
 deployments through their phases; failed devices' shards and tasks move to the best
 alternatives. The state is checkpointed every ``checkpoint_interval_s``, after each change of
-placement, and at shutdown: the loop takes the snapshot, a writer stores it.
+placement, and at shutdown: the loop takes the snapshot, a writer stores it (``checkpoints.py``).
+The mode, the policy and the DVFS hints are ``modes.py``'s.
 """
 
 from __future__ import annotations
@@ -24,18 +25,13 @@ from redis.asyncio import Redis
 from libs.contracts import (
     DEVICE_FAILED,
     DEVICE_RECOVERED,
-    DVFS_HINT,
-    MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SCORE,
     SHARD_STATUS,
     DeviceFailed,
     DeviceRecovered,
-    DvfsHint,
     InferenceRequest,
-    Mode,
-    ModeChange,
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
@@ -44,20 +40,19 @@ from libs.contracts import (
     ShardStatus,
 )
 from libs.contracts.keys import Keys
-from libs.contracts.profiles import DimensionWeights, Profile
-from libs.core.energy import dvfs_hint
 from libs.core.fleet import FleetState
 from libs.core.model import Device
-from libs.core.modes import ModeSwitcher, cluster_busy
+from libs.core.modes import ModeSwitcher
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.registry import make_policy
 from libs.models.registry import ModelRegistry
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
-from services.scheduler.checkpoints import CheckpointStore
+from services.scheduler.checkpoints import Checkpointing, CheckpointStore
 from services.scheduler.deployments import Deployer
 from services.scheduler.loop import CommandLoop
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.modes import ModeKeeping
 from services.scheduler.routing import Router
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.state import ActiveTask, Pending, SchedulerState
@@ -70,7 +65,7 @@ log = logging.getLogger(__name__)
 STATUS_EVERY_S = 15.0
 
 
-class Scheduler:
+class Scheduler(ModeKeeping, Checkpointing):
     def __init__(
         self,
         settings: SchedulerSettings,
@@ -378,161 +373,3 @@ class Scheduler:
         if future is not None and not future.done():
             future.set_result(decision)
         await self.bus.publish(PLACEMENT_DECISION, decision, task_id=decision.task_id)
-
-    # -- modes, hints, checkpoints ------------------------------------------------------------
-    async def evaluate_mode_soon(self) -> None:
-        """Every ``mode_eval_s``: read the live devices (outside the loop), then evaluate the
-        mode as a command."""
-        read = await self.view.read(sorted(set(self.view.rows) - self.view.failed))
-        await self.loop.call(lambda: self.evaluate_mode(read), "mode")
-
-    async def evaluate_mode(self, read: Read | None = None) -> None:
-        """Feed the mode switcher the cluster's rates and the demand they were measured under
-        (the requests the live devices report), so that less demand is not read as less
-        performance (``libs/core/modes.py``). ``read``: the live devices as just read (None:
-        read them now)."""
-        if read is None:
-            read = await self.view.read(sorted(set(self.view.rows) - self.view.failed))
-        self.view.apply(read)
-        throughput, efficiency = self.view.cluster_rates()
-        live = self.view.rows.keys() - self.view.failed
-        busy = cluster_busy(r.sample for d, r in self.view.rows.items() if d in live and r.sample)
-        self.metrics.cluster_tokens_per_second.set(throughput)
-        self.metrics.cluster_tokens_per_joule.set(efficiency)
-        change = self.switcher.observe(self.clock(), throughput, efficiency, busy)
-        if change is not None:
-            await self.set_mode(change.mode, change.reason, manual=False)
-
-    async def set_mode(self, mode: Mode | None, reason: str, manual: bool) -> None:
-        """Switch mode (``None`` with ``manual``: back to automatic switching)."""
-        now = self.clock()
-        previous = self.state.mode
-        if manual:
-            self.switcher.override(mode, now)
-            self.state.manual_mode = mode is not None
-            if mode is None:
-                return
-        assert mode is not None
-        self.state.mode, self.state.profile = mode, BUILTIN_PROFILES[mode]
-        self.policy = make_policy(self.state.policy, self.state.profile)
-        self.state.counters["mode_changes"] += 1
-        await self._store_mode()
-        change = ModeChange(mode=mode, previous=previous, manual=manual, reason=reason, ts=now)
-        await self.bus.publish(MODE_CHANGE, change)
-        self._show_mode()
-        log.warning(
-            "mode changed",
-            extra={
-                "mode": mode.value,
-                "previous": previous.value,
-                "reason": reason,
-                "manual": manual,
-            },
-        )
-
-    async def set_policy(self, name: str, profile: Profile | None) -> None:
-        """Raises ``KeyError`` for an unknown policy or plugin. A profile's dimension weights
-        reach the scorer too, so the scores the policy reads are weighted as it says."""
-        new = make_policy(name, profile or self.state.profile)
-        self.policy, self.state.policy = new, name
-        if profile is not None:
-            self.state.profile = profile
-            await self._store_mode()
-            change = ModeChange(
-                mode=self.state.mode,
-                previous=self.state.mode,
-                manual=True,
-                reason=f"profile {profile.name} set",
-                ts=self.clock(),
-                weights=self._custom_weights(),
-            )
-            await self.bus.publish(MODE_CHANGE, change)
-        self._show_mode()
-
-    def _custom_weights(self) -> DimensionWeights | None:
-        """The active profile's dimension weights where they differ from the mode's own."""
-        weights = self.state.profile.dimensions
-        return None if weights == BUILTIN_PROFILES[self.state.mode].dimensions else weights
-
-    async def _store_mode(self) -> None:
-        """The mode and the scorer's weights in Redis, for a scorer that starts later."""
-        weights = self._custom_weights()
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.keys.mode, self.state.mode.value)
-        if weights is None:
-            pipe.delete(self.keys.weights)
-        else:
-            pipe.set(self.keys.weights, weights.model_dump_json())
-        await pipe.execute()
-
-    def _show_mode(self) -> None:
-        for mode in Mode:
-            self.metrics.mode.labels(mode.value).set(1.0 if mode == self.state.mode else 0.0)
-        for name, value in self.state.checkpoint(self.clock()).weights.items():
-            self.metrics.weights.labels(name).set(value)
-
-    async def _send_hints(self, fleet: FleetState, now: float) -> None:
-        """DVFS hints to devices whose hint changed: slow when idle or hot, fast when busy.
-        ``fleet`` is this cycle's, so the load includes what the cycle just placed."""
-        urgent = {
-            a.device_id
-            for a in self.state.active.values()
-            if getattr(a.request.task, "urgency", 0.0) >= 0.8
-        }
-        sleep_after_s = self.state.profile.sleep_after_s  # the mode's power policy
-        for i, device_id in enumerate(fleet.ids):
-            if not fleet.alive[i]:
-                continue
-            hint = dvfs_hint(
-                float(fleet.load[i]),
-                device_id in urgent,
-                float(fleet.temperature_c[i]),
-                float(fleet.thermal_limit_c[i]),
-            )
-            if self.hints.get(device_id) == (hint.frequency_scale, sleep_after_s):
-                continue
-            self.hints[device_id] = (hint.frequency_scale, sleep_after_s)
-            message = DvfsHint(
-                device_id=device_id,
-                ts=now,
-                frequency_scale=hint.frequency_scale,
-                reason=hint.reason,
-                sleep_after_s=sleep_after_s,
-            )
-            await self.bus.publish(DVFS_HINT, message, device_id=device_id)
-
-    # -- checkpoints: the loop takes the snapshot, the writer stores it ------------------------
-    def persist(self) -> None:
-        """Snapshot the state for the writer (called by commands, in the loop)."""
-        self.state.queue = [r for r, _, _ in self.pending]
-        self._snapshot = self.state.checkpoint(self.clock())
-        self._to_write.set()
-
-    async def save_soon(self) -> None:
-        """The periodic checkpoint: snapshot in the loop's turn, stored by the writer."""
-
-        async def snapshot() -> None:
-            self.persist()
-
-        await self.loop.call(snapshot, "checkpoint")
-
-    async def save(self) -> None:
-        """Snapshot now and store it before returning (at shutdown; the loop has stopped)."""
-        self.persist()
-        await self._write()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._to_write.wait()
-            try:
-                await self._write()
-            except Exception:  # the next snapshot is written again; keep deciding
-                log.exception("checkpoint not written")
-                await asyncio.sleep(1.0)
-
-    async def _write(self) -> None:
-        self._to_write.clear()
-        snapshot, self._snapshot = self._snapshot, None
-        if snapshot is not None:
-            await self.checkpoints.save(snapshot)
-            self.metrics.checkpoint_timestamp.set(snapshot.ts)

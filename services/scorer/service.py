@@ -14,6 +14,7 @@ receipt finds the new row.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -55,6 +56,9 @@ from services.scorer.settings import ScorerSettings
 from services.scorer.table import DeviceRecord, History, check_speeds, significant
 
 log = logging.getLogger(__name__)
+
+#: How long past a deadline the detector wakes (the deadline itself is not yet overdue).
+DEADLINE_MARGIN_S = 0.005
 #: A message to publish once the write it announces has executed: (channel, message, device).
 Event = tuple[Channel[Any], BaseModel, str]
 
@@ -77,6 +81,7 @@ class Scorer:
         )
         self.keys = Keys(settings.key_prefix)
         self.table: dict[str, DeviceRecord] = {}
+        self.next_deadline = math.inf  #: the earliest deadline of a live device (clock s)
         self.buffer: list[tuple[TelemetrySample, bytes]] = []
         self.announces: dict[str, DeviceAnnounce] = {}
         self.unknown_until: dict[str, float] = {}
@@ -116,7 +121,9 @@ class Scorer:
         request = AnnounceRequest(reason="scorer started", ts=self.clock())
         await self.bus.publish(ANNOUNCE_REQUEST, request)
         self.background.every(self.settings.flush_interval_ms / 1000, self.flush)
-        self.background.every(self.settings.detector_interval_s, self.detect)
+        # The detector also wakes at the earliest deadline, so a silent device is declared
+        # failed as its third heartbeat is missed, not up to a detector interval later.
+        self.background.every(self.settings.detector_interval_s, self.detect, self.due_in_s)
 
     async def stop(self) -> None:
         await self.background.close()
@@ -324,9 +331,17 @@ class Scorer:
             )
 
     # -- liveness -----------------------------------------------------------------------------
+    def due_in_s(self) -> float:
+        """Seconds until just past the earliest deadline the last detector pass saw."""
+        return self.next_deadline - self.clock() + DEADLINE_MARGIN_S
+
     async def detect(self) -> None:
         now = self.clock()
-        overdue = [r for r in self.table.values() if now > r.deadline and not r.failed]
+        live = [r for r in self.table.values() if not r.failed]
+        overdue = [r for r in live if now > r.deadline]
+        # Deadlines only move later as devices are heard from (a leaving one is due at once,
+        # and waits at most an interval, as before), so this is the next one to check.
+        self.next_deadline = min((r.deadline for r in live if now <= r.deadline), default=math.inf)
         if not overdue:
             return
         pipe = self.redis.pipeline(transaction=False)

@@ -328,6 +328,7 @@ class ShardEngine:
                 text=text.flush(),
                 finished=True,
                 finish_reason=reason,
+                stop_sequence=text.stop_word,
                 prompt_tokens=len(request.prompt_token_ids),
                 completion_tokens=live.index,
             )

@@ -26,6 +26,11 @@ from libs.runtime.procs import child_kwargs, free_port
 from libs.runtime.settings import child_env
 
 log = logging.getLogger(__name__)
+#: How often a starting server is asked whether it is up. A re-placed deployment serves, and
+#: its re-run requests start, only once it is: at 0.2 s the wait past the moment it listened
+#: was 0.1 s on average (llama-server listens about 0.45 s after it starts here), part of
+#: worker_kill's recovery (bench/chaos.py). A refused connection costs next to nothing.
+HEALTH_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Piece:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: str | None
+    #: The stop sequence that ended it, where the engine names one.
+    stop_sequence: str | None = None
 
 
 class EngineError(RuntimeError):
@@ -133,7 +140,7 @@ class EngineServer(ABC):
             with contextlib.suppress(httpx.HTTPError):
                 if (await self.http.get(self.health_path, timeout=2.0)).status_code == 200:
                     break
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(HEALTH_POLL_S)
         else:
             raise EngineError(
                 f"{self.engine} did not answer within {timeout_s:.0f} s: {self.tail()}"

@@ -45,6 +45,8 @@ class Reply:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: On the last reply: the stop sequence that ended the text (None: none did).
+    stop_sequence: str | None = None
 
 
 def request_body(prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
@@ -65,6 +67,10 @@ def request_body(prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
         body["response_format"] = {"type": "json_schema", "json_schema": call_schema(body)}
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+        # OpenAI's finish_reason "stop" covers both the end of the turn and a stop word;
+        # llama.cpp says which in its own fields, sent (these two alone) on the last event.
+        body["verbose"] = True
+        body["response_fields"] = ["stop_type", "stopping_word"]
     if sampling.seed is not None:
         body["seed"] = sampling.seed
     return body
@@ -179,6 +185,7 @@ async def replies(
     said: list[str] = []  # a forced call's JSON, kept until it is whole
     calls = Calls()
     finish: str | None = None
+    stop_word: str | None = None
     usage: dict[str, Any] = {}
     async with http.stream("POST", PATHS[prompt.kind], json=body) as response:
         if response.status_code != 200:
@@ -197,6 +204,7 @@ async def replies(
             if "error" in event:
                 raise EngineError(f"llama-server: {_message(json.dumps(event))}")
             usage = event.get("usage") or usage
+            stop_word = stopping_word(event) or stop_word
             for choice in event.get("choices") or ():
                 delta = choice.get("delta") or {}
                 for call in delta.get("tool_calls") or ():
@@ -227,7 +235,18 @@ async def replies(
         finish_reason=finish or "stop",
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        stop_sequence=stop_word if (finish or "stop") == "stop" else None,
     )
+
+
+def stopping_word(event: dict[str, Any]) -> str | None:
+    """The stop sequence that ended the text, from llama.cpp's own fields of an event
+    (``__verbose``, sent when the request has stop sequences); None when none did."""
+    native = event.get("__verbose")
+    if not isinstance(native, dict) or native.get("stop_type") != "word":
+        return None
+    word = native.get("stopping_word")
+    return str(word)[:256] if word else None
 
 
 def _message(detail: str) -> str:

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
 from libs.contracts import Prompt, Sampling, ShardTask
@@ -35,6 +35,7 @@ from services.worker.llama_prompts import PromptRefused, Reply, replies
 from services.worker.rpc_channel import (
     LOOPBACK,
     ChannelError,
+    Listener,
     Relay,
     close_all,
     is_loopback,
@@ -229,8 +230,9 @@ class RpcServer:
 
     The server itself listens on 127.0.0.1 only. Lent to other hosts (``host`` not loopback),
     it is reached through a mutual-TLS listener on ``host:port`` that lets in only peers with
-    a certificate of the cluster's CA (``services/worker/rpc_channel.py``): ``credentials``,
-    this device's own, are then required. The announced ``endpoint`` is that listener's."""
+    a certificate of the cluster's CA naming a head it lends to (``lend_to``; none at first:
+    ``services/worker/rpc_channel.py``): ``credentials``, this device's own, are then
+    required. The announced ``endpoint`` is that listener's."""
 
     def __init__(
         self,
@@ -249,7 +251,7 @@ class RpcServer:
         #: this same host reaches it there directly (``rpc_channel.open_tunnels``).
         self.local_port = self.port
         self.proc: asyncio.subprocess.Process | None = None
-        self.listener: Relay | None = None
+        self.listener: Listener | None = None
 
     @property
     def endpoint(self) -> str:
@@ -298,6 +300,12 @@ class RpcServer:
                 await self.stop()
                 raise EngineError(f"the RPC server's TLS listener: {exc}") from exc
         log.info("rpc server up", extra={"endpoint": self.endpoint, "tls": bool(self.listener)})
+
+    async def lend_to(self, heads: Iterable[str]) -> None:
+        """Let only these devices (the heads of the placements it lends to) through the TLS
+        listener from now on; a head no longer named loses its connections."""
+        if self.listener is not None:
+            await self.listener.admit(heads)
 
     async def stop(self) -> None:
         relay, self.listener = self.listener, None

@@ -158,6 +158,7 @@ class LlamaWorker(ServedWorker):
             if current is not None and current.epoch <= task.epoch:
                 self.device.unassign(work_key(current))
                 del self.lent[task.deployment_id]
+                await self.rpc.lend_to(lent.route[0] for lent in self.lent.values())
                 await self.status(task, "unloaded")
             return None
         if current is not None and current.epoch >= task.epoch:
@@ -172,6 +173,7 @@ class LlamaWorker(ServedWorker):
             self.device.unassign(work_key(current))
         self.lent[task.deployment_id] = task
         self.device.assign(work_key(task), shard_intensity(task))
+        await self.rpc.lend_to(lent.route[0] for lent in self.lent.values())  # only its heads
         await self.status(task, "loaded")  # the head's llama-server loads our layers
         return None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 from libs.agents.fleet import shard_intensity, work_key
 from libs.contracts import (
     HIDDEN,
+    TOKENS,
     ContractError,
     GenerationCancel,
     GenerationRequest,
@@ -31,9 +33,10 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
+from libs.runtime.tracing import carried
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine_server import EngineError, EngineServer
-from services.worker.llama_prompts import PromptRefused
+from services.worker.llama_prompts import PromptRefused, Reply
 from services.worker.llama_server import LlamaServer
 from services.worker.metrics import WorkerMetrics
 from services.worker.prompts import refusal
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 
 FINISH = {"stop": "stop", "length": "length"}
 FINISH_PROMPT = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+#: The most characters of text a ``TokenChunk`` carries.
+TEXT_MAX = 4096
 #: Seconds between attempts to start a server again after it died.
 RESTART_S = 1.0
 
@@ -286,7 +291,8 @@ class ServedWorker(DeviceWorker):
                         self._update_gauges()
                         if piece.finish_reason is not None:
                             reason = FINISH.get(piece.finish_reason, "error")
-                            last = last.model_copy(update={"finish_reason": reason})
+                            update = {"finish_reason": reason, "stop_sequence": piece.stop_sequence}
+                            last = last.model_copy(update=update)
                 done = {"completion_tokens": len(generated), "index": len(generated)}
                 await self.emit(last.model_copy(update={**done, "ts": time.time()}))
                 return
@@ -347,6 +353,7 @@ class ServedWorker(DeviceWorker):
                             "finish_reason": FINISH_PROMPT.get(reply.finish_reason, "stop"),
                             "prompt_tokens": reply.prompt_tokens,
                             "completion_tokens": reply.completion_tokens,
+                            "stop_sequence": reply.stop_sequence,
                         }
                         await self.emit(
                             self._piece(
@@ -354,7 +361,9 @@ class ServedWorker(DeviceWorker):
                             )
                         )
                         return
-                    if index >= request.delivered:
+                    if index >= request.delivered and plain(reply):
+                        await self._emit_text(request, index, reply.text)
+                    elif index >= request.delivered:
                         fields = {
                             "text": reply.text,
                             "tool_calls": reply.tool_calls,
@@ -364,7 +373,8 @@ class ServedWorker(DeviceWorker):
                             self._piece(request, index, **fields, logprobs=reply.logprobs)
                         )
                     index += 1
-                    self._update_gauges()
+                    if index % 16 == 1:  # a piece changes no gauge: refreshed now and then
+                        self._update_gauges()
                 return
             except PromptRefused as exc:
                 refused = failure(request, str(exc)).model_copy(
@@ -383,6 +393,15 @@ class ServedWorker(DeviceWorker):
                 # The server died under it: run it again once it is back, skipping what went.
                 request = request.model_copy(update={"delivered": max(index, request.delivered)})
                 await asyncio.sleep(0.1)
+
+    async def _emit_text(self, request: GenerationRequest, index: int, text: str) -> None:
+        """A piece of text alone (the hot path, once per token): its ``TokenChunk`` as JSON of
+        the fields it sets, written here rather than a model built and dumped (the gateway
+        validates it as a ``TokenChunk`` all the same)."""
+        fields = {"request_id": request.request_id, "index": index, "text": text}
+        fields.update(device_id=self.device_id, epoch=request.epoch, ts=time.time())
+        subject = TOKENS.subject(request_id=request.request_id, device_id=self.device_id)
+        await self.bus.publish_bytes(subject, json.dumps(fields).encode())
 
     def _piece(self, request: GenerationRequest, index: int, **fields: Any) -> TokenChunk:
         return TokenChunk(
@@ -410,6 +429,12 @@ class ServedWorker(DeviceWorker):
         self.device.measured_tokens_per_s = self.tokens_per_s()
         self.metrics.active.set(len(self.running))
         self.metrics.queue_depth.set(0 if self.ready.is_set() else len(self.running))
+
+
+def plain(reply: Reply) -> bool:
+    """Whether ``reply`` is text alone, sent outside a trace (``_emit_text``)."""
+    short = len(reply.text) <= TEXT_MAX
+    return short and not (reply.tool_calls or reply.logprobs or reply.embedding) and not carried()
 
 
 async def alive(server: EngineServer, wait_s: float = 1.0) -> bool:

@@ -103,10 +103,10 @@ class WorkerSettings(ServiceSettings):
 
     @property
     def context_length(self) -> int | None:
-        """Each request's context where a task names none (None: the torch ring takes the
-        deployment's, it keeps no fixed cache)."""
-        if self.engine == "llamacpp":
-            return self.llama_context
+        """The longest context a request gets here, as the device announces it: vLLM's
+        ``--max-model-len``, fixed when it starts. None: no bound of its own (llama.cpp sizes
+        its KV cache to each deployment's context, ``llama_context`` only where a task names
+        none; the torch ring keeps no fixed cache)."""
         if self.engine == "vllm":
             return self.vllm_context
         return None

@@ -80,8 +80,10 @@ class VllmServer(EngineServer):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 for choice in json.loads(line[6:]).get("choices", ()):
+                    said = choice.get("stop_reason")  # a stop string, a stop token's id, or None
                     yield Piece(
                         tuple(int(t) for t in choice.get("token_ids") or ()),
                         choice.get("text") or "",
                         choice.get("finish_reason"),
+                        said if isinstance(said, str) else None,
                     )

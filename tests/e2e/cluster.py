@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,15 @@ class RunningCluster:
             tail = "\n".join(self.lines[-60:])
             raise AssertionError(f"no line with {text!r}; output:\n{tail}") from None
         return str(line["msg"])
+
+    def join_command(self) -> tuple[str, str]:
+        """The NATS address and token of the join command a ``--listen`` cluster prints, once
+        it is ready."""
+        said = self.wait_for("other hosts join with:", 60)
+        found = re.search(r"tessera join (\S+) --token (\S+)", said)
+        assert found, said
+        self.wait_for("ready:", 240)
+        return found[1], found[2]
 
     @property
     def base_url(self) -> str:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -21,33 +24,23 @@ import ollama
 import openai
 import pytest
 
+from tests.e2e.api_helpers import (
+    FORCED,
+    MODEL,
+    PERSON,
+    PERSON_CITY,
+    WEATHER,
+    chat,
+    requests_counted,
+    streamed_calls,
+    traced,
+)
 from tests.e2e.cluster import RunningCluster, process_with_env
 
-MODEL = "smollm2-135m-instruct"
 KEY = "test-key-apis"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 pytestmark = pytest.mark.timeout(600)
-WEATHER: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city now.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 40}},
-            "required": ["city"],
-        },
-    },
-}
-FORCED = {"type": "function", "function": {"name": "get_weather"}}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
+SPANS = Path(tempfile.mkdtemp(prefix="tessera-api-spans-"))
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +51,7 @@ def cluster() -> Iterator[RunningCluster]:
         env={
             "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
             "TESSERA_GATEWAY_RATE_PER_S": "100000",
+            "TESSERA_OTLP_ENDPOINT": f"file://{SPANS}",
         },
     )
     running.wait_for("ready:", 240)
@@ -68,11 +62,6 @@ def cluster() -> Iterator[RunningCluster]:
 @pytest.fixture
 def client(cluster: RunningCluster) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=KEY, max_retries=0)
-
-
-def chat(client: Any, content: Any, **kw: Any) -> Any:
-    messages = [{"role": "user", "content": content}]
-    return client.chat.completions.create(model=MODEL, messages=messages, **kw)
 
 
 def test_chat_and_completions_streamed_and_not(client: Any) -> None:
@@ -162,23 +151,6 @@ def test_a_tool_call_round_trip(client: Any) -> None:
     assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
 
 
-def streamed_calls(stream: Any) -> tuple[list[tuple[str, str]], str | None]:
-    """The tool calls of an OpenAI stream, gathered as the client's docs gather them."""
-    calls: dict[int, list[str]] = {}
-    finish = None
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        for delta in chunk.choices[0].delta.tool_calls or ():
-            name, args = calls.setdefault(delta.index, ["", ""])
-            calls[delta.index] = [
-                name + (delta.function.name or ""),
-                args + (delta.function.arguments or ""),
-            ]
-        finish = chunk.choices[0].finish_reason or finish
-    return [(n, a) for _, (n, a) in sorted(calls.items())], finish
-
-
 def test_json_schema_output_validates_for_twenty_prompts(client: Any) -> None:
     format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     for i in range(20):
@@ -192,6 +164,30 @@ def test_json_schema_output_validates_for_twenty_prompts(client: Any) -> None:
             seed=i,
         )
         jsonschema.validate(json.loads(reply.choices[0].message.content or ""), PERSON)
+
+
+def test_json_object_output_parses_whenever_it_ends_by_itself(client: Any) -> None:
+    """No schema: any object. An answer that ends by itself ("stop") always parses; a token
+    limit that cuts it says "length". A stop sequence, which could cut it too, is refused."""
+    stopped = 0
+    for i in range(20):
+        reply = chat(
+            client,
+            f"Describe city number {i} as a JSON object.",
+            response_format={"type": "json_object"},
+            max_tokens=200,
+            temperature=0.7,
+            seed=i,
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "stop":
+            stopped += 1
+            assert isinstance(json.loads(choice.message.content or ""), dict)
+    assert stopped >= 10  # most end by themselves: the check above is not empty
+    with pytest.raises(openai.BadRequestError, match="stop") as cut:
+        chat(client, "x", response_format={"type": "json_object"}, stop=["}"])
+    assert cut.value.body["param"] == "stop"  # type: ignore[index]
 
 
 def test_embeddings(client: Any) -> None:
@@ -260,14 +256,43 @@ def test_anthropic_messages_streamed_and_not_and_a_tool_use(cluster: RunningClus
         stranger.messages.create(model=MODEL, max_tokens=4, messages=question)
 
 
-PERSON_CITY = WEATHER["function"]["parameters"]
+def test_anthropic_stop_reason_names_the_stop_sequence(cluster: RunningCluster) -> None:
+    client: Any = anthropic.Anthropic(base_url=cluster.base_url, api_key=KEY, max_retries=0)
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Count from 1 to 10 with commas."}],
+        "extra_body": {"temperature": 0},
+    }
+    free = client.messages.create(**ask)
+    text = free.content[0].text
+    assert "4" in text and free.stop_reason in ("end_turn", "max_tokens")
+    word = text[text.index("4") :][:3]  # a stop sequence the answer reaches
+    cut = client.messages.create(**ask, stop_sequences=["zebra", word])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == word
+    assert cut.content[0].text == text[: text.index(word)]
+    with client.messages.stream(**ask, stop_sequences=[word]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == word
+    unmet = client.messages.create(**ask, stop_sequences=["zebra"])
+    assert unmet.stop_reason == free.stop_reason and unmet.stop_sequence is None
 
 
 def test_ollama_chat_generate_tags_show_version(cluster: RunningCluster) -> None:
-    client: Any = ollama.Client(host=cluster.base_url, headers={"Authorization": f"Bearer {KEY}"})
+    client: Any = ollama.Client(host=cluster.base_url, headers=AUTH)
     assert MODEL in [m.model for m in client.list().models]
+    card = httpx.get(f"{cluster.base_url}/v1/cluster/models/{MODEL}", headers=AUTH).json()
     shown = client.show(MODEL)
-    assert shown.details is not None
+    assert shown.details is not None and shown.details.family == card["architecture"]
+    assert shown.details.parameter_size and shown.details.quantization_level in card["tensor_types"]
+    assert shown.modelinfo["general.parameter_count"] == card["params"]
+    assert shown.modelinfo[f"{card['architecture']}.context_length"] == card["context_train"]
+    assert shown.template and shown.template == card.get("chat_template", shown.template)
+    (loaded,) = [m for m in client.ps().models if m.model == MODEL]
+    assert loaded.size == card["size_bytes"] and loaded.digest == card["sha256"]
+    assert (
+        loaded.context_length and loaded.details and loaded.details.family == card["architecture"]
+    )
     ask = [{"role": "user", "content": "Name the capital of France."}]
     options = {"temperature": 0, "num_predict": 12}
     whole = client.chat(model=MODEL, messages=ask, options=options)
@@ -290,12 +315,40 @@ def test_ollama_chat_generate_tags_show_version(cluster: RunningCluster) -> None
     assert called.message.tool_calls is None or called.message.tool_calls[0].function.name
     vectors = client.embed(model=MODEL, input=["hello", "world"])
     assert len(vectors.embeddings) == 2
-    version = httpx.get(
-        f"{cluster.base_url}/api/version", headers={"Authorization": f"Bearer {KEY}"}
-    ).json()
+    version = httpx.get(f"{cluster.base_url}/api/version", headers=AUTH).json()
     assert version["version"]
     with pytest.raises(ollama.ResponseError, match=r"options\.mirostat"):
         client.chat(model=MODEL, messages=ask, options={"mirostat": 1})
+    assert client.pull(MODEL).status == "success"  # it serves: here already
+    assert [p.status for p in client.pull(MODEL, stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError, match="tessera models add") as unknown:
+        client.pull("no-such-model")
+    assert unknown.value.status_code == 404
+
+
+def test_every_api_counts_in_the_metrics_and_is_traced(cluster: RunningCluster) -> None:
+    """One request on each API's chat route: the gateway's request counter goes up by one
+    under that route's own label, and a trace begins at its server span and goes on past
+    the gateway (the request's spans on the other services)."""
+    bodies: dict[str, dict[str, Any]] = {
+        "/v1/chat/completions": {"max_tokens": 4},
+        "/v1/messages": {"max_tokens": 4},
+        "/api/chat": {"stream": False, "options": {"num_predict": 4}},
+    }
+    routes = tuple(bodies)
+    before = requests_counted(cluster.base_url)
+    sent = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    for route, extra in bodies.items():
+        say = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], **extra}
+        answer = httpx.post(cluster.base_url + route, json=say, headers=AUTH, timeout=120)
+        assert answer.status_code == 200, answer.text
+    after = requests_counted(cluster.base_url)
+    for route in routes:
+        assert after[(route, "200")] == before.get((route, "200"), 0) + 1, route
+    found = traced(SPANS, sent, [f"POST {route}" for route in routes])
+    for route in routes:
+        services = found[f"POST {route}"]
+        assert "tessera-gateway" in services and len(services) > 1, (route, services)
 
 
 def test_a_tool_call_cut_by_a_migration_reaches_the_client_once(
@@ -303,10 +356,9 @@ def test_a_tool_call_cut_by_a_migration_reaches_the_client_once(
 ) -> None:
     """Runs last: the worker generating a forced tool call is killed after the first piece
     streamed; the request moves to the other worker and the client gets one whole call."""
-    headers = {"authorization": f"Bearer {KEY}"}
     [placed] = [
         p
-        for p in httpx.get(f"{cluster.base_url}/v1/cluster/placements", headers=headers).json()
+        for p in httpx.get(f"{cluster.base_url}/v1/cluster/placements", headers=AUTH).json()
         if p["deployment_id"] == MODEL
     ]
     host = placed["assignments"][0]["device_id"]

@@ -1,7 +1,9 @@
 """A user's own model on `tessera up` with the llama.cpp engine, as the README tells it: a GGUF
 made here (qwen2, Q8_0, random weights) added by path, deployed by name whole and split in 2
 and by path split in 3, listed by /v1/models under its name only while a copy serves, and
-kept in the registry while deployed."""
+kept in the registry while deployed. Models of three other architectures (one a Q5_K_M made
+by llama.cpp's quantizer) give llama.cpp's own greedy text whole and split; a model with no
+chat template serves completions, and chats in the ChatML llama.cpp's server falls back to."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 from services.worker.settings import WorkerSettings
 from tests.e2e.cluster import RunningCluster
-from tests.models import llama_server, make_gguf
+from tests.models import QUANTIZED_TYPES, llama_server, make_gguf
 
 BINARIES = WorkerSettings().llama_bin
 pytestmark = [
@@ -114,8 +116,11 @@ def test_a_model_added_by_path_serves_by_name_whole_and_split(
     assert code == 0 and f"removed {NAME}" in out, out
 
 
-#: Three architectures besides SmolLM2's (llama), in two tensor types.
-MODELS = (("qwen2", "Q8_0"), ("gemma2", "F16"), ("phi3", "Q8_0"))
+#: Three architectures besides SmolLM2's (llama), in three tensor types: Q5_K_M mixes Q5_K
+#: and Q6_K, so its layers differ in size (qwen2 Q8_0 is the first test's). Not Q4_K_M: split
+#: by llama.cpp itself (llama-server --rpc, no Tessera), it drifts from its whole run after
+#: about ten tokens (docs/models.md, Limits).
+MODELS = (("qwen2", "Q5_K_M"), ("gemma2", "F16"), ("phi3", "Q8_0"))
 PROMPTS = ("The capital of France is", "def fibonacci(n):")
 NEW_TOKENS = 12
 
@@ -127,7 +132,8 @@ def test_each_architecture_gives_llama_cpps_own_greedy_text_whole_and_split(
     """Added by path, deployed whole, split in 2 and in 3: /v1/completions' greedy text is
     llama.cpp's own server's on the same file, whole (the same special tokens added)."""
     undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
-    path = make_gguf(tmp_path / f"{arch}.gguf", arch, tensor_type, layers=6, hidden=128)
+    hidden = 256 if tensor_type in QUANTIZED_TYPES else 128  # K-quant blocks are 256 wide
+    path = make_gguf(tmp_path / f"{arch}.gguf", arch, tensor_type, layers=6, hidden=hidden)
     with llama_server(path) as reference:
         expected = [reference.completion(p, NEW_TOKENS)["content"] for p in PROMPTS]
     name = f"{arch}-{tensor_type.lower()}-e2e"
@@ -146,6 +152,39 @@ def test_each_architecture_gives_llama_cpps_own_greedy_text_whole_and_split(
         undeploy(cluster, deployment)
     code, out = tessera(cluster, "models", "rm", name)
     assert code == 0, out
+
+
+CHAT = [{"role": "user", "content": "Tell me about foxes."}]
+#: How llama.cpp renders CHAT in ChatML, its server's template for a model with none.
+CHATML = "<|im_start|>user\nTell me about foxes.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_model_with_no_chat_template_completes_and_chats_in_chatml(
+    cluster: RunningCluster, tmp_path: Path
+) -> None:
+    """/v1/completions serves it as llama.cpp's own server does; a chat is rendered with the
+    fallback docs/api.md names (ChatML): the same text as completing the ChatML prompt."""
+    undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
+    path = make_gguf(tmp_path / "base.gguf", "qwen2", "Q8_0", layers=4, chat_template=False)
+    with llama_server(path) as reference:
+        expected = reference.completion(PROMPTS[0], NEW_TOKENS)["content"]
+        chatml = reference.completion(CHATML, NEW_TOKENS)["content"]
+    name = "base-e2e"
+    code, out = tessera(cluster, "models", "add", str(path), "--name", name)
+    assert code == 0, out
+    code, out = tessera(cluster, "models", "show", name)
+    assert "chat template none (chats use llama.cpp's ChatML)" in out, out
+    code, out = tessera(cluster, "deploy", name, "--shards", "1", "--id", "base-1")
+    assert code == 0 and "base-1 serving on" in out, out
+    body = {"model": name, "prompt": PROMPTS[0], "max_tokens": NEW_TOKENS, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == expected
+    chat = {"model": name, "messages": CHAT, "max_tokens": NEW_TOKENS, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/chat/completions", json=chat, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == chatml
+    undeploy(cluster, "base-1")
+    assert tessera(cluster, "models", "rm", name)[0] == 0
 
 
 def deployed(cluster: RunningCluster) -> set[str]:

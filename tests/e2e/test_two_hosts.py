@@ -264,11 +264,7 @@ def test_llama_cpp_splits_across_both_hosts_and_survives_the_link_going_down(
     )  # fmt: skip
     joined: list[ServiceProcess] = []
     try:
-        said = head.wait_for("other hosts join with:", 60)
-        found = re.search(r"tessera join (\S+) --token (\S+)", said)
-        assert found, said
-        url, token = found.groups()
-        head.wait_for("ready:", 240)
+        url, token = head.join_command()
         llama = ("--engine", "llamacpp")
         joined.append(joins(on_b, url, token, "laptop-b", "--memory-gb", LLAMA_MEMORY_GB, *llama))
         said_b = [str(line.get("msg")) for line in joined[0].lines]

@@ -84,11 +84,7 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
     ]  # fmt: skip
     joined: list[ServiceProcess] = []
     try:
-        said = head.wait_for("other hosts join with:", 60)
-        found = re.search(r"tessera join (\S+) --token (\S+)", said)
-        assert found, said
-        url, token = found.groups()
-        head.wait_for("ready:", 240)
+        url, token = head.join_command()
         argv = [
             "-m", "libs.cli.main", "join", url, "--token", token, "--device-id", "laptop-b",
             "--memory-gb", MEMORY_GB, "--engine", "llamacpp",

@@ -1,27 +1,30 @@
 """An engine of token ids (the torch ring, vLLM) refuses a request field it cannot honour by
-name, which the gateway answers 400 naming it, and runs a plain chat from its token ids."""
+name, which the gateway answers 400 naming it, and runs a plain chat from its token ids: over
+HTTP, through a real gateway application (in this process) to real workers on NATS."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 from nats.aio.client import Client as NatsClient
-from transformers import AutoTokenizer
 
-from libs.cluster.servers import NatsServer
-from libs.contracts import Prompt, Sampling, TokenChunk
+from libs.cluster.servers import NatsServer, RedisServer
+from libs.contracts import DEPLOYMENT_STATUS, DeploymentStatus, ShardProgress
 from libs.harness.workers import LocalWorkers, place, shard_tasks
-from libs.models.chat import encode_chat
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.store import MODEL_NAME
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
-from services.gateway.answers import refused
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from libs.runtime.procs import free_port
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySettings
 from services.worker.settings import WorkerSettings
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(900)
 VLLM = pytest.mark.skipif(
@@ -49,35 +52,80 @@ async def streams(url: str) -> None:
         await close_nats(nc)
 
 
-async def run(
-    client: GenerationClient, deployment: str, ids: list[int], prompt: Prompt
-) -> list[TokenChunk]:
-    sampling = Sampling(max_tokens=6)
-    rid = uuid.uuid4().hex[:12]
-    return [c async for c in client.stream(deployment, rid, ids, sampling, prompt)]
+@asynccontextmanager
+async def gateway(nats_url: str, redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway's application with its lifespan (NATS, Redis), and a client to it."""
+    settings = GatewaySettings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        scheduler_url=f"http://127.0.0.1:{free_port()}",  # none: deployments come as status
+        auth="off",
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            yield client
+
+
+def serving(deployment: str, device: str) -> DeploymentStatus:
+    """What the scheduler publishes once the deployment's one shard has loaded."""
+    shard = ShardProgress(device_id=device, shard_index=0, state="loaded", progress=1.0)
+    return DeploymentStatus(
+        deployment_id=deployment,
+        model=MODEL_NAME,
+        phase="serving",
+        epoch=1,
+        progress=1.0,
+        shards=(shard,),
+        context_length=2048,
+        ts=time.time(),
+    )
 
 
 async def test_a_field_the_engine_cannot_honour_is_a_400_naming_it(
-    engine: str, nc: NatsClient
+    engine: str, nc: NatsClient, redis_server: RedisServer, nats_server: NatsServer
 ) -> None:
     deployment = "dep-" + uuid.uuid4().hex[:8]
-    tasks = shard_tasks(deployment, MODEL_NAME, (f"rf-{engine}",), [(0, 30)], epoch=1)
+    device = f"rf-{engine}"
+    tasks = shard_tasks(deployment, MODEL_NAME, (device,), [(0, 30)], epoch=1)
     (status,) = await place(nc, tasks, timeout_s=400)
     assert status.state == "loaded", status.reason
-    book = RouteBook()
-    book.set(Route.of_tasks(tasks))
-    client = GenerationClient(NatsBus(nc), book)
-    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    ids = encode_chat(AutoTokenizer.from_pretrained(prepare()), messages)
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
-    body = json.dumps({"messages": messages, "tools": [tool]})
-    [final] = await run(client, deployment, ids, Prompt(kind="chat", body=body, fields=("tools",)))
-    assert final.finish_reason == "error" and final.invalid == "tools"
-    error = refused(final)
-    assert error.status == 400 and error.param == "tools" and engine in error.message.lower()
-    plain = Prompt(kind="chat", body=json.dumps({"messages": messages}))
-    chunks = await run(client, deployment, ids, plain)  # no such field: the ids run
-    assert chunks[-1].finish_reason in ("stop", "length") and chunks[-1].completion_tokens
-    embed = Prompt(kind="embed", body=json.dumps({"input": ["hello"]}))
-    [final] = await run(client, deployment, [], embed)
-    assert refused(final).status == 400 and final.invalid == "model"
+    async with gateway(nats_server.url, redis_server.url) as client:
+        await NatsBus(nc).publish(
+            DEPLOYMENT_STATUS, serving(deployment, device), deployment_id=deployment
+        )
+
+        async def listed() -> bool:
+            models = (await client.get("/v1/models")).json()["data"]
+            return MODEL_NAME in [m["id"] for m in models]
+
+        await wait_until_async(listed, 10)
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+        ask = {"model": deployment, "messages": messages, "max_tokens": 6}
+        answer = await client.post("/v1/chat/completions", json={**ask, "tools": [tool]})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "tools" and engine in error["message"].lower()
+        streamed = await client.post(
+            "/v1/chat/completions", json={**ask, "tools": [tool], "stream": True}
+        )
+        assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "tools"
+        plain = await client.post("/v1/chat/completions", json=ask)  # no such field: ids run
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        assert plain.json()["usage"]["completion_tokens"] > 0
+        # Anthropic's stop_reason: a stop sequence the engine met is named as such.
+        greedy = {**ask, "temperature": 0}
+        said = (await client.post("/v1/chat/completions", json=greedy)).json()
+        words = said["choices"][0]["message"]["content"].split()
+        assert len(words) > 1, words
+        anthropic = {"model": deployment, "messages": messages, "max_tokens": 6, "temperature": 0}
+        anthropic["stop_sequences"] = [words[-1]]
+        stopped = await client.post("/v1/messages", json=anthropic)
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["stop_reason"] == "stop_sequence"
+        assert stopped.json()["stop_sequence"] == words[-1]
+        embed = await client.post("/v1/embeddings", json={"model": deployment, "input": "hi"})
+        assert embed.status_code == 400 and embed.json()["error"]["param"] == "model"

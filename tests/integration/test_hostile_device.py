@@ -7,8 +7,10 @@ weights' object store is readable, never writable."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -20,13 +22,26 @@ from libs.cluster.access import MODEL_STREAM, WORK_STREAM, AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import HIDDEN, SHARD_TASK, TOKENS, ShardTask, TokenChunk
 from libs.contracts.channels import MODEL_BUCKET, work_consumer
+from libs.models.weights import cached_path, ensure_local, fetch, publish
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import connect_nats, ensure_streams
-from libs.runtime.objects import read_object
 from tests.waiting import wait_until
 
 ACCESS = AccessControl(["dev-a", "dev-b"])
-WEIGHTS = bytes(range(256)) * 4096  # 1 MiB: several chunks
+WEIGHTS = bytes(range(256)) * 4096 * 3  # 3 MiB: chunks of 512 KiB, in batches of BATCH
+SHA256 = hashlib.sha256(WEIGHTS).hexdigest()
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What weights delivery reads of a model card."""
+
+    name: str
+    source: str
+    sha256: str
+    size_bytes: int
+
+
 REFUSED = "permissions violation"
 
 
@@ -85,15 +100,17 @@ def task(device_id: str) -> ShardTask:
 
 
 @pytest.fixture
-async def cluster(server: NatsServer) -> AsyncIterator[NatsClient]:
+async def cluster(server: NatsServer, tmp_path: Path) -> AsyncIterator[NatsClient]:
     """The admin's connection, after the scheduler's part: the streams, a key-value bucket
-    and the model store, with one object."""
+    and the model store, with an object by name and one by digest (as models are added)."""
     admin = await connect_nats(ACCESS.nats_url(server.url, "admin"), "admin")
     await ensure_streams(admin)
     js = admin.jetstream()
     await js.create_key_value(bucket="tessera_leader")
     store = await js.create_object_store(MODEL_BUCKET)
     await store.put("smol.gguf", WEIGHTS)
+    (tmp_path / "smol.gguf").write_bytes(WEIGHTS)
+    await publish(admin, tmp_path / "smol.gguf", SHA256)  # as `tessera models add` does
     yield admin
     await admin.close()
 
@@ -124,11 +141,50 @@ async def takes_its_tasks(server: NatsServer, admin: NatsClient, device_id: str)
 
 
 async def test_a_device_takes_its_own_tasks_and_reads_the_model_store(
-    server: NatsServer, cluster: NatsClient, hostile: Connection
+    server: NatsServer, cluster: NatsClient, hostile: Connection, tmp_path: Path
 ) -> None:
+    """Its tasks through its consumer, and a model's weights as a worker fetches them
+    (``ensure_local``: direct gets, checksummed), cut short and resumed: no right refused."""
     await takes_its_tasks(server, cluster, "dev-a")
-    assert await read_object(hostile.nc.jetstream(), MODEL_BUCKET, "smol.gguf") == WEIGHTS
+    card = Weights("smol", str(tmp_path / "elsewhere.gguf"), SHA256, len(WEIGHTS))
+    target = cached_path(SHA256, tmp_path)
+    target.parent.mkdir(parents=True)
+    seen: list[int] = []
+
+    def cut(done: int, total: int) -> None:
+        seen.append(done)
+        if len(seen) == 1:
+            raise ConnectionError("cut short")
+
+    with pytest.raises(ConnectionError):
+        await fetch(hostile.nc.jetstream(), card, target, cut)
+    assert 0 < seen[0] < len(WEIGHTS) and not target.exists()
+    again: list[int] = []
+    got = await ensure_local(hostile.nc, card, lambda done, _: again.append(done), tmp_path)
+    assert got == target and got.read_bytes() == WEIGHTS
+    assert again[0] > seen[0] and again[-1] == len(WEIGHTS)  # resumed, not begun again
     assert hostile.errors == []
+
+
+async def test_no_consumer_on_the_model_store(cluster: NatsClient, hostile: Connection) -> None:
+    """No consumer of any kind on the weights' stream: not a push consumer that would pour the
+    chunks onto another subject (here another device's frames), not an ordered one, not a
+    named one, not a pull."""
+    js = hostile.nc.jetstream(timeout=1)
+    api = f"$JS.API.CONSUMER.CREATE.{MODEL_STREAM}"
+    elsewhere = HIDDEN.subject(deployment_id="dep-1", device_id="dev-b", sender_id="dev-c")
+    push = ConsumerConfig(deliver_subject=elsewhere, ack_policy=AckPolicy.NONE)
+    await hostile.refused(api, js.add_consumer(MODEL_STREAM, push))
+    chunks = f"$O.{MODEL_BUCKET}.C.>"
+    named = ConsumerConfig(name="reader", filter_subject=chunks, ack_policy=AckPolicy.NONE)
+    await hostile.refused(f"{api}.reader.{chunks}", js.add_consumer(MODEL_STREAM, named))
+    hostile.errors.clear()
+    await hostile.refused(api, js.subscribe(chunks, stream=MODEL_STREAM, ordered_consumer=True))
+    hostile.errors.clear()
+    with pytest.raises(Exception):  # noqa: B017 - refused: asserted below
+        await js.pull_subscribe(chunks, stream=MODEL_STREAM)  # named by nats-py
+    await wait_until(lambda: any(REFUSED in e and api.lower() in e for e in hostile.errors), 10)
+    assert (await cluster.jetstream().stream_info(MODEL_STREAM)).state.consumer_count == 0
 
 
 async def test_streams_cannot_be_listed_read_purged_or_deleted(

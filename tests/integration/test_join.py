@@ -4,17 +4,20 @@ device cannot speak for another device or place work (the server refuses it)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
-from libs.cluster.access import AccessControl
+from libs.cluster.access import JOIN_USER, AccessControl, with_user
 from libs.cluster.joining import JoinDesk, JoinRefused, ask_to_join, rotate_token
 from libs.cluster.servers import NatsCluster, NatsServer
-from libs.contracts import PLACEMENT_DECISION, TELEMETRY
-from libs.runtime.nats_client import close_nats, connect_nats
+from libs.contracts import JOIN, PLACEMENT_DECISION, TELEMETRY
+from libs.runtime.nats_client import close_nats, connect_nats, inbox_of
 from tests.integration.test_access import heard
 
 
@@ -61,6 +64,71 @@ async def test_the_token_buys_a_user_that_speaks_only_for_its_own_device(
         assert any("permissions violation" in e.lower() for e in errors), errors
     finally:
         await nc.close()
+
+
+async def test_another_holder_of_the_token_learns_no_password_while_a_device_joins(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk], admin: nats.NATS
+) -> None:
+    """A second holder of the join token subscribes to everything its grant allows (its
+    inbox, where every join answer goes) and tries the rest (the join requests, every
+    subject, the old shared inbox): the server refuses those, and what it reads while
+    ``laptop-1`` joins holds the answer but not the device's password; the joined device's
+    own user works."""
+    access, server, _ = cluster
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    spy = await nats.connect(
+        with_user(server.url, JOIN_USER, access.token),
+        inbox_prefix=inbox_of(JOIN_USER),
+        allow_reconnect=False,
+        error_cb=on_error,
+    )
+    read: list[bytes] = []
+
+    async def keep(msg: Msg) -> None:
+        read.append(msg.data)
+
+    try:
+        for subject in (f"{inbox_of(JOIN_USER)}.>", JOIN.subject(), ">", "_INBOX.>"):
+            await spy.subscribe(subject, cb=keep)
+        await spy.flush()
+        url = await ask_to_join(server.url, access.token, "laptop-1")
+        await spy.flush()
+        await asyncio.sleep(0.5)
+    finally:
+        await spy.close()
+    password = urlsplit(url).password
+    assert password and len(password) >= 16
+    assert any(b'"laptop-1"' in data for data in read), read  # it read the join answer
+    assert not any(password.encode() in data for data in read), read
+    refused = [e for e in errors if "permissions violation" in e.lower()]
+    assert len(refused) == 3, errors  # the requests, ">" and "_INBOX.>"
+    own = TELEMETRY.subject(device_id="laptop-1")
+    nc = await nats.connect(url, allow_reconnect=False)
+    try:
+        assert await heard(admin, own, lambda: nc.publish(own, b"{}"), within_s=3)
+    finally:
+        await nc.close()
+
+
+async def test_another_holder_of_the_token_cannot_take_over_a_joined_devices_name(
+    cluster: tuple[AccessControl, NatsServer, JoinDesk], tmp_path: Path
+) -> None:
+    """A joined device knows the token: joining again under another device's id must not give
+    it that device's user (its tasks, its frames). The host that joined as it may, after a
+    restart, with the password it kept."""
+    access, server, _ = cluster
+    host, other = tmp_path / "host", tmp_path / "other"
+    first = await ask_to_join(server.url, access.token, "laptop-1", secrets_dir=host)
+    with pytest.raises(JoinRefused, match="'laptop-1' has joined already from another host"):
+        await ask_to_join(server.url, access.token, "laptop-1", secrets_dir=other)
+    nc = await nats.connect(first, allow_reconnect=False)  # the device's user still works
+    await nc.close()
+    assert await ask_to_join(server.url, access.token, "laptop-1", secrets_dir=host) == first
+    assert (host / "laptop-1.secret").stat().st_mode & 0o077 == 0  # the owner's alone
 
 
 async def test_a_wrong_token_and_a_service_name_are_refused_saying_why(

@@ -5,17 +5,30 @@ played by ``Workers`` (test_scheduler_phases.py); every model is generated at te
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from redis.asyncio import Redis
+from typer.testing import CliRunner
 
+from libs.cli.models import models_app
+from libs.cluster import runfile
+from libs.cluster.servers import NatsServer
 from libs.contracts import ModelCard
 from libs.contracts.keys import Keys
 from libs.models.gguf_info import read_card
 from libs.models.registry import ModelError, ModelRegistry, NameTaken
 from libs.models.store import MODEL_NAME, shipped_card
+from libs.models.weights import stored
+from libs.runtime.procs import free_port
+from services.scheduler.api import create_api
+from services.scheduler.service import Scheduler
 from tests.integration.test_scheduler_phases import Setup, Workers, api, setup  # noqa: F401
 from tests.models import make_gguf
 from tests.unit.services.test_scheduler_handlers import seed
@@ -164,3 +177,58 @@ async def test_a_model_larger_than_the_whole_fleet_or_served_by_no_engine_is_ref
         assert big.status_code == 409 and "whole fleet has" in big.json()["detail"], big.json()
         assert "left out" in big.json()["detail"] and "torch serves only" in big.json()["detail"]
     assert service.state.deployments == {}  # nothing reported as deployed
+
+
+@contextlib.asynccontextmanager
+async def serving(service: Scheduler) -> AsyncIterator[str]:
+    """The scheduler's API on a port of this host, as `tessera` reaches it."""
+    port = free_port()
+    config = uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_models_rm_removes_the_weights_from_the_clusters_object_store(
+    setup: Setup,  # noqa: F811
+    nats_server: NatsServer,
+    qwen: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`tessera models add` puts the file into the object store and `models rm` takes it out,
+    once no other registered name is the same file; added again, it is sent again."""
+    path, fd = runfile.claim(tmp_path / "cluster.json")  # a running cluster's run file
+    runfile.write(fd, {"nats_url": nats_server.url, "pid": os.getpid()})
+    monkeypatch.setenv("TESSERA_RUN_FILE", str(path))
+    await llama_fleet(setup, ("a",))
+    sha = read_card(qwen).sha256
+    cli = CliRunner()
+
+    async def tessera(*args: str) -> str:
+        done = await asyncio.to_thread(cli.invoke, models_app, [*args, "--scheduler-url", url])
+        assert done.exit_code == 0, done.output
+        return " ".join(done.output.split())
+
+    try:
+        async with serving(await setup.scheduler()) as url:
+            for name in ("q1", "q2"):  # one file under two names
+                assert f"added {name}" in await tessera("add", str(qwen), "--name", name)
+            assert await stored(setup.nc, sha) is not None
+            out = await tessera("rm", "q1")
+            assert "removed q1" in out and "stay in the cluster: q2 is the same file" in out
+            assert await stored(setup.nc, sha) is not None  # q2 still needs it
+            out = await tessera("rm", "q2")
+            assert "its weights were removed from the cluster" in out, out
+            assert await stored(setup.nc, sha) is None
+            await tessera("add", str(qwen), "--name", "q3")
+            assert await stored(setup.nc, sha) is not None  # sent again
+            await tessera("rm", "q3")
+    finally:
+        runfile.release(path, fd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import ssl
 import struct
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from libs.contracts import Sampling, shard_ring
 from libs.harness.lan import UNAVAILABLE, Lan, lan, lender
 from libs.models.store import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials, accept, request
-from services.worker.llama_server import LlamaServer
+from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.llamacpp import LAYERS, whole_task
 from services.worker.rpc_channel import ChannelError, open_tunnels
 from services.worker.settings import WorkerSettings
@@ -99,6 +100,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ca.cert_pem,
     )
     ca.issue(folder / "third", "third-c")
+    ca.issue(folder / "other", "other-d")
     other = ClusterCA.create(folder / "other-ca")
     other.issue(folder / "foreign", "lender-b")
     return folder
@@ -112,17 +114,18 @@ def network() -> Iterator[Lan]:
 
 @pytest.fixture(scope="module")
 def lent(network: Lan, pki: Path) -> Iterator[dict[str, object]]:
-    with lender(network.hosts[0], BINARIES, pki / "lender") as info:
+    with lender(network.hosts[0], BINARIES, pki / "lender", heads=["head-a"]) as info:
         yield info
 
 
-def test_only_a_cluster_certificate_reaches_the_rpc_server(
+def test_only_the_heads_cluster_certificate_reaches_the_rpc_server(
     network: Lan, pki: Path, lent: dict[str, object]
 ) -> None:
     """On host B, llama.cpp's RPC server listens on loopback only, the channel on B's address.
     From host C: a plain-TCP connection to the channel's port gets no RPC answer, only a
-    failed handshake; TLS without a certificate, or with one of another CA, is refused; a
-    certificate of the cluster's CA gets llama.cpp's answer (the way in works)."""
+    failed handshake; TLS without a certificate, with one of another CA, or with the
+    cluster's own for another device (C's: as a revoked device's would be) is refused; the
+    certificate of the head B lends to gets llama.cpp's answer (the way in works)."""
     host_b, host_c = network.hosts
     endpoint = str(lent["endpoint"])
     assert endpoint == f"{host_b.address}:{endpoint.rsplit(':', 1)[1]}"
@@ -140,6 +143,7 @@ def test_only_a_cluster_certificate_reaches_the_rpc_server(
         "no_cert": files(None),
         "foreign_cert": files("foreign"),
         "cluster_cert": files("third"),
+        "head_cert": files("head"),
     }
     argv = [host_b.address, endpoint.rsplit(":", 1)[1], HELLO.hex()]
     done = subprocess.run(
@@ -156,7 +160,68 @@ def test_only_a_cluster_certificate_reaches_the_rpc_server(
     assert not plain.startswith(ANSWER_SIZE), seen
     assert plain == b"" or plain[0] == 0x15, seen  # nothing, or a TLS alert record
     assert "refused" in seen["no_cert"] and "refused" in seen["foreign_cert"], seen
-    assert bytes.fromhex(seen["cluster_cert"]["answer"]).startswith(ANSWER_SIZE), seen
+    assert not bytes.fromhex(seen["cluster_cert"].get("answer", "")).startswith(ANSWER_SIZE)
+    assert bytes.fromhex(seen["head_cert"]["answer"]).startswith(ANSWER_SIZE), seen
+
+
+async def test_the_listener_follows_the_heads_it_lends_to(network: Lan, pki: Path) -> None:
+    """A lending device's listener lets in only the heads of its placements: nobody before
+    any; then ``head-a`` and not ``third-c``; both while both lead one (``head-a``'s open
+    connection kept); and once only ``third-c`` does, ``head-a``'s connection ends and a new
+    one is refused, as a revoked head's would be."""
+    rpc = RpcServer(BINARIES, network.address, credentials=Credentials.in_folder(pki / "lender"))
+    await rpc.start()
+    try:
+        endpoint = rpc.endpoint
+        assert await hello(endpoint, pki, "head") == b""
+        await rpc.lend_to(["head-a"])
+        assert (await hello(endpoint, pki, "head")).startswith(ANSWER_SIZE)
+        assert await hello(endpoint, pki, "third") == b""
+
+        reader, writer = await connect(endpoint, pki, "head")  # no HELLO yet
+        await rpc.lend_to(["head-a", "third-c"])
+        assert (await exchange(reader, writer)).startswith(ANSWER_SIZE)  # still served
+        assert (await hello(endpoint, pki, "third")).startswith(ANSWER_SIZE)
+        assert await hello(endpoint, pki, "other") == b""
+
+        reader, writer = await connect(endpoint, pki, "head")
+        await rpc.lend_to(["third-c"])
+        assert await exchange(reader, writer) == b""  # its connection ended with the change
+        assert await hello(endpoint, pki, "head") == b""
+        assert (await hello(endpoint, pki, "third")).startswith(ANSWER_SIZE)
+    finally:
+        await rpc.stop()
+
+
+async def connect(
+    endpoint: str, pki: Path, name: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TLS connection to a listener with the cluster certificate in ``pki / name``."""
+    held = Credentials.in_folder(pki / name)
+    context = ssl.create_default_context(cafile=str(pki / "ca" / "ca.pem"))
+    context.check_hostname = False
+    context.load_cert_chain(held.cert, held.key)
+    host, port = endpoint.rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port), ssl=context)
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """llama.cpp's HELLO over an open connection: its answer, or b"" if refused or ended."""
+    try:
+        writer.write(HELLO)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(64), 10)
+    except (OSError, ssl.SSLError):
+        return b""
+    finally:
+        writer.close()
+
+
+async def hello(endpoint: str, pki: Path, name: str) -> bytes:
+    try:
+        return await exchange(*await connect(endpoint, pki, name))
+    except (OSError, ssl.SSLError):
+        return b""
 
 
 def listeners(prefix: list[str], port: int) -> set[str]:

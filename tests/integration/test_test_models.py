@@ -1,16 +1,20 @@
 """The guard of the test-model factory (tests/models.py): every architecture in F16 and Q8_0
 loads in llama.cpp's own server, tokenizes text as SmolLM2 does, and generates greedily — tokens
-that follow the prompt, the same on a fresh server. Other tests' models rest on this one."""
+that follow the prompt, the same on a fresh server; so do the other types it writes and the
+K-quants and i-quant llama.cpp's quantizer makes of them. Other tests' models rest on this."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from libs.models.gguf_info import read_card
 from libs.models.store import gguf_path
 from tests.models import (
     ARCHS,
+    QUANTIZED_TYPES,
     TENSOR_TYPES,
     VOCAB,
     llama_binaries,
@@ -59,6 +63,23 @@ def test_every_other_type_the_factory_writes_loads_and_generates(
     path = make_gguf(tmp_path / "m.gguf", "qwen2", tensor_type, layers=2)
     tokens = llama_server_tokens(path, PROMPTS[0], NEW_TOKENS)
     assert len(set(tokens)) > 1 and all(0 <= t < VOCAB for t in tokens)
+
+
+@pytest.mark.parametrize(
+    ("arch", "file_type"),
+    [("llama", "Q4_K_M"), ("qwen2", "Q5_K_M"), ("phi3", "Q6_K"), ("gemma2", "IQ4_XS")],
+)
+def test_k_quants_and_an_i_quant_made_by_llama_quantize_load_and_generate(
+    tmp_path: Path, arch: str, file_type: str
+) -> None:
+    started = time.monotonic()
+    path = make_gguf(tmp_path / "m.gguf", arch, file_type, layers=4, tied=arch != "llama")
+    assert time.monotonic() - started < 10  # a few seconds: the F16 file, then the quantizer
+    assert set(QUANTIZED_TYPES[file_type]) <= set(read_card(path).tensor_types)
+    with llama_server(path) as server:
+        answers = [server.completion(p, NEW_TOKENS, ignore_eos=True)["tokens"] for p in PROMPTS]
+    assert all(len(t) == NEW_TOKENS and all(0 <= i < VOCAB for i in t) for t in answers)
+    assert len(set(answers[0])) > 1 and answers[0] != answers[1]
 
 
 def test_the_reference_is_the_same_on_a_fresh_server(tmp_path: Path) -> None:

@@ -38,6 +38,17 @@ def test_a_stop_string_is_cut_and_never_half_sent(tokenizer) -> None:  # type: i
     assert stream.stopped and sent == "The answer is 42. "
 
 
+def test_the_stop_string_that_ended_the_text_is_named(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Anthropic's ``stop_sequence`` on the torch engine: the earliest stop in the text."""
+    stream = TextStream(tokenizer, stops=("story", "42"))
+    for token in tokenizer("The answer is 42. END of story")["input_ids"]:
+        stream.push(token)
+        if stream.stopped:  # the engine ends the request here
+            break
+    assert stream.stopped and stream.stop_word == "42"
+    assert TextStream(tokenizer, stops=("nowhere",)).stop_word is None
+
+
 def test_primed_tokens_count_as_sent(tokenizer) -> None:  # type: ignore[no-untyped-def]
     ids = tokenizer("one two three four")["input_ids"]
     stream = TextStream(tokenizer)

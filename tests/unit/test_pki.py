@@ -13,7 +13,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from libs.runtime.pki import ClusterCA, Credentials, accept, request
-from services.worker.rpc_channel import ChannelError, listener_command, tunnel_command
+from services.worker.rpc_channel import (
+    NOBODY,
+    ChannelError,
+    check_script,
+    listener_command,
+    tunnel_command,
+)
 
 
 def test_a_device_gets_a_certificate_naming_itself_whatever_it_asked_for(tmp_path: Path) -> None:
@@ -68,6 +74,22 @@ def test_both_ends_of_the_channel_verify_their_peer(tmp_path: Path) -> None:
     odd = Credentials(files.ca, files.cert, tmp_path / "a,b.pem")
     with pytest.raises(ChannelError):
         listener_command(odd, "10.0.0.2", 50052, 40001)
+
+
+def test_the_listener_checks_the_name_of_the_head_it_lends_to(tmp_path: Path) -> None:
+    """No head: a name no certificate of the cluster holds; one: socat checks it; several: a
+    script run per connection checks them; a name that is no device id is refused."""
+    files = ClusterCA.create(tmp_path / "ca").issue(tmp_path / "dev", "laptop-b")
+    assert f"commonname={NOBODY}" in " ".join(listener_command(files, "10.0.0.2", 1, 2))
+    one = " ".join(listener_command(files, "10.0.0.2", 1, 2, ["head-a"]))
+    assert "commonname=head-a" in one and "TCP:127.0.0.1:2" in one
+    check = tmp_path / "check"
+    check.write_text(check_script(["head-a", "head-c"], 2))
+    several = listener_command(files, "10.0.0.2", 1, 2, ["head-c", "head-a"], check)
+    assert several[-1] == f"SYSTEM:sh {check}" and "commonname" not in " ".join(several)
+    assert "head-a|head-c)" in check.read_text()
+    with pytest.raises(ChannelError, match="not a device id"):
+        listener_command(files, "10.0.0.2", 1, 2, ["a;rm -rf"])
 
 
 def ec_csr_of(folder: Path) -> str:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import gguf
 import pytest
 
 from libs.contracts import ModelCard
 from libs.models.gguf_info import ModelFileError, read_card
 from libs.models.store import MODEL_NAME, gguf_path, shipped_card
-from tests.models import make_gguf
+from tests.models import QUANTIZED_TYPES, llama_binaries, make_gguf
 
 #: The header, metadata (SmolLM2's tokenizer: ~1.8 MB) and tensor alignment: what a file
 #: holds besides its tensors.
@@ -65,6 +66,31 @@ def test_generated_models_of_other_architectures_add_up(
     assert tensor_type in card.tensor_types
     assert card.kv_bytes_per_token == 3 * 2 * 32 * 2 * 2  # 2 KV heads of 128 / 4, K and V, f16
     assert card.output_bytes > (0 if tied else card.embedding_bytes // 2)
+
+
+@pytest.mark.skipif(
+    not (llama_binaries() / "llama-quantize").exists(), reason="no llama-quantize: `make llama`"
+)
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q5_K_M", "IQ4_XS"])  # Q6_K: in both _M
+def test_k_quant_and_i_quant_files_are_counted_to_the_byte(tmp_path: Path, file_type: str) -> None:
+    """Made by llama.cpp's own quantizer: each tensor's bytes as the card counts them fill the
+    file exactly up to the next tensor (only the alignment's padding between), and to its end."""
+    path = make_gguf(tmp_path / "m.gguf", "qwen2", file_type, layers=8, hidden=256, ffn=512)
+    card = read_card(path)
+    assert_adds_up(card)
+    assert set(QUANTIZED_TYPES[file_type]) <= set(card.tensor_types)
+    reader = gguf.GGUFReader(path)
+    align = int(reader.alignment)
+    tensors = sorted(reader.tensors, key=lambda t: t.data_offset)
+    ends = [t.data_offset for t in tensors[1:]] + [path.stat().st_size]
+    counted = {t.name: t.n_bytes for t in tensors}  # the type tables' count, as the card's
+    for tensor, end in zip(tensors, ends, strict=True):
+        assert -(-counted[tensor.name] // align) * align == end - tensor.data_offset, tensor.name
+    for index, layer in enumerate(card.layer_bytes):
+        assert layer == sum(b for n, b in counted.items() if n.startswith(f"blk.{index}."))
+    assert card.weights_bytes == sum(counted.values())
+    if file_type.endswith("_M"):  # a mixed quantization: some layers wider (Q6_K attn_v, ffn)
+        assert len(set(card.layer_bytes)) > 1
 
 
 def test_a_file_that_is_not_a_gguf_is_refused(tmp_path: Path) -> None:

@@ -126,3 +126,12 @@ def test_unknown_architecture_and_type_are_refused(tmp_path: Path) -> None:
         make_gguf(tmp_path / "m.gguf", "mamba")
     with pytest.raises(ValueError, match="Q4_K"):
         make_gguf(tmp_path / "m.gguf", "llama", "Q4_K")
+
+
+def test_a_base_model_has_no_template_and_k_quants_need_256_wide_blocks(tmp_path: Path) -> None:
+    path = make_gguf(tmp_path / "base.gguf", "qwen2", "Q8_0", layers=1, chat_template=False)
+    fields = gguf.GGUFReader(path).fields
+    assert "tokenizer.chat_template" not in fields and "tokenizer.ggml.tokens" in fields
+    with pytest.raises(ValueError, match="by 256"):
+        make_gguf(tmp_path / "k.gguf", "qwen2", "Q4_K_M", hidden=128)
+    assert not list(tmp_path.glob("k.*"))  # nothing written

@@ -86,13 +86,21 @@ async def start(
     devices: dict[str, tuple[float, float]],
     engines: dict[str, str] | None = None,
     slots: int | None = None,
+    contexts: dict[str, int | None] | None = None,
 ) -> tuple[Scheduler, MemoryBus]:
     """A scheduler over ``devices`` (id → memory GB, FP32 TFLOP/s; their workers' engines:
-    torch unless ``engines`` says, announcing ``slots``) on in-memory servers."""
+    torch unless ``engines`` says, announcing ``slots`` and the longest context in
+    ``contexts``) on in-memory servers."""
     bus, redis, keys = MemoryBus(), fakeredis.FakeAsyncRedis(decode_responses=True), Keys("u")
     for device_id, (memory_gb, tflops) in devices.items():
         engine = (engines or {}).get(device_id, "torch")
         await seed(redis, keys, device_id, memory_gb, tflops, engine, slots)
+        if contexts is not None:
+            announce = DeviceAnnounce.model_validate_json(await redis.get(keys.caps(device_id)))
+            update = {"context_length": contexts.get(device_id)}
+            await redis.set(
+                keys.caps(device_id), announce.model_copy(update=update).model_dump_json()
+            )
     settings = SchedulerSettings(key_prefix="u", cycle_ms=100, mode_eval_s=3600)
     await register_shipped(ModelRegistry(redis, "u"))
     checkpoints = CheckpointStore(redis, None, keys, settings.checkpoints_kept)

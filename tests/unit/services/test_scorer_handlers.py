@@ -4,6 +4,7 @@ ones)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,9 +32,10 @@ from libs.contracts import (
 from libs.contracts.keys import DeviceRow, Keys
 from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
+from libs.runtime.lifecycle import Background
 from libs.runtime.memory_bus import MemoryBus
 from services.scorer.metrics import ScorerMetrics
-from services.scorer.service import Scorer
+from services.scorer.service import DEADLINE_MARGIN_S, Scorer
 from services.scorer.settings import ScorerSettings
 from tests.builders import NOW, make_capabilities, make_telemetry
 
@@ -101,6 +103,39 @@ async def test_a_sample_breaking_its_contract_is_counted_not_stored(scorer: Any)
     assert (await redis.hgetall(Keys("u").stats))["rejected:out_of_range"] == "1"
     counted = service.metrics.rejected.labels(TELEMETRY.name, "out_of_range")._value.get()
     assert counted == 1
+
+
+async def test_the_detector_is_due_at_the_earliest_deadline_not_a_period_later(
+    scorer: Any,
+) -> None:
+    """The fixture's detector runs every 10 s; a device heard from now is due 3 intervals and
+    the grace (1 s intervals: 3.25 s) later, and the detector wakes then."""
+    service, bus, _, clock = scorer
+    await announce(bus, "laptop-1", DeviceClass.LAPTOP)
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1"), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    await service.detect()
+    assert service.due_in_s() == pytest.approx(3.25 + DEADLINE_MARGIN_S)
+    clock.now += service.due_in_s()
+    await service.detect()
+    await bus.settle()
+    [failed] = bus.sent(DEVICE_FAILED)
+    assert isinstance(failed, DeviceFailed) and failed.device_id == "laptop-1"
+    assert service.due_in_s() > 10  # no live device left: the period paces it again
+
+
+async def test_a_periodic_step_runs_when_it_is_due_before_its_period() -> None:
+    runs: list[float] = []
+
+    async def step() -> None:
+        runs.append(asyncio.get_running_loop().time())
+
+    background = Background("test")
+    background.every(60.0, step, lambda: 0.01)
+    await asyncio.sleep(0.5)
+    await background.close()
+    assert len(runs) >= 2  # a 60 s period alone would not have run it once
 
 
 async def test_a_silent_device_is_declared_failed_after_three_missed_samples(scorer: Any) -> None:

@@ -1,5 +1,6 @@
 """A worker's device announces its capacity as the worker's settings make it: requests served
-at once (llama.cpp's slots, vLLM's sequences, the torch ring's one) and each one's context."""
+at once (llama.cpp's slots, vLLM's sequences, the torch ring's one) and the longest context a
+request gets (vLLM's, fixed when it starts; the others size theirs to each deployment)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from services.worker.settings import WorkerSettings
 @pytest.mark.parametrize(
     ("settings", "slots", "context"),
     [
-        ({"engine": "llamacpp", "llama_slots": 3, "llama_context": 4096}, 3, 4096),
+        # llama.cpp sizes its cache to each deployment's context: no bound of its own.
+        ({"engine": "llamacpp", "llama_slots": 3, "llama_context": 4096}, 3, None),
         ({"engine": "vllm", "max_active": 12, "vllm_context": 8192}, 12, 8192),
         ({"engine": "torch"}, 1, None),
     ],

@@ -1,0 +1,77 @@
+"""Revoking a joined device that serves part of a deployment, while a series of requests runs
+(``tessera revoke``): the deployment is placed again without it and every request completes
+with the answer it gives alone (greedy): nothing lost, nothing twice. One host: the cluster
+listens on loopback and the devices join over it (torch shards, the engine a cluster that
+others join runs); ``test_two_hosts.py`` moves shards off a host whose link goes down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from libs.runtime.procs import ServiceProcess
+from tests.e2e.cluster import RunningCluster
+from tests.e2e.test_two_hosts import MEMORY_GB, MODEL, QUESTION, joins, run_in
+
+#: Requests one after the other; the device is revoked in the middle of the first.
+REQUESTS = 3
+TOKENS = 32
+SERIES = (
+    "import json, sys, time, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-')\n"
+    f"for i in range({REQUESTS}):\n"
+    f"    s = c.chat.completions.create(model='{MODEL}', messages={QUESTION!r},"
+    f" max_tokens={TOKENS}, temperature=0, stream=True)\n"
+    "    for k in s:\n"
+    "        if k.choices and k.choices[0].delta.content:\n"
+    "            print(json.dumps([i, time.monotonic(), k.choices[0].delta.content]), flush=True)"
+)
+
+
+def test_a_revoked_device_s_shards_move_and_no_request_is_lost() -> None:
+    head = RunningCluster(
+        "--listen", "127.0.0.1", "--workers", "1",
+        env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
+    )  # fmt: skip
+    joined: list[ServiceProcess] = []
+    try:
+        url, token = head.join_command()
+        # Neither worker-0 nor laptop-b holds the model alone: it is split across both.
+        joined.append(joins([], url, token, "laptop-b", "--memory-gb", MEMORY_GB))
+        on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
+        deployed = run_in([], on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
+        assert "worker-0" in deployed and "laptop-b" in deployed, deployed
+        v1 = f"{head.base_url}/v1"
+        [alone] = answers(
+            run_in([], {}, "-c", SERIES.replace(f"range({REQUESTS})", "range(1)"), v1)
+        )
+        joined.append(joins([], url, token, "spare-c", "--memory-gb", "2"))  # room to move to
+
+        series = subprocess.Popen(
+            [sys.executable, "-c", SERIES, v1], stdout=subprocess.PIPE, text=True
+        )
+        assert series.stdout is not None
+        lines, revoked_at = [], 0.0
+        for line in series.stdout:
+            lines.append(line)
+            if len(lines) == 4:  # mid-way through the first request
+                revoke = ["env", f"TESSERA_RUN_FILE={head.run_file}", sys.executable]
+                subprocess.run([*revoke, "-m", "libs.cli.main", "revoke", "laptop-b"], check=True)
+                revoked_at = time.monotonic()
+        assert series.wait(timeout=120) == 0
+        assert answers("".join(lines)) == [alone] * REQUESTS
+        first = [json.loads(line) for line in lines if json.loads(line)[0] == 0]
+        assert first[-1][1] > revoked_at, "the first request ended before the revocation"
+        placed = run_in([], on_head, "-m", "libs.cli.main", "placements")
+        assert MODEL in placed and "laptop-b" not in placed, placed
+    finally:
+        head.stop()
+        for process in joined:
+            process.stop(timeout_s=5)
+
+
+def answers(output: str) -> list[str]:
+    """Each request's text, from ``SERIES``' lines (request, time, piece)."""
+    pieces = [json.loads(line) for line in output.splitlines()]
+    return ["".join(p for i, _, p in pieces if i == n) for n in sorted({i for i, _, _ in pieces})]
