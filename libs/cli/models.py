@@ -75,26 +75,35 @@ def local_card(source: str, name: str | None, sha256: str | None, console: Conso
         return card
 
 
-def publish_weights(path: Path, sha256: str, progress: Progress, console: Console) -> None:
-    """Put the file into the cluster's object store (``libs/models/weights.py``, as the running
-    cluster's admin), so that hosts without it receive it; once per file (by sha256)."""
-    import asyncio
-
+def cluster_nats(console: Console, absent: str) -> tuple[str, Path | None] | None:
+    """The running cluster's admin NATS URL and CA file, from its run file; None (saying
+    ``absent``) when no cluster runs on this host."""
     from libs.cluster import runfile
-    from libs.models.weights import publish_to
     from libs.runtime.settings import LauncherSettings
 
     try:
         running = runfile.read(LauncherSettings().run_file)
     except (SystemExit, OSError, ValueError):
-        console.print("no running cluster here: the weights stay on this host only")
-        return
+        console.print(absent)
+        return None
     ca = running.get("nats_ca")
+    return running["nats_url"], Path(ca) if ca else None
+
+
+def publish_weights(path: Path, sha256: str, progress: Progress, console: Console) -> None:
+    """Put the file into the cluster's object store (``libs/models/weights.py``, as the running
+    cluster's admin), so that hosts without it receive it; once per file (by sha256)."""
+    import asyncio
+
+    from libs.models.weights import publish_to
+
+    cluster = cluster_nats(console, "no running cluster here: the weights stay on this host only")
+    if cluster is None:
+        return
     task = progress.add_task(f"sending {path.name} to the cluster", total=None)
     asyncio.run(
         publish_to(
-            running["nats_url"],
-            Path(ca) if ca else None,
+            *cluster,
             path,
             sha256,
             lambda done, total: progress.update(task, completed=done, total=total),
@@ -230,20 +239,17 @@ def unpublish_weights(sha256: str, console: Console) -> None:
     running cluster's admin, as ``publish_weights`` put it there."""
     import asyncio
 
-    from libs.cluster import runfile
     from libs.models.weights import unpublish
     from libs.runtime.nats_client import close_nats, connect_nats
-    from libs.runtime.settings import LauncherSettings
 
-    try:
-        running = runfile.read(LauncherSettings().run_file)
-    except (SystemExit, OSError, ValueError):
-        console.print("no running cluster here: its weights were left in the object store")
+    absent = "no running cluster here: its weights were left in the object store"
+    cluster = cluster_nats(console, absent)
+    if cluster is None:
         return
-    ca = running.get("nats_ca")
+    url, ca = cluster
 
     async def drop() -> bool:
-        nc = await connect_nats(running["nats_url"], "models-rm", ca_file=Path(ca) if ca else None)
+        nc = await connect_nats(url, "models-rm", ca_file=ca)
         try:
             return await unpublish(nc, sha256)
         finally:

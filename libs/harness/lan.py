@@ -74,29 +74,6 @@ def lan(hosts: int) -> Iterator[Lan]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
-#: A device lending its CPU: Tessera's own ``RpcServer`` on the host it runs on, lent to the
-#: heads named (comma-separated), announcing ``{"endpoint", "local_port"}`` on stdout and
-#: stopping when its stdin closes.
-LENDER = """
-import asyncio, json, sys
-from pathlib import Path
-from libs.runtime.pki import Credentials
-from services.worker.llama_server import RpcServer
-
-async def main() -> None:
-    host, folder, binaries, threads, heads = sys.argv[1:6]
-    credentials = Credentials.in_folder(Path(folder)) if folder else None
-    rpc = RpcServer(Path(binaries), host, threads=int(threads), credentials=credentials)
-    await rpc.start()
-    await rpc.lend_to(filter(None, heads.split(",")))
-    print(json.dumps({"endpoint": rpc.endpoint, "local_port": rpc.local_port}), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await rpc.stop()
-
-asyncio.run(main())
-"""
-
-
 @contextmanager
 def lender(
     host: Host,
@@ -109,7 +86,9 @@ def lender(
     ``credentials_folder``, for the devices ``heads`` only; None: loopback only), until the
     block ends."""
     folder = str(credentials_folder) if credentials_folder is not None else ""
-    argv = [sys.executable, "-c", LENDER, host.address, folder, str(binaries), str(threads)]
+    # The worker's own lender entry point (the harness only starts it: it imports no service).
+    argv = [sys.executable, "-m", "services.worker.lender", host.address, folder, str(binaries)]
+    argv.append(str(threads))
     argv.append(",".join(heads))
     proc = subprocess.Popen(
         [*host.prefix, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO
