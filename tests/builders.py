@@ -29,6 +29,7 @@ from libs.contracts import (
     TOKEN_ANSWER,
     TOKEN_ROTATE,
     TOKENS,
+    WEIGHTS_PROGRESS,
     AnnounceRequest,
     Assignment,
     BatchJob,
@@ -62,6 +63,7 @@ from libs.contracts import (
     TokenAnswer,
     TokenChunk,
     TokenRotation,
+    WeightsProgress,
 )
 from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER
 from libs.contracts.control import DeviceRevocation, RevocationAnswer
@@ -316,6 +318,19 @@ def sample_messages(
         (TOKEN_ANSWER, TokenAnswer(token="t" * 24), {}),
         (DEVICE_REVOKE, DeviceRevocation(device_id=device_id, ts=NOW), {}),
         (REVOKE_ANSWER, RevocationAnswer(device_id=device_id), {}),
+        (
+            WEIGHTS_PROGRESS,
+            WeightsProgress(
+                device_id=device_id,
+                model="smollm2-135m-instruct",
+                deployment_id="dep-1",
+                shard_index=0,
+                bytes_done=512,
+                bytes_total=1024,
+                ts=NOW,
+            ),
+            dev,
+        ),
     ]
     return samples  # type: ignore[return-value]
 

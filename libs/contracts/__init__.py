@@ -40,6 +40,7 @@ from libs.contracts.channels import (
     TOKEN_ANSWER,
     TOKEN_ROTATE,
     TOKENS,
+    WEIGHTS_PROGRESS,
     Channel,
     Subject,
 )
@@ -87,6 +88,7 @@ from libs.contracts.work import (
     ShardTask,
     StepRow,
     TokenChunk,
+    WeightsProgress,
     shard_ring,
 )
 
@@ -118,6 +120,7 @@ __all__ = [
     "TOKENS",
     "TOKEN_ANSWER",
     "TOKEN_ROTATE",
+    "WEIGHTS_PROGRESS",
     "AnnounceRequest",
     "Assignment",
     "BatchJob",
@@ -169,6 +172,7 @@ __all__ = [
     "TokenRotation",
     "ToolCall",
     "TopLogprob",
+    "WeightsProgress",
     "WireModel",
     "decode_frame",
     "shard_ring",

@@ -45,6 +45,7 @@ from libs.contracts.work import (
     ShardStatus,
     ShardTask,
     TokenChunk,
+    WeightsProgress,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -183,6 +184,10 @@ TOKEN_ANSWER = Channel("token_answer", "tessera.v1.cluster.token.answer", TokenA
 #: ``tessera devices revoke``: asked as the admin (no other user may), answered by ``tessera up``.
 DEVICE_REVOKE = Channel("device_revoke", "tessera.v1.cluster.device.revoke", DeviceRevocation)
 REVOKE_ANSWER = Channel("revoke_answer", "tessera.v1.cluster.device.revoked", RevocationAnswer)
+#: A device's weights as they arrive (``WeightsProgress``): the gateway's event feed shows it.
+WEIGHTS_PROGRESS = Channel(
+    "weights_progress", "tessera.v1.weights.progress.{device_id}", WeightsProgress
+)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
 )
@@ -204,6 +209,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     CANCEL,
     SHARD_STATUS,
     DEPLOYMENT_STATUS,
+    WEIGHTS_PROGRESS,
     MODE_CHANGE,
     CHECKPOINT,
     JOIN,

@@ -377,6 +377,26 @@ class ShardStatus(WireModel):
     ts: Timestamp
 
 
+class WeightsProgress(WireModel):
+    """A device's share of a model's weights on its way to it (``WEIGHTS_PROGRESS``): bytes
+    received of the bytes it needs (its whole file, or its layer range's chunks), sent as they
+    arrive (every ~5 % or second) and once at the end. The dashboard draws it per device."""
+
+    device_id: DeviceId
+    model: ModelName
+    deployment_id: DeploymentId
+    shard_index: Annotated[int, Field(ge=0)]
+    bytes_done: Annotated[int, Field(ge=0, le=1 << 50)]
+    bytes_total: Annotated[int, Field(ge=0, le=1 << 50)]
+    ts: Timestamp
+
+    @model_validator(mode="after")
+    def _within(self) -> WeightsProgress:
+        if self.bytes_done > self.bytes_total:
+            raise ValueError("bytes_done is more than bytes_total")
+        return self
+
+
 #: Where a deployment stands, driven by what its workers report: ``pending`` (tasks sent, no
 #: worker has answered), ``loading`` (some shards loading or loaded), ``serving`` (every shard
 #: of the current epoch loaded: requests are routed to it only now), ``refused`` (no placement

@@ -3,13 +3,17 @@
 EdgeFlow runs on ElasticFlow as its authors built it (``libs/core/elasticflow.py``, driven
 round by round in ``libs/sim/round_policies.py``) and adds the edge:
 
-* in admission — arrivals the cloud cannot admit run on an idle edge server where they meet
-  their deadline there and their memory fits (``edge_admission``); if the cloud still cannot
-  take the rest, an idle server is kept for the end of a cloud job (the seed's rule 2, made
-  safe: the job moves only once the server can finish it by its deadline);
+* in admission — when a slot's arrivals do not fit the cloud together, each is decided on its
+  own, earliest deadline first: the cloud when every deadline still holds with it; else an idle
+  edge server where it meets its deadline and its memory fits (``edge_admission``); else the
+  cloud with an idle server kept for the end of a cloud job (the seed's rule 2, made safe: the
+  job moves only once the server can finish it by its deadline); else it is declined alone;
 * rule 1 — jobs on the edge stay there, unless they would miss their deadline there and the
   cloud can still meet it after the 30 s move back;
-* rule 3 — jobs left without a GPU run on an idle edge server where they meet their deadline.
+* rule 2 — jobs left without a GPU run on an idle edge server where they meet their deadline;
+* rule 3 — with servers still idle, the cloud jobs least able to meet their deadline (priority
+  = deadline − end with one more GPU step, below 0) go to the edge, lowest first, and their
+  GPUs go to the jobs that stay.
 
 Moving every job that would still meet its deadline on the edge there, as soon as a server is
 idle (rule 2 as the seed wrote it), met fewer deadlines than ElasticFlow alone (195job −0.51

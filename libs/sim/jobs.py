@@ -10,6 +10,9 @@ run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admissio
 minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
 with the edge in admission and the seed's rules), ``edf``, ``tiresias``, and ``gandiva`` (node
 sets by GPU class, packing and time-slicing, in its own loop: ``libs/sim/gandiva.py``). Also
+``elasticflow-each``: ElasticFlow whose admission, when a slot's arrivals do not fit together,
+decides each on its own (EdgeFlow's admission without the edge: what of EdgeFlow's gain is
+not the edge's). And
 ``elasticflow-noadmit``: the earlier continuous variant without admission control (rounds at
 every arrival and completion, no slot, 5 s per placement change: ``libs/core/edgeflow.allocate``
 without the edge), kept to show what admission control is worth.
@@ -54,7 +57,15 @@ PAPER_CLUSTER_GPUS = {"195job": 128, "cluster01": 512, "cluster03": 512, "cluste
 #: The edge the bench adds beside the cloud: 16 servers of 16 or 32 GB at 0.2–0.4 × an A100.
 BENCH_EDGE_SERVERS = 16
 BENCH_EDGE_SPEED = (0.2, 0.4)
-JOB_POLICIES = ("edgeflow", "elasticflow", "edf", "tiresias", "gandiva", "elasticflow-noadmit")
+JOB_POLICIES = (
+    "edgeflow",
+    "elasticflow",
+    "edf",
+    "tiresias",
+    "gandiva",
+    "elasticflow-each",
+    "elasticflow-noadmit",
+)
 
 
 def bench_edge(count: int, rng: np.random.Generator) -> list[EdgeServer]:

@@ -4,8 +4,9 @@ define it:
 
 * ``ElasticFlowRounds`` — ElasticFlow (``ef_sim_jobs_access_control``): admission control on
   the slot's arrivals, minimum satisfactory shares, leftover GPUs by marginal gain, their
-  overheads. With edge servers it is EdgeFlow: the edge joins admission, and the seed's rules
-  1 and 3 (``libs/core/edgeflow.py``).
+  overheads. With ``each`` a slot that does not fit whole is decided arrival by arrival
+  (``elasticflow-each``); with edge servers too it is EdgeFlow: the edge joins admission, and
+  the seed's rules 1–3 (``libs/core/edgeflow.py``).
 * ``EdfRounds`` — EDF (``one_queue_edf_sim_jobs``): earliest deadline first, each job up to
   min(64, batch size, largest profiled count) GPUs, re-planned every round, no admission, no
   overhead charged (their EDF sets it to 0).
@@ -65,6 +66,12 @@ def plan_job(state: JobState, delay_s: float = 0.0, tail: EdgeServer | None = No
     )
 
 
+def plan_end(job: PlanJob, gpus: int, now: float) -> float:
+    """When ``job`` ends holding ``gpus`` from ``now`` (inf: it cannot run on that many)."""
+    rate = job.throughput.get(gpus, 0.0) if gpus > 0 else 0.0
+    return now + job.remaining_iterations / rate if rate > 0 else math.inf
+
+
 def as_edge_job(state: JobState) -> EdgeCandidate:
     """The job as the edge rules see it (one GPU's throughput, memory by model family)."""
     return EdgeCandidate(
@@ -78,17 +85,21 @@ def as_edge_job(state: JobState) -> EdgeCandidate:
 
 @dataclass
 class ElasticFlowRounds:
-    """ElasticFlow; with ``edge`` servers, EdgeFlow. ``admit=False`` admits every arrival.
+    """ElasticFlow; with ``each``, arrivals decided one by one when the slot's do not fit
+    together; with ``edge`` servers too, EdgeFlow. ``admit=False`` admits every arrival.
 
     EdgeFlow keeps ElasticFlow's cloud and adds, in this order each round: rule 1 (a job on
     the edge stays unless it misses there and the cloud can still take it back), a job whose
-    reserved edge server can now finish it by its deadline moves there (the end of rule 2 below),
-    admission with the edge (``admission``), ElasticFlow's plan and leftover GPUs, then rule 3
-    (a job left without a GPU runs on an idle edge server where it meets its deadline)."""
+    reserved edge server can now finish it by its deadline moves there (the end of the kept
+    servers of ``keep_tails``), admission with the edge (``admission``), ElasticFlow's plan and
+    leftover GPUs, rule 2 (a job left without a GPU runs on an idle edge server where it meets
+    its deadline), then rule 3 (``rule_3``) and, if it moved any job, the plan again."""
 
     cloud_gpus: int
     edge: Sequence[EdgeServer] = ()
     admit: bool = True
+    #: Decide each arrival on its own when the slot's arrivals do not fit together.
+    each: bool = False
     slot_s: float = SLOT_S
     held: dict[str, int] = field(default_factory=dict)  # GPUs each job held last round
     on_edge: dict[str, str] = field(default_factory=dict)  # job → the edge server it runs on
@@ -152,10 +163,18 @@ class ElasticFlowRounds:
         free_now = int(timeline.free[0]) if len(timeline.free) else self.cloud_gpus
         now_gpus = {job_id: plan.gpus_now for job_id, plan in plans.items()}
         shares = share_leftover(jobs, now_gpus, free_now)
+        start = now + MIGRATE_EDGE_S
         waiting = [s for s in cloud if shares.get(s.trace.job_id, 0) == 0]
-        if waiting and self.idle():  # rule 3
-            start = now + MIGRATE_EDGE_S
+        if waiting and self.idle():  # rule 2: no GPU left for them, they meet it on the edge
             self.on_edge |= edge_admission([as_edge_job(s) for s in waiting], self.idle(), start)
+        late = self.rule_3(cloud, jobs, shares, now)
+        if late:
+            self.on_edge |= late
+            jobs = [j for j in jobs if j.job_id not in self.on_edge]
+            plans, timeline = plan_all(jobs, self.cloud_gpus, now, self.slot_s)
+            free_now = int(timeline.free[0]) if len(timeline.free) else self.cloud_gpus
+            now_gpus = {job_id: plan.gpus_now for job_id, plan in plans.items()}
+            shares = share_leftover(jobs, now_gpus, free_now)
         placements: dict[str, tuple[str, int]] = {
             job_id: ("cloud", g)
             for job_id, g in shares.items()
@@ -180,31 +199,73 @@ class ElasticFlowRounds:
         }
         return Decision(placements, declined, overhead)
 
+    def rule_3(
+        self, cloud: list[JobState], jobs: list[PlanJob], shares: dict[str, int], now: float
+    ) -> dict[str, str]:
+        """The seed's rule 3: with edge servers still idle, the cloud jobs least able to meet
+        their deadline go to the edge, lowest cloud-resource priority first (priority = deadline
+        − end with one more step of GPUs from now; only jobs below 0, which miss even so), each
+        onto the fastest idle server its memory fits. Their GPUs go to the jobs that stay."""
+        idle = sorted(self.idle(), key=lambda e: (-e.speed, e.server_id))
+        if not idle:
+            return {}
+        by_id = {s.trace.job_id: s for s in cloud}
+        ranked = []
+        for job in jobs:
+            held = shares.get(job.job_id, 0)
+            more = min((c for c in job.throughput if c > held), default=held)
+            end = plan_end(job, more, now)
+            if job.deadline_s - end < 0 and job.job_id not in self.on_edge:
+                ranked.append((job.deadline_s - end, job.job_id))
+        out: dict[str, str] = {}
+        for _, job_id in sorted(ranked):
+            memory = MODEL_MEMORY_GB.get(by_id[job_id].trace.model, 8.0)
+            server = next((e for e in idle if memory <= e.memory_gb), None)
+            if server is None:
+                continue
+            idle.remove(server)
+            out[job_id] = server.server_id
+        return out
+
     def admission(self, cloud: list[JobState], arrivals: list[JobState], now: float) -> set[str]:
-        """ElasticFlow's admission control, with the edge in it for EdgeFlow. The
-        slot's arrivals are admitted together when every job can still meet its deadline.
-        Else, with edge servers: arrivals that meet their deadline on an idle edge server go
-        there; then idle servers are kept, one at a time (the fastest first), for the end of
-        the job they relieve the cloud of most (seed rule 2, made safe: the job moves there
-        only once the server can finish it by its deadline) until the rest fit. Arrivals still
-        unsatisfiable are declined together, as ElasticFlow declines them (their
-        ``ef_sim_jobs_access_control``). Returns the ids declined."""
+        """Admission control. ElasticFlow (their ``ef_sim_jobs_access_control``) admits the
+        slot's arrivals together when every job can still meet its deadline, and else declines
+        them together. With ``each`` (EdgeFlow, and ``elasticflow-each`` without the edge) a
+        failed check is followed by each arrival on its own, earliest deadline first: into the
+        cloud when every deadline still holds with it; else (EdgeFlow) onto an idle edge server
+        where it meets its deadline; else into the cloud with an idle edge server kept for the
+        end of it or of a cloud job (seed rule 2, made safe: the job moves there only once the
+        server can finish it by its deadline); else declined. Returns the ids declined."""
         if not arrivals or not self.admit or self.fits(cloud + arrivals, now):
             return set()
-        if not self.edge:
+        if not self.each:
             return {s.trace.job_id for s in arrivals}
         start = now + overhead_s(1, rescaled=True, restart=False, cluster_gpus=self.cloud_gpus)
-        taken = edge_admission([as_edge_job(s) for s in arrivals], self.idle(), start)
-        self.on_edge |= taken
-        rest = [s for s in arrivals if s.trace.job_id not in taken]
-        if not rest or self.fits(cloud + rest, now):
-            return set()
+        admitted: list[JobState] = []
+        declined: set[str] = set()
+        for state in sorted(arrivals, key=lambda s: (s.trace.deadline_s, s.trace.job_id)):
+            if self.fits([*cloud, *admitted, state], now):
+                admitted.append(state)
+                continue
+            taken = edge_admission([as_edge_job(state)], self.idle(), start) if self.edge else {}
+            if taken:
+                self.on_edge |= taken
+            elif self.keep_tails(cloud + admitted, state, now):
+                admitted.append(state)
+            else:
+                declined.add(state.trace.job_id)
+        return declined
+
+    def keep_tails(self, cloud: list[JobState], arrival: JobState, now: float) -> bool:
+        """Keep idle edge servers, one at a time (the fastest first), for the end of the job
+        each relieves the cloud of most, until ``arrival`` fits beside ``cloud``. True when it
+        fits; else the servers kept here are freed again."""
         kept: list[str] = []
+        after = now + MIGRATE_EDGE_S
         for server in sorted(self.idle(), key=lambda e: (-e.speed, e.server_id)):
-            after = now + MIGRATE_EDGE_S
             candidates = [
                 s
-                for s in cloud + rest
+                for s in [*cloud, arrival]
                 if s.trace.job_id not in self.tails
                 and MODEL_MEMORY_GB.get(s.trace.model, 8.0) <= server.memory_gb
                 and s.trace.deadline_s > after
@@ -212,7 +273,7 @@ class ElasticFlowRounds:
             if not candidates:
                 break
 
-            def relief(s: JobState, server: EdgeServer = server, after: float = after) -> float:
+            def relief(s: JobState, server: EdgeServer = server) -> float:
                 """Iterations the server could take off the cloud for this job."""
                 edge_work = s.curve.get(1, 0.0) * server.speed * (s.trace.deadline_s - after)
                 return min(s.trace.iterations - s.done, edge_work)
@@ -220,11 +281,11 @@ class ElasticFlowRounds:
             best = max(candidates, key=lambda s: (relief(s), s.trace.job_id))
             self.tails[best.trace.job_id] = server.server_id
             kept.append(best.trace.job_id)
-            if self.fits(cloud + rest, now):
-                return set()
+            if self.fits([*cloud, arrival], now):
+                return True
         for job_id in kept:  # it did not help: the servers stay free
             del self.tails[job_id]
-        return {s.trace.job_id for s in rest}
+        return False
 
 
 @dataclass
@@ -302,9 +363,10 @@ def run_policy(
     """Run one of the slotted policies (``sim.policy``) on ``trace``."""
     policy: RoundPolicy
     rates = None
-    if sim.policy in ("elasticflow", "edgeflow"):
+    if sim.policy in ("elasticflow", "edgeflow", "elasticflow-each"):
         edge = sim.edge if sim.policy == "edgeflow" else ()
-        policy = ElasticFlowRounds(sim.cloud_gpus, edge, slot_s=sim.slot_s)
+        each = sim.policy != "elasticflow"
+        policy = ElasticFlowRounds(sim.cloud_gpus, edge, each=each, slot_s=sim.slot_s)
     elif sim.policy == "edf":
         policy = EdfRounds(sim.cloud_gpus)
     elif sim.policy == "gandiva":  # its own loop: no round at a job's end, as theirs

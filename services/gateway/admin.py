@@ -147,8 +147,7 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
 
     @router.delete(
         "/models/{name}",
-        status_code=204,
-        summary="Forget a model (refused while deployed)",
+        summary="Forget a model and remove its weights (refused while deployed)",
         responses=documented(404, 409),
     )
     async def remove_model(

@@ -6,7 +6,9 @@ oldest event is dropped for a client that does not keep up, and counted), and at
 ``max_clients`` clients at once. Kinds of event (``type``): ``device`` (a device's row, after
 it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
 placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's
-phase and progress as the scheduler publishes them), ``mode``, and ``stats`` every
+phase and progress as the scheduler publishes them), ``weights`` (a device's bytes of a
+model received so far, of those it needs, as its worker publishes them), ``mode``, and
+``stats`` every
 ``stats_every_s`` (cluster tokens/s and tokens/J from the devices' samples, the gateway's
 median time to first token over the last minute).
 """
@@ -32,6 +34,7 @@ from libs.contracts import (
     MODE_CHANGE,
     PLACEMENT_DECISION,
     SCORE,
+    WEIGHTS_PROGRESS,
     DeploymentStatus,
     DeviceFailed,
     DeviceRecovered,
@@ -39,6 +42,7 @@ from libs.contracts import (
     ModeChange,
     PlacementDecision,
     ScoreUpdate,
+    WeightsProgress,
 )
 from libs.contracts.keys import Keys
 from libs.core.energy import cluster_rates
@@ -146,6 +150,10 @@ class EventHub:
             if self.clients:
                 self.push({"type": "deployment", **status.model_dump(mode="json")})
 
+        async def on_weights(progress: WeightsProgress, msg: Delivery) -> None:
+            if self.clients:
+                self.push({"type": "weights", **progress.model_dump(mode="json")})
+
         async def on_mode(change: ModeChange, msg: Delivery) -> None:
             self.push({"type": "mode", **change.model_dump(mode="json")})
 
@@ -158,6 +166,7 @@ class EventHub:
             await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
             # Counted by the route book, which subscribes to it too (generation.py).
             await bus.subscribe(DEPLOYMENT_STATUS, on_deployment),
+            await bus.subscribe(WEIGHTS_PROGRESS, on_weights, rejected=rejected),
         ]
 
     async def _device(self, device_id: str) -> None:

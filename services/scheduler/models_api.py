@@ -2,7 +2,10 @@
 
 The scheduler writes the registry (its Redis user may; the gateway's reads only) and knows
 which engines the cluster runs and which deployments use a model, so adding and removing
-happen here; the gateway's ``/v1/cluster/models`` forwards to these routes.
+happen here; the gateway's ``/v1/cluster/models`` forwards to these routes. Removing a model
+also removes its weights from the cluster's object store, unless another registered name is
+the same file (its NATS user may mark an object deleted and purge its chunks, never write
+one: ``libs/cluster/access.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException
 
 from libs.contracts import ModelCard
 from libs.contracts.admin import AddModelBody
@@ -96,13 +99,32 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
         scheduler.deployments.cards[added.name] = added
         return added
 
-    @app.delete("/models/{name}", status_code=204)
-    async def remove_model(name: str) -> Response:
-        """Forget a model; refused while a deployment of it is live (undeploy it first)."""
+    @app.delete("/models/{name}")
+    async def remove_model(name: str) -> dict[str, Any]:
+        """Forget a model, refused while a deployment of it is live (undeploy it first), and
+        remove its weights from the object store unless another registered name is the same
+        file. ``weights``: ``removed``, ``kept`` (``same_file`` names the others) or
+        ``absent`` (the store held none)."""
         live = users(name)
         if live:
             raise HTTPException(409, f"{name} is deployed ({', '.join(live)}): undeploy first")
-        if not await scheduler.registry.remove(name):
+        card = await scheduler.registry.get(name)
+        if card is None or not await scheduler.registry.remove(name):
             raise HTTPException(404, f"no model {name!r}")
         scheduler.deployments.cards.pop(name, None)
-        return Response(status_code=204)
+        same = sorted(c.name for c in await scheduler.registry.list() if c.sha256 == card.sha256)
+        weights = "kept" if same else await drop_weights(card.sha256)
+        return {"name": name, "weights": weights, "same_file": same}
+
+    async def drop_weights(sha256: str) -> str:
+        from libs.models.weights import unpublish
+
+        nc = getattr(scheduler.bus, "nc", None)  # NatsBus: its connection (as the worker's)
+        if nc is None:  # a bus with no NATS (in-memory): no object store either
+            return "absent"
+        try:
+            return "removed" if await unpublish(nc, sha256) else "absent"
+        except Exception as exc:  # the card is gone; say what stays behind, do not hide it
+            raise HTTPException(
+                502, f"the model was removed but its weights could not be: {exc!r}"
+            ) from None

@@ -107,6 +107,7 @@ def make_worker(
             settings.rpc_port,
             threads,
             settings.rpc_credentials,
+            int(settings.rpc_cache_gb * 10**9),
         )
         return LlamaWorker(
             bus,

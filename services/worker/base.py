@@ -21,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from libs.contracts import (
     CANCEL,
@@ -29,6 +30,7 @@ from libs.contracts import (
     SHARD_STATUS,
     SHARD_TASK,
     TOKENS,
+    WEIGHTS_PROGRESS,
     ContractError,
     DeviceLeaving,
     GenerationCancel,
@@ -36,6 +38,7 @@ from libs.contracts import (
     ShardStatus,
     ShardTask,
     TokenChunk,
+    WeightsProgress,
 )
 from libs.contracts.channels import work_consumer
 from libs.devices.emulated import EmulatedDevice
@@ -54,6 +57,9 @@ PROGRESS_EVERY_S = 1.0
 PROGRESS_CAP = 0.95
 #: What a first load is expected to take (s), until this worker measured one.
 EXPECTED_LOAD_S = 5.0
+#: Weights progress is published when this share more has arrived, or this long has passed.
+WEIGHTS_STEP = 0.05
+WEIGHTS_EVERY_S = 1.0
 
 
 @dataclass
@@ -91,6 +97,8 @@ class DeviceWorker(ABC):
         #: it), as (epoch, sent at): a load of that epoch or an older one, sent before it, is
         #: stale. One sent after it is a new deployment under the same id.
         self.unloaded: dict[str, tuple[int, float]] = {}
+        #: Weights progress messages being published.
+        self._sending: set[asyncio.Task[None]] = set()
 
     # -- what an engine provides ---------------------------------------------------------------
     @abstractmethod
@@ -242,6 +250,49 @@ class DeviceWorker(ABC):
         loading = self.loading[key] = Loading(task, time.monotonic())
         await self.status(task, "loading", progress=0.0)
         loading.reporter = asyncio.create_task(self._report(key, loading))
+
+    def weights_connection(self) -> Any:
+        """The NATS connection the weights come over (None on an in-memory bus)."""
+        return getattr(self.bus, "nc", None)
+
+    def weights_progress(self, task: ShardTask) -> Callable[[int, int], None]:
+        """A ``progress(bytes_done, bytes_total)`` for ``task``'s weights as they arrive: each
+        call that moved ``WEIGHTS_STEP`` of the total or came ``WEIGHTS_EVERY_S`` after the
+        last one sent, and the last, is published on ``WEIGHTS_PROGRESS`` (the event feed).
+        It may be called from another thread than the event loop's."""
+        loop = asyncio.get_running_loop()
+        sent = [-1.0, 0.0]  # the share and the moment (monotonic) last published
+        model = task.card.name if task.card is not None else task.model
+
+        async def send(done: int, total: int) -> None:
+            message = WeightsProgress(
+                device_id=self.device_id,
+                model=model,
+                deployment_id=task.deployment_id,
+                shard_index=task.shard_index,
+                bytes_done=done,
+                bytes_total=total,
+                ts=self.clock(),
+            )
+            try:
+                await self.bus.publish(WEIGHTS_PROGRESS, message, device_id=self.device_id)
+            except Exception:  # the next step (or the load's status) tells the rest
+                log.warning("could not report weights progress", exc_info=True)
+
+        def progress(done: int, total: int) -> None:
+            share, now = (done / total if total else 1.0), time.monotonic()
+            if share < 1.0 and share - sent[0] < WEIGHTS_STEP and now - sent[1] < WEIGHTS_EVERY_S:
+                return
+            sent[:] = [share, now]
+            done = min(done, total)
+            loop.call_soon_threadsafe(lambda: self._keep(loop.create_task(send(done, total))))
+
+        return progress
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a reference to a publish in flight until it ends."""
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def load_progress(self, loading: Loading) -> float:
         elapsed = time.monotonic() - loading.began

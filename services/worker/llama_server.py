@@ -22,7 +22,6 @@ from pathlib import Path
 from libs.contracts import Prompt, Sampling, ShardTask
 from libs.runtime.pki import Credentials
 from libs.runtime.procs import child_kwargs, free_port, port_free
-from libs.runtime.settings import model_cache_dir
 from services.worker.chat_templates import tool_template
 from services.worker.engine_server import (
     EngineError,
@@ -32,6 +31,7 @@ from services.worker.engine_server import (
     stop_process,
 )
 from services.worker.llama_prompts import PromptRefused, Reply, replies
+from services.worker.rpc_cache import rpc_cache_dir, trim
 from services.worker.rpc_channel import (
     LOOPBACK,
     ChannelError,
@@ -220,9 +220,8 @@ class LlamaServer(EngineServer):
         return replies(self.http, prompt, sampling)
 
 
-def rpc_cache_dir() -> Path:
-    """Where this host's RPC servers keep the tensors they received (``<dir>/rpc/<hash>``)."""
-    return model_cache_dir() / "llama-rpc"
+#: What this host's RPC tensor cache may hold (``TESSERA_WORKER_RPC_CACHE_GB``).
+DEFAULT_CACHE_BYTES = 20 * 10**9
 
 
 class RpcServer:
@@ -241,9 +240,10 @@ class RpcServer:
         port: int = 0,
         threads: int = 1,
         credentials: Credentials | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.binaries, self.host, self.threads = binaries, host, threads
-        self.credentials = credentials
+        self.credentials, self.cache_bytes = credentials, cache_bytes
         self.port = port or free_port(host)
         while not port and not is_loopback(host) and not port_free(LOOPBACK, self.port):
             self.port = free_port(host)
@@ -266,10 +266,12 @@ class RpcServer:
                 f"llama.cpp's RPC server would be reachable on {self.host} without "
                 "authentication: it needs this device's cluster certificate (tessera join)"
             )
+        await asyncio.to_thread(trim, rpc_cache_dir(), self.cache_bytes)
         command = [
             *(str(binary), "-H", LOOPBACK, "-p", str(self.local_port), "-t", str(self.threads)),
             # Keep received tensors in a file cache by hash (under LLAMA_CACHE): a head that
-            # places the same model here again sends hashes, not weights (tensors over 10 MiB).
+            # places the same model here again sends hashes, not weights (tensors over 10 MiB);
+            # the least recently used are removed before a start beyond ``cache_bytes``.
             "-c",
         ]
         self.proc = await asyncio.create_subprocess_exec(

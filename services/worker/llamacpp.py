@@ -56,10 +56,6 @@ class LlamaWorker(ServedWorker):
         #: then None while the engine loads (its progress counted from half way).
         self.fetching: dict[tuple[str, int, int], float | None] = {}
 
-    def weights_connection(self) -> Any:
-        """The NATS connection the weights come over (None on an in-memory bus)."""
-        return getattr(self.bus, "nc", None)
-
     async def _start(self, task: ShardTask) -> float:
         """The head of a placement holds its model's file first (``ensure_local``: its own,
         or fetched from the cluster's object store, reported as the first half of loading);
@@ -71,8 +67,11 @@ class LlamaWorker(ServedWorker):
         await self.begin_loading(task)
         self.fetching[key] = 0.0
 
+        report = self.weights_progress(task)
+
         def fetched(done: int, total: int) -> None:
             self.fetching[key] = done / max(total, 1)
+            report(done, total)
 
         try:
             await ensure_local(self.weights_connection(), card, fetched)

@@ -45,6 +45,7 @@ from libs.contracts import (
     step_rows,
 )
 from libs.devices.emulated import EmulatedDevice
+from libs.models.ranges import fetch_layers
 from libs.models.shard import DEFAULT_PRECISION, ShardModel, shard_bytes
 from libs.models.store import MODEL_NAME
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
@@ -285,20 +286,43 @@ class Worker(DeviceWorker):
                 f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
                 f"{self.device_id} ({room / 1e9:.2f} GB usable)"
             )
-        return await self.model(task.layer_start, task.layer_end, precision)
+        source = await self._weights(task)
+        return await self.model(task.layer_start, task.layer_end, precision, source)
+
+    async def _weights(self, task: ShardTask) -> Path | None:
+        """Where the shard's weights come from: None where this host holds the model's file
+        (the prepared folder, converted from it, loads fastest); else the sparse GGUF of the
+        shard's layer range, fetched from the cluster's object store (``libs/models/ranges``:
+        only the header, its layers and the embedding or head), its progress on the feed."""
+        card, connection = task.card, self.weights_connection()
+        if card is None or connection is None:
+            return None
+        fetched = await fetch_layers(
+            connection,
+            card,
+            task.layer_start,
+            task.layer_end,
+            card.layers,
+            self.weights_progress(task),
+        )
+        return None if fetched.whole else fetched.path
 
     async def _torch(self, function: Callable[..., T], *args: object) -> T:
         """``function(*args)`` on the torch thread."""
         return await asyncio.get_running_loop().run_in_executor(self.compute, function, *args)
 
-    async def model(self, start: int, end: int, precision: str | None = None) -> ShardModel:
-        """The layers ``[start, end)`` in ``precision`` (default: this worker's), loaded once:
-        a shard this worker held before (or the whole model it preloaded) is ready at once
-        when the scheduler moves work here."""
+    async def model(
+        self, start: int, end: int, precision: str | None = None, source: Path | None = None
+    ) -> ShardModel:
+        """The layers ``[start, end)`` in ``precision`` (default: this worker's), loaded once
+        from ``source`` (default: the prepared folder; else a GGUF): a shard this worker held
+        before (or the whole model it preloaded) is ready at once when the scheduler moves
+        work here."""
         precision = precision or self.precision
         key = (start, end, precision)
         if key not in self.models:
-            self.models[key] = await self._torch(ShardModel, self.folder, start, end, precision)
+            folder = source or self.folder
+            self.models[key] = await self._torch(ShardModel, folder, start, end, precision)
             while len(self.models) > MODELS_KEPT:
                 self.models.pop(next(iter(self.models)))  # the least recently used
         self.models[key] = self.models.pop(key)  # most recently used last

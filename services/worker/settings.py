@@ -77,6 +77,9 @@ class WorkerSettings(ServiceSettings):
     rpc_cert: Path | None = None
     rpc_key: Path | None = None
     llama_threads: int | None = Field(None, ge=1, le=1024)
+    #: GB of received tensors this host's llama.cpp RPC server keeps for the next placement of
+    #: the same model; the least recently used beyond it are removed when it starts.
+    rpc_cache_gb: float = Field(20.0, ge=0.0)
     llama_slots: int = Field(8, ge=1, le=256)
     llama_context: int = Field(1024, ge=128, le=131_072)
 

@@ -6,6 +6,7 @@ a reload. Screenshots are kept in ``test-artifacts/``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -76,6 +77,32 @@ def shown_devices(browser: WebDriver) -> dict[str, str]:
     return {r.get_attribute("data-device") or "": r.get_attribute("data-state") or "" for r in rows}
 
 
+async def weights_moving(
+    cluster: RunningCluster, deployment: dict[str, Any], device: str, done: int, total: int
+) -> None:
+    """Publish a device's weights progress on the cluster's NATS, as its worker does while it
+    fetches (through the run file's admin connection: the test holds no device's password)."""
+    from libs.cluster import runfile
+    from libs.contracts import WEIGHTS_PROGRESS, WeightsProgress
+    from libs.runtime.bus import NatsBus
+    from libs.runtime.nats_client import close_nats, connect_nats
+
+    running = runfile.read(cluster.run_file)
+    ca = running.get("nats_ca")
+    nc = await connect_nats(running["nats_url"], "test-weights", ca_file=Path(ca) if ca else None)
+    message = WeightsProgress(
+        device_id=device,
+        model=deployment["model"],
+        deployment_id=deployment["deployment_id"],
+        shard_index=0,
+        bytes_done=done,
+        bytes_total=total,
+        ts=time.time(),
+    )
+    await NatsBus(nc).publish(WEIGHTS_PROGRESS, message, device_id=device)
+    await close_nats(nc)
+
+
 def until(browser: WebDriver, condition: Any, timeout_s: float = 60) -> Any:
     return WebDriverWait(browser, timeout_s, poll_frequency=0.1).until(lambda _: condition())
 
@@ -101,6 +128,16 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     # Each deployment with its phase: the model's workers loaded it, so it serves.
     phase = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .phase"))
     assert [p.text for p in phase] == ["serving"]
+    # Weights on their way to a device: its bar, drawn from the event feed as bytes arrive.
+    [deployment] = api(cluster, "/v1/cluster/placements")
+    device = deployment["assignments"][0]["device_id"]
+    asyncio.run(weights_moving(cluster, deployment, device, 40_000_000, 100_000_000))
+    row = until(
+        browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .weights-row")
+    )
+    assert row[0].text == f"{device}: 40.0 / 100.0 MB of weights"
+    bar = row[0].find_element(By.TAG_NAME, "progress")
+    assert bar.get_attribute("value") == "40000000" and bar.get_attribute("max") == "100000000"
 
     # The mode control changes the cluster's mode.
     until(browser, lambda: browser.find_element(By.ID, "mode").is_enabled())

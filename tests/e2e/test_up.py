@@ -1,9 +1,11 @@
-"""`tessera up` starts the cluster, says ready, serves /healthz, and cleans up after itself; a
-model not registered is refused (by `tessera up` and `tessera deploy`, naming the registered
-ones), is not listed by /v1/models, and leaves every device's power and load as they were."""
+"""`tessera up` starts the cluster, says ready, serves /healthz, registers SmolLM2 with its file
+in the cluster's object store, and cleans up after itself; a model not registered is refused
+(by `tessera up` and `tessera deploy`, naming the registered ones), is not listed by
+/v1/models, and leaves every device's power and load as they were."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,6 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from libs.cluster import runfile
+from libs.models.store import shipped_card
+from libs.models.weights import stored
+from libs.runtime.nats_client import close_nats, connect_nats
 from tests.e2e.cluster import RunningCluster, alive, descendants
 
 
@@ -23,6 +29,17 @@ def cluster() -> Iterator[RunningCluster]:
     running = RunningCluster()
     yield running
     running.stop()
+
+
+async def shipped_weights_stored(run_file: Path) -> bool:
+    """Whether the running cluster's object store holds the shipped model's file."""
+    running = runfile.read(run_file)
+    ca = running.get("nats_ca")
+    nc = await connect_nats(running["nats_url"], "test", ca_file=Path(ca) if ca else None)
+    try:
+        return await stored(nc, shipped_card().sha256) is not None
+    finally:
+        await close_nats(nc)
 
 
 def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
@@ -37,6 +54,7 @@ def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
     metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=5).text
     assert 'tessera_gateway_requests_total{route="/healthz",status="200"}' in metrics
     assert 'tessera_gateway_requests_total{route="unmatched",status="404"} 1.0' in metrics
+    assert asyncio.run(shipped_weights_stored(cluster.run_file))  # for workers on other hosts
 
     children = descendants(cluster.process.pid)
     assert len(children) >= 3  # nats-server, redis-server and at least the gateway

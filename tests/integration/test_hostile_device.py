@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from libs.contracts.channels import MODEL_BUCKET, work_consumer
 from libs.models.weights import cached_path, ensure_local, fetch, publish
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import connect_nats, ensure_streams
+from tests.nats_users import REFUSED, Connection
 from tests.waiting import wait_until
 
 ACCESS = AccessControl(["dev-a", "dev-b"])
@@ -42,45 +43,11 @@ class Weights:
     size_bytes: int
 
 
-REFUSED = "permissions violation"
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     config = ACCESS.write_nats_config(Path(tmp_path_factory.mktemp("nats")) / "nats.conf")
     with NatsServer(config=config) as running:
         yield running  # type: ignore[misc]
-
-
-class Connection:
-    """A connection as one user (its own inbox prefix, as the services connect), keeping the
-    errors the server sends it."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-
-    async def open(self, server: NatsServer, user: str) -> NatsClient:
-        async def on_error(exc: Exception) -> None:
-            self.errors.append(str(exc).lower())
-
-        self.nc = await nats.connect(
-            ACCESS.nats_url(server.url, user),
-            inbox_prefix=f"_INBOX_{user}",
-            allow_reconnect=False,
-            error_cb=on_error,
-        )
-        return self.nc
-
-    async def refused(self, subject: str, attempt: Awaitable[object] | None = None) -> None:
-        """``attempt`` fails (JetStream's API answers nothing to a refused request: it times
-        out) and the server said why: a permission violation naming ``subject``."""
-        if attempt is not None:
-            with pytest.raises(Exception):  # noqa: B017 - the refusal itself is asserted below
-                await attempt
-        await wait_until(lambda: self.said(subject), 10)
-
-    def said(self, subject: str) -> bool:
-        return any(REFUSED in e and f'"{subject.lower()}"' in e for e in self.errors)
 
 
 def task(device_id: str) -> ShardTask:
@@ -117,7 +84,7 @@ async def cluster(server: NatsServer, tmp_path: Path) -> AsyncIterator[NatsClien
 
 @pytest.fixture
 async def hostile(server: NatsServer, cluster: NatsClient) -> AsyncIterator[Connection]:
-    device = Connection()
+    device = Connection(ACCESS)
     await device.open(server, "dev-a")
     yield device
     await device.nc.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
@@ -24,8 +25,9 @@ from libs.contracts import ModelCard
 from libs.contracts.keys import Keys
 from libs.models.gguf_info import read_card
 from libs.models.registry import ModelError, ModelRegistry, NameTaken
-from libs.models.store import MODEL_NAME, shipped_card
-from libs.models.weights import stored
+from libs.models.store import MODEL_NAME, register_shipped, shipped_card
+from libs.models.weights import STREAM, stored, unpublish
+from libs.runtime.nats_client import ensure_streams
 from libs.runtime.procs import free_port
 from services.scheduler.api import create_api
 from services.scheduler.service import Scheduler
@@ -73,6 +75,33 @@ async def test_the_registry_adds_lists_shows_and_removes_and_never_overwrites(
         await registry.card(card.name)
 
 
+async def test_the_shipped_model_is_registered_with_its_weights_in_the_store_once(
+    nc: NatsClient, redis: Redis, uid: str
+) -> None:
+    """As `tessera up` registers SmolLM2 (and the compose stack's `models` service): its file
+    goes into the cluster's object store, so a worker on another host can fetch it, once; a
+    cluster started again puts it back if the store lost it; a name that is another file's is
+    left alone."""
+    await ensure_streams(nc)
+    sha = shipped_card().sha256
+    await unpublish(nc, sha)  # the session's server may hold it from another test
+    card = await register_shipped(ModelRegistry(redis, uid), nc)
+    assert card == shipped_card() and await stored(nc, sha) is not None
+    messages = (await nc.jetstream().stream_info(STREAM)).state.messages
+    assert await register_shipped(ModelRegistry(redis, uid), nc) == card
+    assert (await nc.jetstream().stream_info(STREAM)).state.messages == messages  # not again
+    assert await unpublish(nc, sha)
+    await register_shipped(ModelRegistry(redis, uid), nc)  # started again: put back
+    assert await stored(nc, sha) is not None
+
+    other = f"{uid}-other"
+    taken = card.model_copy(update={"sha256": "e" * 64})
+    await ModelRegistry(redis, other).add(taken)
+    assert await unpublish(nc, sha)
+    assert await register_shipped(ModelRegistry(redis, other), nc) == taken
+    assert await stored(nc, sha) is None  # the name is another file's: nothing sent
+
+
 async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
     setup: Setup,  # noqa: F811
     qwen: Path,
@@ -111,7 +140,9 @@ async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
         kept = {c["name"] for c in (await client.get("/models")).json()}
         assert kept == {"qwen", MODEL_NAME}  # none of the bad ones, not even in part
 
-        assert (await client.delete("/models/qwen")).status_code == 204
+        removed = await client.delete("/models/qwen")
+        assert removed.status_code == 200, removed.text
+        assert removed.json() == {"name": "qwen", "weights": "absent", "same_file": []}
         assert (await client.get("/models/qwen")).status_code == 404
         gone = await client.post("/placements", json={"model": "qwen"})
         assert gone.status_code == 404 and "registered: smollm2" in gone.json()["detail"]
@@ -202,8 +233,9 @@ async def test_models_rm_removes_the_weights_from_the_clusters_object_store(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`tessera models add` puts the file into the object store and `models rm` takes it out,
-    once no other registered name is the same file; added again, it is sent again."""
+    """`tessera models add` puts the file into the object store and `models rm` (the
+    scheduler's DELETE /models/NAME) takes it out, once no other registered name is the same
+    file; added again, it is sent again."""
     path, fd = runfile.claim(tmp_path / "cluster.json")  # a running cluster's run file
     runfile.write(fd, {"nats_url": nats_server.url, "pid": os.getpid()})
     monkeypatch.setenv("TESSERA_RUN_FILE", str(path))

@@ -97,6 +97,17 @@ async def test_a_host_that_holds_the_file_uses_its_own_and_a_changed_one_is_not_
     assert local != path and local.read_bytes() == original
 
 
+async def test_a_host_whose_cache_cannot_be_written_still_uses_its_own_file(
+    tmp_path: Path,
+) -> None:
+    # A container's model folder belongs to root and the worker runs as another user (root
+    # here writes anywhere, so the cache is put under a file: its folders cannot be made).
+    path, card = model_file(tmp_path)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    assert await ensure_local(None, card, cache_dir=blocked) == path
+
+
 async def test_a_fetch_cut_halfway_resumes_where_it_stopped(
     nc: NatsClient, clean_bucket: None, tmp_path: Path
 ) -> None:

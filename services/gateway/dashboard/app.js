@@ -126,9 +126,39 @@ async function loadDeployments() {
           `${d.model} · epoch ${d.epoch} · ${total} layers on ${d.assignments.length} device(s)`)),
       phase === "loading" || phase === "pending"
         ? element("progress", { max: 100, value: percent, title: `${percent} % loaded` }) : "",
+      weightsBars(d, phase !== "serving"),
       d.reason && phase !== "serving" ? element("p", { className: "reason" }, d.reason) : "",
       bar);
   }));
+}
+
+// Weights on their way to each device (the feed's "weights" events), by deployment and device:
+// a bar per device while its weights move, kept until the deployment serves.
+const weights = new Map();
+const megabytes = (n) => (n / 1e6).toFixed(1);
+function weightsText(w) {
+  return `${w.device_id}: ${megabytes(w.bytes_done)} / ${megabytes(w.bytes_total)} MB of weights`;
+}
+function weightsBars(d, all) {
+  const moving = d.assignments.map((a) => weights.get(`${d.deployment_id}/${a.device_id}`))
+    .filter((w) => w && (all || w.bytes_done < w.bytes_total));
+  if (!moving.length) return "";
+  return element("div", { className: "weights" }, ...moving.map((w) => {
+    const row = element("div", { className: "weights-row" },
+      element("progress", { max: w.bytes_total || 1, value: w.bytes_done }),
+      element("span", {}, weightsText(w)));
+    row.dataset.key = `${w.deployment_id}/${w.device_id}`;
+    return row;
+  }));
+}
+function weightsMoved(event) {
+  const key = `${event.deployment_id}/${event.device_id}`;
+  weights.set(key, event);
+  const row = [...document.querySelectorAll(".weights-row")].find((r) => r.dataset.key === key);
+  if (!row) return redrawSoon();
+  row.querySelector("progress").max = event.bytes_total || 1;
+  row.querySelector("progress").value = event.bytes_done;
+  row.querySelector("span").textContent = weightsText(event);
 }
 
 // The registry: each model's file, sizes and the deployments of it.
@@ -155,6 +185,9 @@ function deploymentChanged(status) {
     const why = status.reason && status.phase !== "serving" ? `: ${status.reason}` : "";
     note(`${status.deployment_id} ${status.phase}${why}`, status.phase === "serving" ? "" : "failed");
   }
+  redrawSoon();
+}
+function redrawSoon() {
   redraw = redraw || setTimeout(() => {
     redraw = null;
     loadDeployments().catch(() => {});
@@ -251,6 +284,9 @@ function onEvent(event) {
       break;
     case "deployment":
       deploymentChanged(event);
+      break;
+    case "weights":
+      weightsMoved(event);
       break;
     case "mode":
       note(`mode ${event.previous} → ${event.mode}: ${event.reason}`, "mode");

@@ -14,8 +14,8 @@ import pytest
 
 from libs.core.edgeflow import EdgeServer
 from libs.core.elasticflow import PlanJob, admissible
-from libs.sim.jobs import JobSimulation, JobState, read_itp, read_profile
-from libs.sim.round_policies import TiresiasRounds
+from libs.sim.jobs import JobSimulation, JobState, curve, read_itp, read_profile
+from libs.sim.round_policies import ElasticFlowRounds, TiresiasRounds
 
 PROFILE = {"bert": read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))}
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
@@ -111,6 +111,36 @@ def test_edgeflow_admits_on_the_edge_a_job_the_cloud_cannot() -> None:
     assert with_edge["late"].placement == ("edge:e1", 1)
     assert with_edge["late"].finished_s == pytest.approx(44.0)
     assert with_edge["early"].finished_s == pytest.approx(34.0)  # 4 s start + 30 s
-    # Without the memory (bert: 10 GB) the edge cannot take it: EdgeFlow is ElasticFlow.
+    # Without the memory (bert: 10 GB) the edge cannot take "late": it is declined, while
+    # "early", which the cloud holds on its own, is admitted (each arrival decided alone).
     small = run("edgeflow", 1, *rows, edge=[EdgeServer("e1", 8.0, 0.5)])
-    assert small["early"].declined and small["late"].declined
+    assert small["late"].declined and not small["early"].declined
+    assert small["early"].finished_s == pytest.approx(34.0)
+
+
+@pytest.mark.parametrize("policy", ["edgeflow", "elasticflow-each"])
+def test_edgeflow_decides_each_arrival_of_a_slot_that_does_not_fit_whole(policy: str) -> None:
+    # The slot of the first test: ElasticFlow declined "ok" with "hopeless". Decided one at a
+    # time (earliest deadline first), "ok" fits beside "warm" and is admitted; "hopeless"
+    # fits nowhere (no edge server either) and is declined alone.
+    jobs = run(policy, 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=[])
+    assert jobs["hopeless"].declined and not jobs["ok"].declined
+    assert jobs["ok"].finished_s <= 1000
+
+
+def test_rule_3_moves_the_job_least_able_to_meet_its_deadline_to_the_edge() -> None:
+    # At t = 240 on 2 GPUs: "late" is past its deadline (t = 100) and would hold both GPUs
+    # (18/s) for 56 s more; "tight" needs both now (3,600 iterations by t = 480: 2 GPUs do
+    # 4,320 in the slot, 1 does 2,400). Priorities (deadline − end with one more step): late
+    # 100 − 295.6, tight 480 − 600: late is the lower, so it goes to the one edge server and
+    # tight gets the 2 GPUs and meets its deadline.
+    rows = "late,0,1000,bert,100,64,2,60\ntight,0,3600,bert,480,64,2,200\n"
+    late, tight = (
+        JobState(t, curve(PROFILE["bert"], 64)) for t in read_itp(io.StringIO(HEADER + rows))
+    )
+    policy = ElasticFlowRounds(2, [EdgeServer("e1", 16.0, 0.5)], each=True)
+    decision = policy.round([late, tight], [], 240.0, 1)
+    assert decision.placements == {"late": ("edge:e1", 1), "tight": ("cloud", 2)}
+    # Without the edge ElasticFlow plans "late" first (earliest deadline): it holds both.
+    alone = ElasticFlowRounds(2).round([late, tight], [], 240.0, 1)
+    assert alone.placements == {"late": ("cloud", 2)}
