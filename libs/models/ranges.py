@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from libs.models import weights
+from libs.models import bulk_fetch, weights
+from libs.models.local_files import cached_path, gguf_dir, holds, is_path, read_json
 from libs.models.weights import BUCKET, STREAM, Card, Progress, WeightsError
 
 log = logging.getLogger(__name__)
@@ -141,7 +144,9 @@ async def read_index(js: JetStreamContext, sha256: str) -> dict[str, Any] | None
     except (WeightsError, ObjectNotFoundError, NotFoundError):
         return None
     first = await _first_seq(js, info.nuid)
-    data = b"".join([chunk for _, chunk in await _get_run(js, info.nuid, first, info.chunks or 0)])
+    async with _reader(js) as reader:
+        got = await _get_run(reader, info.nuid, first, info.chunks or 0)
+    data = b"".join(chunk for _, chunk in got)
     digest = (info.digest or "").split("=", 1)[-1]
     if hashlib.sha256(data).digest() != base64.urlsafe_b64decode(digest):
         raise WeightsError(f"the layer index of {sha256[:12]} does not match its digest")
@@ -157,42 +162,44 @@ async def _first_seq(js: JetStreamContext, nuid: str) -> int:
     return int(msg.seq or 0)
 
 
+@contextlib.asynccontextmanager
+async def _reader(js: JetStreamContext) -> AsyncIterator[bulk_fetch.DirectGetReader]:
+    """A direct-get reader of the bucket's stream, as this connection's user (the one the
+    whole-file fetch reads with, ``libs/models/bulk_fetch.py``): no consumer is made."""
+    try:
+        reader = await asyncio.to_thread(bulk_fetch.DirectGetReader, js._nc, STREAM, CHUNK_WAIT_S)
+    except bulk_fetch.BulkFetchError as exc:
+        raise WeightsError(f"the {BUCKET} bucket cannot be read: {exc}") from None
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
 async def _get_run(
-    js: JetStreamContext, nuid: str, seq: int, count: int
+    reader: bulk_fetch.DirectGetReader, nuid: str, seq: int, count: int
 ) -> list[tuple[int, bytes]]:
-    """``count`` chunks of object ``nuid`` from stream sequence ``seq`` on, by JetStream's
-    direct get (onto this connection's own inbox: no consumer), as (sequence, data)."""
-    nc = js._nc
-    sub = await nc.subscribe(nc.new_inbox())
+    """``count`` chunks of object ``nuid`` from stream sequence ``seq`` on, as (sequence,
+    data)."""
+    return await asyncio.to_thread(_read_run, reader, f"$O.{BUCKET}.C.{nuid}", seq, count)
+
+
+def _read_run(
+    reader: bulk_fetch.DirectGetReader, subject: str, seq: int, count: int
+) -> list[tuple[int, bytes]]:
     got: list[tuple[int, bytes]] = []
     try:
         while len(got) < count:
-            ask = {"seq": seq, "next_by_subj": f"$O.{BUCKET}.C.{nuid}", "batch": count - len(got)}
-            await nc.publish(f"$JS.API.DIRECT.GET.{STREAM}", json.dumps(ask).encode(), sub.subject)
+            reader.ask(subject, seq, count - len(got))
             before = len(got)
-            while (msg := await _next(sub)) is not None:
-                got.append((int(msg.headers["Nats-Sequence"]), msg.data))
+            while (message := reader.next()) is not None:
+                got.append((message[0], bytes(message[1])))
                 seq = got[-1][0] + 1
             if len(got) == before:
-                raise WeightsError(f"the {BUCKET} bucket's object {nuid} lost chunks")
-    finally:
-        await sub.unsubscribe()
+                raise WeightsError(f"the {BUCKET} bucket's object lost chunks ({subject})")
+    except bulk_fetch.BulkFetchError as exc:
+        raise WeightsError(f"the {BUCKET} bucket's chunks stopped coming: {exc}") from None
     return got[:count]
-
-
-async def _next(sub: Any) -> Any:
-    """The next chunk a direct get sent, None at the end of its batch."""
-    try:
-        msg = await sub.next_msg(timeout=CHUNK_WAIT_S)
-    except TimeoutError:
-        raise WeightsError(f"the {BUCKET} bucket sent nothing for {CHUNK_WAIT_S:.0f} s") from None
-    headers = msg.headers or {}
-    if headers.get("Status") == "204":
-        return None
-    if "Nats-Sequence" not in headers:
-        said = f"{headers.get('Status', '')} {headers.get('Description', '')}".strip()
-        raise WeightsError(f"the {BUCKET} bucket answered {said or 'without a sequence'}")
-    return msg
 
 
 async def fetch_layers(
@@ -209,9 +216,7 @@ async def fetch_layers(
     checked first. ``progress(bytes, total)`` follows the chunks this shard still lacked.
     Falls back to the whole file (``weights.ensure_local``) when the bucket holds no index."""
     for whole in _whole_candidates(card, cache_dir):
-        if await asyncio.to_thread(
-            weights.holds, whole, card.sha256, card.size_bytes, None, cache_dir
-        ):
+        if await asyncio.to_thread(holds, whole, card.sha256, card.size_bytes, None, cache_dir):
             return Fetched(whole, 0, 0, whole=True)
     if connection is None:
         raise WeightsError(f"{card.name}'s file is not on this host and no cluster connection")
@@ -220,7 +225,7 @@ async def fetch_layers(
     if index is None or index["size"] != card.size_bytes:
         path = await weights.ensure_local(js, card, progress, cache_dir)
         return Fetched(path, card.size_bytes, -(-card.size_bytes // weights.CHUNK_BYTES), True)
-    sparse = weights.gguf_dir(cache_dir) / f"{card.sha256}.sparse.gguf"
+    sparse = gguf_dir(cache_dir) / f"{card.sha256}.sparse.gguf"
     sparse.parent.mkdir(parents=True, exist_ok=True)
     lock = await asyncio.to_thread(weights._lock, sparse.with_suffix(".lock"))
     try:
@@ -232,8 +237,8 @@ async def fetch_layers(
 
 
 def _whole_candidates(card: Card, cache_dir: Path | None) -> list[Path]:
-    paths = [weights.cached_path(card.sha256, cache_dir)]
-    if weights.is_path(card.source):
+    paths = [cached_path(card.sha256, cache_dir)]
+    if is_path(card.source):
         paths.insert(0, Path(card.source).expanduser())
     return paths
 
@@ -250,25 +255,28 @@ async def _fill(
     size, chunk_bytes = int(index["size"]), int(index["chunk_bytes"])
     seqs = index["seqs"]
     held_file = sparse.with_suffix(".json")
-    held: set[int] = set(weights._read_marker(held_file).get("chunks", []))
+    held: set[int] = set(read_json(held_file).get("chunks", []))
     if not sparse.exists():
         held = set()
     missing = [i for i in chunks_of(spans, chunk_bytes) if i not in held]
     total = sum(min(chunk_bytes, size - i * chunk_bytes) for i in missing)
+    if not missing:  # a shard of this host held every chunk already
+        return Fetched(sparse, 0, 0, whole=False)
     received, done = 0, 0
     nuid = (await (await weights.bucket(js)).get_info(card.sha256)).nuid
-    with open(sparse, "r+b" if sparse.exists() else "wb") as file:
-        file.truncate(size)
-        for run in runs(missing):
-            got = await _get_run(js, nuid, seqs[run[0]], len(run))
-            received += sum(len(data) for _, data in got)
-            pieces = [(i, seq, data) for i, (seq, data) in zip(run, got, strict=True)]
-            await asyncio.to_thread(_check_and_write, file, pieces, index, card.name)
-            held.update(run)
-            held_file.write_text(json.dumps({"chunks": sorted(held)}))
-            done += sum(len(data) for _, data in got)
-            if progress is not None:
-                progress(done, total)
+    async with _reader(js) as reader:
+        with open(sparse, "r+b" if sparse.exists() else "wb") as file:
+            file.truncate(size)
+            for run in runs(missing):
+                got = await _get_run(reader, nuid, seqs[run[0]], len(run))
+                received += sum(len(data) for _, data in got)
+                pieces = [(i, seq, data) for i, (seq, data) in zip(run, got, strict=True)]
+                await asyncio.to_thread(_check_and_write, file, pieces, index, card.name)
+                held.update(run)
+                held_file.write_text(json.dumps({"chunks": sorted(held)}))
+                done += sum(len(data) for _, data in got)
+                if progress is not None:
+                    progress(done, total)
     log.info(
         "layer range fetched",
         extra={"sha256": card.sha256, "bytes": received, "chunks": len(missing), "file": size},

@@ -13,9 +13,8 @@ that ``bulk_fetch`` reads lean (nats-py's receive path is slower than the link).
 A fetch writes ``<sha256>.gguf.part`` and, beside it, how far it got (the stream sequence of
 the last chunk written): a fetch cut short (the worker stopped, the link went down) resumes
 from there. The whole file's sha256 is checked before the part is renamed into place, so a
-copy under its digest's name is always whole. Hashing a gigabyte takes seconds, so a file once
-verified gets a marker (its path, size and modification time): the next check reads the
-marker, not the file.
+copy under its digest's name is always whole. A file once verified gets a marker, so the next
+check need not hash it again (``libs/models/local_files.py``: the cache's layout and markers).
 
 The object layout is the one every NATS client's object store reads (``$O.<bucket>.C.<nuid>``
 chunks, ``$O.<bucket>.M.<name>`` meta with a rollup header): ``nats object get`` works too.
@@ -30,7 +29,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,8 +40,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundErr
 from nats.js.object_store import ObjectStore
 
 from libs.models import bulk_fetch
-from libs.models.gguf_info import sha256_of
-from libs.runtime.settings import model_cache_dir
+from libs.models.local_files import cached_path, holds, is_path, mark_verified, read_json
 
 log = logging.getLogger(__name__)
 
@@ -79,75 +76,6 @@ class Card(Protocol):
     def sha256(self) -> str: ...
     @property
     def size_bytes(self) -> int: ...
-
-
-def gguf_dir(cache_dir: Path | None = None) -> Path:
-    """Where fetched (and downloaded) GGUF files live, each named by its sha256."""
-    return (cache_dir or model_cache_dir()) / "gguf"
-
-
-def is_path(source: str) -> bool:
-    """Whether a card's source names a file (not a URL, not ``hf:``)."""
-    return "://" not in source and not source.startswith("hf:")
-
-
-def cached_path(sha256: str, cache_dir: Path | None = None) -> Path:
-    return gguf_dir(cache_dir) / f"{sha256}.gguf"
-
-
-# -- verified markers ----------------------------------------------------------------------------
-def _marker(sha256: str, cache_dir: Path | None) -> Path:
-    return gguf_dir(cache_dir) / "verified" / f"{sha256}.json"
-
-
-def _stamp(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
-
-
-def mark_verified(path: Path, sha256: str, cache_dir: Path | None = None) -> None:
-    """Remember that ``path``, as it is now (size, modification time, inode), hashes to
-    ``sha256``."""
-    marker = _marker(sha256, cache_dir)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    known = _read_marker(marker)
-    known[str(path.resolve())] = _stamp(path)
-    tmp = marker.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known))
-    tmp.replace(marker)
-
-
-def _read_marker(marker: Path) -> dict[str, Any]:
-    with contextlib.suppress(OSError, ValueError):
-        known = json.loads(marker.read_text())
-        if isinstance(known, dict):
-            return known
-    return {}
-
-
-def holds(
-    path: Path,
-    sha256: str,
-    size_bytes: int,
-    progress: Progress | None = None,
-    cache_dir: Path | None = None,
-) -> bool:
-    """Whether ``path`` is this model's file: its size, then its digest (from the marker while
-    the file is unchanged since it was verified, else hashed once and marked)."""
-    try:
-        if not path.is_file() or path.stat().st_size != size_bytes:
-            return False
-        if _read_marker(_marker(sha256, cache_dir)).get(str(path.resolve())) == _stamp(path):
-            return True
-        if sha256_of(path, progress) != sha256:
-            return False
-    except OSError:
-        return False
-    try:
-        mark_verified(path, sha256, cache_dir)
-    except OSError as exc:  # a read-only cache (a container's): hashed again next time
-        log.info("could not remember that %s is verified: %s", path, exc)
-    return True
 
 
 # -- the bucket ----------------------------------------------------------------------------------
@@ -340,7 +268,7 @@ async def fetch(
         raise WeightsError(f"the bucket's {card.sha256[:12]} is not {card.name}'s file")
     part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
     digest, done, next_seq = hashlib.sha256(), 0, 1
-    state = _read_marker(state_file)
+    state = read_json(state_file)
     if state.get("nuid") == info.nuid and part.exists():
         done, next_seq = int(state["bytes"]), int(state["seq"]) + 1
         await asyncio.to_thread(_rehash, part, done, digest)  # the part as far as it is whole

@@ -25,8 +25,9 @@ from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.contracts.models import ModelCard
 from libs.devices.emulated import EmulatedDevice
 from libs.models.engines import unserved_reason
+from libs.models.local_files import cached_path
 from libs.models.store import MODEL_NAME, gguf_path, shipped_card
-from libs.models.weights import WeightsError, cached_path, ensure_local
+from libs.models.weights import WeightsError, ensure_local
 from libs.runtime.bus import Bus
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.llama_server import LlamaServer, RpcServer
