@@ -2,13 +2,20 @@
 serving speed whole, split in 2, and on llama.cpp's own server.
 
 - ``delivery`` (needs root: two network namespaces joined by a veth pair, as
-  ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` is put into the
-  ``TESSERA_MODELS`` object store of a nats-server on host A (``libs/models/weights.publish``,
-  as ``tessera models add`` does), then host B fetches it (``ensure_local``: chunks, sha256,
-  rename) into its own cache: MB/s. The reference is the same bytes copied raw through the
-  same link: a TCP socket on A sending the file (``sendfile``), a receiver on B writing it to
-  disk. ``ratio_store_raw`` is the object store's share of the raw copy's rate (goal ≥ 0.8).
-  Rounds alternate the two, the median is reported.
+  ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` on host A is put into
+  the ``TESSERA_MODELS`` object store of a nats-server there (``libs/models/weights.publish``,
+  as ``tessera models add`` does) and lent by A's ``Lender`` (``libs/models/lending.py``, as a
+  worker on A runs it); host B fetches it into its own cache as a worker does
+  (``ensure_local``: sha256 checked, then renamed into place), lent by A (``lent``: the
+  delivery a worker gets where a device holds the file) and from the object store alone
+  (``store``: no device lends it): MB/s. The reference is the same bytes copied raw through
+  the same link: a TCP socket on A sending the file (``sendfile``), a receiver on B writing it
+  to disk. ``ratio_lent_raw`` is the delivery's share of the raw copy's rate (goal ≥ 0.8),
+  ``ratio_store_raw`` the store's. Each round runs the three in turn (each first once in
+  three rounds, after a ``sync``), the medians are reported with each round. Over each of
+  ``--links``: the veth as fast as the two cores copy (``none``: the link is the machine's
+  memory, and both hosts share its two cores), and held to a LAN's rate by ``tc``
+  (``10gbit``, ``5gbit``, ``2.5gbit``), as between two machines.
 - ``serving`` (the llamacpp engine): the same model registered and deployed in a ``tessera up``
   with one CPU worker (whole) and with two (split in 2, ``--devices worker-0,worker-1``), and
   llama.cpp's server started directly on the file as the worker starts it; greedy 64-token chat
@@ -20,7 +27,7 @@ serving speed whole, split in 2, and on llama.cpp's own server.
   the direct runs).
 
     python bench/models.py --json [--size-gb 1.0] [--rounds 2] [--requests 2]
-        [--skip-serving] [--skip-delivery] [--skip-split]
+        [--links none,10gbit,5gbit,2.5gbit] [--skip-serving] [--skip-delivery] [--skip-split]
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from libs.runtime.procs import free_port  # noqa: E402
 SUBNET = "10.231.7"
 NS_A, NS_B = "tbench-a", "tbench-b"
 
-#: On host B: fetch the model from A's object store into B's cache; prints seconds.
+#: On host B: fetch the model into B's cache as a worker does (``ensure_local``): lent by
+#: host A's lender when a device id is given, else from A's object store; prints seconds.
 FETCH = """
 import asyncio, sys, time
 from pathlib import Path
@@ -57,8 +65,29 @@ async def main():
     card = SimpleNamespace(name="bench", source="/not/on/host-b.gguf", sha256=sys.argv[2],
                            size_bytes=int(sys.argv[3]))
     started = time.perf_counter()
-    await ensure_local(nc, card, cache_dir=Path(sys.argv[4]))
+    await ensure_local(nc, card, cache_dir=Path(sys.argv[4]), device_id=sys.argv[5] or None)
     print(time.perf_counter() - started)
+    await close_nats(nc)
+asyncio.run(main())
+"""
+#: On host A: what a worker there runs: the file known to be the model's (as ``models add``
+#: notes it), lent by ``Lender`` on A's address until stdin closes.
+LEND = """
+import asyncio, sys
+from pathlib import Path
+from libs.models.lending import Lender
+from libs.models.local_files import mark_verified
+from libs.runtime.nats_client import close_nats, connect_nats
+async def main():
+    cache = Path(sys.argv[5])
+    mark_verified(Path(sys.argv[3]), sys.argv[4], cache)
+    nc = await connect_nats(sys.argv[1], "bench-lender")
+    lender = Lender(nc, "host-a", sys.argv[2], cache_dir=cache)
+    await lender.start()
+    await nc.flush()
+    print("lending", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await lender.close()
     await close_nats(nc)
 asyncio.run(main())
 """
@@ -137,9 +166,15 @@ def make_model(folder: Path, size_gb: float) -> tuple[Path, str]:
     return path, sha256_of(path)
 
 
-def delivery(path: Path, sha256: str, rounds: int, work: Path) -> dict[str, object]:
+def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dict[str, object]:
+    """Lent, store and raw copies of ``path`` from A to B over a veth pair, ``link`` its rate
+    (``tc``'s token bucket on A's end: ``10gbit``, ``2.5gbit``; ``none``: as fast as the two
+    cores copy)."""
     size = path.stat().st_size
     make_hosts()
+    if link != "none":
+        sh("ip", "netns", "exec", NS_A, "tc", "qdisc", "add", "dev", "vtbench-a", "root",
+           "tbf", "rate", link, "burst", "8mb", "latency", "20ms")  # fmt: skip
     a = f"{SUBNET}.1"
     port = free_port()
     nats = subprocess.Popen(
@@ -147,46 +182,80 @@ def delivery(path: Path, sha256: str, rounds: int, work: Path) -> dict[str, obje
          "-sd", str(work / "nats")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    lender = None
+    runs: dict[str, list[float]] = {"lent": [], "store": [], "raw": []}
     try:
         url = f"nats://{a}:{port}"
         time.sleep(1.0)
         publish_s = on(NS_A, PUBLISH, url, str(path), sha256)
-        store, raw = [], []
+        lender = subprocess.Popen(
+            ["ip", "netns", "exec", NS_A, sys.executable, "-c", LEND, url, a, str(path), sha256,
+             str(work / "a-cache")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert lender.stdout is not None
+        lender.stdout.readline()  # lending
+        kinds = list(runs)
         for k in range(rounds):
-            cache = work / f"b-cache-{k}"
-            store.append(size / 1e6 / on(NS_B, FETCH, url, sha256, str(size), str(cache)))
-            subprocess.run(["rm", "-rf", str(cache)], check=True)
-            raw_port = str(free_port())
-            sender = subprocess.Popen(
-                ["ip", "netns", "exec", NS_A, sys.executable, "-c", SEND, a, raw_port, str(path)],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert sender.stdout is not None
-            sender.stdout.readline()  # listening
-            copy = work / "raw-copy.bin"
-            raw.append(size / 1e6 / on(NS_B, RECEIVE, a, raw_port, str(copy)))
-            sender.wait(timeout=60)
-            copy.unlink()
+            for kind in kinds[k % 3 :] + kinds[: k % 3]:  # each kind first in turn
+                os.sync()  # each copy starts with no other's writes still going to disk
+                runs[kind].append(copy(kind, path, sha256, url, a, work / f"b-{k}"))
             print(
-                f"round {k + 1}: store {store[-1]:.0f} MB/s, raw {raw[-1]:.0f} MB/s",
+                f"{link} round {k + 1}: "
+                + ", ".join(f"{kind} {mb_s[-1]:.0f} MB/s" for kind, mb_s in runs.items()),
                 file=sys.stderr,
             )
     finally:
+        if lender is not None:
+            lender.communicate(timeout=10)
         nats.terminate()
         nats.wait(timeout=10)
         drop_hosts()
-    store_mb_s, raw_mb_s = statistics.median(store), statistics.median(raw)
+    lent, store, raw = (statistics.median(runs[kind]) for kind in kinds)
     return {
+        "link": link,
         "model_bytes": size,
         "publish_mb_s": round(size / 1e6 / publish_s, 1),
-        "store_fetch_mb_s": round(store_mb_s, 1),
-        "raw_tcp_mb_s": round(raw_mb_s, 1),
-        "ratio_store_raw": round(store_mb_s / raw_mb_s, 2),
+        "lent_fetch_mb_s": round(lent, 1),
+        "store_fetch_mb_s": round(store, 1),
+        "raw_tcp_mb_s": round(raw, 1),
+        "ratio_lent_raw": round(lent / raw, 2),
+        "ratio_store_raw": round(store / raw, 2),
         "rounds": {
-            "store_mb_s": [round(x, 1) for x in store],
-            "raw_mb_s": [round(x, 1) for x in raw],
+            **{f"{kind}_mb_s": [round(x, 1) for x in mb_s] for kind, mb_s in runs.items()},
+            "ratio_lent_raw": [
+                round(x / r, 2) for x, r in zip(runs["lent"], runs["raw"], strict=True)
+            ],
         },
     }
+
+
+def copy(kind: str, path: Path, sha256: str, url: str, a: str, cache: Path) -> float:
+    """MB/s of one copy of ``path`` from A into B's ``cache`` (removed after)."""
+    size = path.stat().st_size
+    try:
+        if kind == "raw":
+            return raw_copy(path, a, cache)
+        asker = "host-b" if kind == "lent" else ""
+        return size / 1e6 / on(NS_B, FETCH, url, sha256, str(size), str(cache), asker)
+    finally:
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+
+
+def raw_copy(path: Path, a: str, folder: Path) -> float:
+    """MB/s of the file sent by ``sendfile`` on A and written to disk on B: the reference."""
+    raw_port = str(free_port())
+    sender = subprocess.Popen(
+        ["ip", "netns", "exec", NS_A, sys.executable, "-c", SEND, a, raw_port, str(path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert sender.stdout is not None
+    sender.stdout.readline()  # listening
+    folder.mkdir(parents=True, exist_ok=True)
+    mb_s = path.stat().st_size / 1e6 / on(NS_B, RECEIVE, a, raw_port, str(folder / "raw.bin"))
+    sender.wait(timeout=60)
+    return mb_s
 
 
 # -- serving -------------------------------------------------------------------------------------
@@ -266,7 +335,8 @@ def busy_cores(seconds: float = 5.0) -> float:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
         return sum(fields), fields[3] + fields[4]  # all, idle + iowait
 
-    (total0, idle0), _ = sample(), time.sleep(seconds)
+    total0, idle0 = sample()
+    time.sleep(seconds)
     total1, idle1 = sample()
     cores = os.cpu_count() or 1
     return round(cores * (1 - (idle1 - idle0) / max(1, total1 - total0)), 3)
@@ -354,6 +424,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--skip-delivery", action="store_true")
+    parser.add_argument(
+        "--links",
+        default="none,10gbit,5gbit,2.5gbit",
+        help="the rates of the link delivery is measured over (tc; none: unlimited)",
+    )
     parser.add_argument("--skip-split", action="store_true", help="serve whole and direct only")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
@@ -361,7 +436,9 @@ def main() -> int:
         path, sha256 = make_model(work, args.size_gb)
         report: dict[str, object] = {"model": f"llama Q8_0, {path.stat().st_size / 1e9:.2f} GB"}
         if not args.skip_delivery:
-            report["delivery"] = delivery(path, sha256, args.rounds, work)
+            report["delivery"] = [
+                delivery(path, sha256, args.rounds, work, link) for link in args.links.split(",")
+            ]
         if not args.skip_serving:
             report["serving"] = serving(path, args.requests, args.rounds, not args.skip_split)
     finally:

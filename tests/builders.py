@@ -30,6 +30,7 @@ from libs.contracts import (
     TOKEN_ROTATE,
     TOKENS,
     WEIGHTS_PROGRESS,
+    WEIGHTS_WANT,
     AnnounceRequest,
     Assignment,
     BatchJob,
@@ -64,6 +65,7 @@ from libs.contracts import (
     TokenChunk,
     TokenRotation,
     WeightsProgress,
+    WeightsWant,
 )
 from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER
 from libs.contracts.control import DeviceRevocation, RevocationAnswer
@@ -331,6 +333,7 @@ def sample_messages(
             ),
             dev,
         ),
+        (WEIGHTS_WANT, WeightsWant(device_id=device_id, sha256="ab" * 32, size_bytes=1024), dev),
     ]
     return samples  # type: ignore[return-value]
 

@@ -71,8 +71,20 @@ def local_card(source: str, name: str | None, sha256: str | None, console: Conso
             )
         except ModelFileError as exc:
             raise SystemExit(str(exc)) from None
+        remember(path, card.sha256, console)
         publish_weights(path, card.sha256, progress, console)
         return card
+
+
+def remember(path: Path, sha256: str, console: Console) -> None:
+    """Note in this host's weights cache that ``path`` hashes to ``sha256``: a worker of this
+    host lends other devices only files known so (``libs/models/lending.py``)."""
+    from libs.models.local_files import mark_verified
+
+    try:
+        mark_verified(path, sha256)
+    except OSError as exc:  # a read-only cache: lent once a worker here has loaded it
+        console.print(f"note: could not record {path} as verified: {exc}")
 
 
 def cluster_nats(console: Console, absent: str) -> tuple[str, Path | None] | None:

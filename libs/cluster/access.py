@@ -6,11 +6,12 @@ refused by the server. Every user reads only its own replies: its inbox prefix i
 ``_INBOX_<user>`` (``libs/runtime/nats_client.py``: ``inbox_of``), never ``_INBOX.>``.
 
 A **device** (``device_grant``) may publish only its own device's announce, telemetry, leaving,
-shard status and weights progress, token chunks and hidden frames on subjects that name it as
-the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``:
+shard status, weights progress and weights wants, token chunks and hidden frames on subjects
+that name it as the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``:
 ``…hidden.<deployment>.<to>.<from>``; the gateway and the workers take them only from a device
 of the request's route), and read only its own work, requests, frames and hints (and every
-cancel and announce request, which carry ids only). Its JetStream is one pull consumer: it may
+cancel, announce request and weights want, which carry ids and digests only; it answers a want
+for a file it holds, ``libs/models/lending.py``). Its JetStream is one pull consumer: it may
 create (by name and filter subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its
 SHARD_TASK subject>``: the server refuses a body whose filter differs), read the info of, and
 pull from (``MSG.NEXT``) its own durable consumer, and acknowledge on
@@ -76,6 +77,7 @@ from libs.contracts import (
     TELEMETRY,
     TOKENS,
     WEIGHTS_PROGRESS,
+    WEIGHTS_WANT,
 )
 from libs.contracts.channels import MODEL_BUCKET, STREAMS, work_consumer
 from libs.runtime.nats_client import inbox_of, server_list
@@ -228,6 +230,7 @@ def device_grant(device_id: str) -> Grant:
             DEVICE_LEAVING.pattern(**me),
             SHARD_STATUS.pattern(**me),
             WEIGHTS_PROGRESS.pattern(**me),
+            WEIGHTS_WANT.pattern(**me),
             TOKENS.pattern(**me),
             HIDDEN.pattern(sender_id=device_id),
             *work_grant(device_id),
@@ -240,6 +243,7 @@ def device_grant(device_id: str) -> Grant:
             CANCEL.wildcard,
             DVFS_HINT.pattern(**me),
             ANNOUNCE_REQUEST.wildcard,
+            WEIGHTS_WANT.wildcard,  # lending what this host holds (libs/models/lending.py)
         ),
     )
 

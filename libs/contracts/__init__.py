@@ -41,6 +41,7 @@ from libs.contracts.channels import (
     TOKEN_ROTATE,
     TOKENS,
     WEIGHTS_PROGRESS,
+    WEIGHTS_WANT,
     Channel,
     Subject,
 )
@@ -68,7 +69,7 @@ from libs.contracts.device import (
 )
 from libs.contracts.errors import ContractError
 from libs.contracts.frames import Frame, FrameKind, decode_frame, step_frame, step_rows
-from libs.contracts.models import ModelCard
+from libs.contracts.models import ModelCard, WeightsOffer, WeightsWant
 from libs.contracts.prompts import Prompt, TokenLogprob, ToolCall, TopLogprob
 from libs.contracts.work import (
     Assignment,
@@ -121,6 +122,7 @@ __all__ = [
     "TOKEN_ANSWER",
     "TOKEN_ROTATE",
     "WEIGHTS_PROGRESS",
+    "WEIGHTS_WANT",
     "AnnounceRequest",
     "Assignment",
     "BatchJob",
@@ -172,7 +174,9 @@ __all__ = [
     "TokenRotation",
     "ToolCall",
     "TopLogprob",
+    "WeightsOffer",
     "WeightsProgress",
+    "WeightsWant",
     "WireModel",
     "decode_frame",
     "shard_ring",

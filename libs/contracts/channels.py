@@ -36,6 +36,7 @@ from libs.contracts.device import (
     TelemetrySample,
 )
 from libs.contracts.errors import ContractError
+from libs.contracts.models import WeightsWant
 from libs.contracts.work import (
     DeploymentStatus,
     GenerationCancel,
@@ -188,6 +189,9 @@ REVOKE_ANSWER = Channel("revoke_answer", "tessera.v1.cluster.device.revoked", Re
 WEIGHTS_PROGRESS = Channel(
     "weights_progress", "tessera.v1.weights.progress.{device_id}", WeightsProgress
 )
+#: A device asks the holders of a model's file to lend it (``WeightsWant``); each holder
+#: answers on the reply subject (``WeightsOffer``: its lender's address and a one-use ticket).
+WEIGHTS_WANT = Channel("weights_want", "tessera.v1.weights.want.{device_id}", WeightsWant)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
 )
@@ -210,6 +214,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     SHARD_STATUS,
     DEPLOYMENT_STATUS,
     WEIGHTS_PROGRESS,
+    WEIGHTS_WANT,
     MODE_CHANGE,
     CHECKPOINT,
     JOIN,

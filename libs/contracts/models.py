@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from libs.contracts.base import ModelName, Timestamp, WireModel
+from libs.contracts.base import DeviceId, ModelName, Timestamp, WireModel
 
 #: What a registered model may be called: lower-case letters, digits, ``.``, ``_`` and ``-``
 #: (a name goes into Redis keys, URLs and the OpenAI API's ``model`` field).
@@ -77,3 +77,23 @@ class ModelCard(WireModel):
     @property
     def weights_bytes(self) -> int:
         return sum(self.layer_bytes) + self.embedding_bytes + self.output_bytes
+
+
+class WeightsWant(WireModel):
+    """A device asks the devices that hold a model's file to lend it (``WEIGHTS_WANT``, on a
+    subject naming the asker: only it may send it). A holder answers on the reply subject with
+    a ``WeightsOffer``; the asker checks what it receives against ``sha256``."""
+
+    device_id: DeviceId
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    size_bytes: Bytes
+
+
+class WeightsOffer(WireModel):
+    """A holder's answer to a ``WeightsWant``: where to read the file (``host:port`` of its
+    lender) and a ticket that lets the asker, and no one else, read that one file there once,
+    within seconds (``libs/models/lending.py``)."""
+
+    device_id: DeviceId
+    endpoint: Annotated[str, Field(min_length=3, max_length=300)]
+    ticket: Annotated[str, Field(pattern=r"^[0-9a-f]{32,128}$")]

@@ -284,3 +284,28 @@ async def receive(
         for thread in threads:
             await asyncio.to_thread(thread.join)
     return written
+
+
+def rehash(part: Path, length: int, digest: Any) -> None:
+    """Feed ``digest`` the first ``length`` bytes of ``part`` (a fetch resumed)."""
+    with open(part, "rb") as file:
+        left = length
+        while left > 0 and (piece := file.read(min(READ_AHEAD, left))):
+            digest.update(piece)
+            left -= len(piece)
+        if left:
+            raise BulkFetchError(f"{part} is shorter than its recorded {length} bytes")
+
+
+def open_part(part: Path, done: int) -> BinaryIO:
+    """``part`` to write on from byte ``done``: the bytes before it kept, the rest cut off. A
+    part begun afresh is a new file, never one truncated to zero: ext4 writes a file that was
+    truncated to zero out to disk when it is closed (its ``auto_da_alloc``), which costs
+    seconds for a gigabyte that would otherwise stay in the page cache."""
+    if not done:
+        part.unlink(missing_ok=True)
+        return open(part, "wb")
+    file = open(part, "r+b")  # noqa: SIM115 - the caller closes it
+    file.truncate(done)
+    file.seek(done)
+    return file

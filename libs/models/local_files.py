@@ -89,3 +89,14 @@ def holds(
     except OSError as exc:  # a read-only cache (a container's): hashed again next time
         log.info("could not remember that %s is verified: %s", path, exc)
     return True
+
+
+def verified_path(sha256: str, size_bytes: int, cache_dir: Path | None = None) -> Path | None:
+    """A file of this host known to hash to ``sha256`` and unchanged since (its marker's
+    stamp): the model's source where it was added or loaded, or its copy in the cache."""
+    for name, stamp in read_json(_marker(sha256, cache_dir)).items():
+        path = Path(name)
+        with contextlib.suppress(OSError):
+            if stamp == _stamp(path) and stamp[0] == size_bytes:
+                return path
+    return None

@@ -39,7 +39,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from libs.models import bulk_fetch
+from libs.models import bulk_fetch, lending
 from libs.models.local_files import cached_path, holds, is_path, mark_verified, read_json
 
 log = logging.getLogger(__name__)
@@ -218,12 +218,14 @@ async def ensure_local(
     card: Card,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    device_id: str | None = None,
 ) -> Path:
     """This model's file on this host: the card's source path where this host holds it, else
-    the verified copy in the cache, fetched from the bucket first when missing (once per host:
-    workers sharing the cache wait for one another's fetch). ``progress(bytes, total)`` follows
-    a fetch. Raises ``WeightsError`` naming the cause (no connection, not in the bucket, a
-    digest that does not match)."""
+    the verified copy in the cache, fetched first when missing (once per host: workers sharing
+    the cache wait for one another's fetch) — lent by a device that holds it where one answers
+    ``device_id``'s want (``libs/models/lending.py``; not over TLS), else from the bucket.
+    ``progress(bytes, total)`` follows a fetch. Raises ``WeightsError`` naming the cause (no
+    connection, not in the bucket, a digest that does not match)."""
     if is_path(card.source):
         source = Path(card.source).expanduser()
         if await asyncio.to_thread(holds, source, card.sha256, card.size_bytes, None, cache_dir):
@@ -239,7 +241,13 @@ async def ensure_local(
         if not await asyncio.to_thread(
             holds, target, card.sha256, card.size_bytes, None, cache_dir
         ):
-            await fetch(_js(connection), card, target, progress)
+            if not (
+                device_id is not None
+                and isinstance(connection, NatsClient)
+                and lending.lends(connection)
+                and await lending.borrow(connection, device_id, card, target, progress)
+            ):
+                await fetch(_js(connection), card, target, progress)
             mark_verified(target, card.sha256, cache_dir)
     finally:
         lock.close()
@@ -271,12 +279,13 @@ async def fetch(
     state = read_json(state_file)
     if state.get("nuid") == info.nuid and part.exists():
         done, next_seq = int(state["bytes"]), int(state["seq"]) + 1
-        await asyncio.to_thread(_rehash, part, done, digest)  # the part as far as it is whole
-        log.info("weights fetch resumed", extra={"sha256": card.sha256, "bytes": done})
+        try:  # the part as far as it is whole
+            await asyncio.to_thread(bulk_fetch.rehash, part, done, digest)
+            log.info("weights fetch resumed", extra={"sha256": card.sha256, "bytes": done})
+        except bulk_fetch.BulkFetchError:
+            digest, done, next_seq = hashlib.sha256(), 0, 1
     total = card.size_bytes
-    with open(part, "r+b" if done else "wb") as file:
-        file.truncate(done)
-        file.seek(done)
+    with bulk_fetch.open_part(part, done) as file:
         if done < total:
             await _receive(js, info.nuid, next_seq, file, digest, done, total, state_file, progress)
     if digest.hexdigest() != card.sha256:
@@ -286,16 +295,6 @@ async def fetch(
     part.replace(target)
     state_file.unlink(missing_ok=True)
     log.info("weights fetched", extra={"sha256": card.sha256, "bytes": total})
-
-
-def _rehash(part: Path, length: int, digest: Any) -> None:
-    with open(part, "rb") as file:
-        left = length
-        while left > 0 and (piece := file.read(min(READ_BYTES, left))):
-            digest.update(piece)
-            left -= len(piece)
-        if left:
-            raise WeightsError(f"{part} is shorter than its recorded {length} bytes")
 
 
 async def _receive(

@@ -7,7 +7,8 @@ oldest event is dropped for a client that does not keep up, and counted), and at
 it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
 placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's
 phase and progress as the scheduler publishes them), ``weights`` (a device's bytes of a
-model received so far, of those it needs, as its worker publishes them), ``mode``, and
+model received so far, of those it needs, as its worker publishes them; a client that connects
+while weights move gets the last of each first), ``mode``, and
 ``stats`` every
 ``stats_every_s`` (cluster tokens/s and tokens/J from the devices' samples, the gateway's
 median time to first token over the last minute).
@@ -69,6 +70,10 @@ class Ttfts:
         return statistics.median(recent) if recent else None
 
 
+#: Seconds after its last progress a fetch's bar is no longer shown to a dashboard that opens.
+MOVING_S = 60.0
+
+
 class EventHub:
     def __init__(
         self,
@@ -89,6 +94,10 @@ class EventHub:
         self.clients: set[asyncio.Queue[dict[str, Any]]] = set()
         #: Events a slow client never got (its oldest were dropped).
         self.dropped = 0
+        #: The last ``weights`` event of each (device, deployment, shard) still moving: a
+        #: dashboard opened mid-fetch gets them first (forgotten at the end, or when none came
+        #: for ``MOVING_S``: a fetch that stopped).
+        self.moving: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     # -- fan-out -------------------------------------------------------------------------------
     def push(self, event: dict[str, Any]) -> None:
@@ -108,6 +117,8 @@ class EventHub:
                 "too_many_listeners",
             )
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(self.queue_size)
+        for event in self._moving():
+            queue.put_nowait(event)
         self.clients.add(queue)
 
         async def events() -> AsyncIterator[str]:
@@ -151,8 +162,14 @@ class EventHub:
                 self.push({"type": "deployment", **status.model_dump(mode="json")})
 
         async def on_weights(progress: WeightsProgress, msg: Delivery) -> None:
+            event = {"type": "weights", **progress.model_dump(mode="json")}
+            key = (progress.device_id, progress.deployment_id, progress.shard_index)
+            if progress.bytes_done < progress.bytes_total:
+                self.moving[key] = event | {"seen": time.monotonic()}
+            else:
+                self.moving.pop(key, None)
             if self.clients:
-                self.push({"type": "weights", **progress.model_dump(mode="json")})
+                self.push(event)
 
         async def on_mode(change: ModeChange, msg: Delivery) -> None:
             self.push({"type": "mode", **change.model_dump(mode="json")})
@@ -168,6 +185,12 @@ class EventHub:
             await bus.subscribe(DEPLOYMENT_STATUS, on_deployment),
             await bus.subscribe(WEIGHTS_PROGRESS, on_weights, rejected=rejected),
         ]
+
+    def _moving(self) -> list[dict[str, Any]]:
+        """The weights still on their way, as their last events (the stale ones forgotten)."""
+        since = time.monotonic() - MOVING_S
+        self.moving = {k: e for k, e in self.moving.items() if e["seen"] >= since}
+        return [{k: v for k, v in e.items() if k != "seen"} for e in self.moving.values()]
 
     async def _device(self, device_id: str) -> None:
         """Push the device's row as Redis holds it: the scorer announces a change only once

@@ -11,6 +11,8 @@ one: ``libs/cluster/access.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -18,6 +20,7 @@ from fastapi import FastAPI, HTTPException
 from libs.contracts import ModelCard
 from libs.contracts.admin import AddModelBody
 from libs.models.gguf_info import ModelFileError, read_card
+from libs.models.local_files import mark_verified
 from libs.models.registry import ModelError, NameTaken
 from services.scheduler import phases
 from services.scheduler.service import Scheduler
@@ -84,6 +87,9 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
                 )
             except ModelFileError as exc:
                 raise HTTPException(400, str(exc)) from None
+            # Known to be the model's: a worker of this host lends it (libs/models/lending.py).
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(mark_verified, Path(path), card.sha256)
         else:
             if body.sha256 and body.sha256.lower() != card.sha256:
                 raise HTTPException(400, f"corrupt: {card.name}'s sha256 is not {body.sha256}")

@@ -15,6 +15,7 @@ import numpy as np
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.host import HostDevice
+from libs.models.lending import Lender, lends
 from libs.models.store import prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
@@ -151,6 +152,11 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     bus = NatsBus(nc)
     worker = make_worker(bus, device, folder, settings, metrics, torch_thread)
     await worker.start()
+    # Model files this host holds, lent to devices that need them (libs/models/lending.py),
+    # where the cluster's NATS is not encrypted (a lent file is not).
+    lender = Lender(nc, device.device_id, settings.rpc_host, settings.weights_port)
+    if lends(nc):
+        await lender.start()
     if settings.preload and isinstance(worker, (Worker, LlamaWorker)):
         await worker.preload()
     # The worker alone assigns its device's work, once a shard really loaded: the agent
@@ -178,6 +184,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     await background.close()
     await telemetry
     await worker.close()
+    await lender.close()
     await close_nats(nc)
 
 

@@ -75,7 +75,7 @@ class LlamaWorker(ServedWorker):
             report(done, total)
 
         try:
-            await ensure_local(self.weights_connection(), card, fetched)
+            await ensure_local(self.weights_connection(), card, fetched, device_id=self.device_id)
             self.fetching[key] = None
             return await super()._start(task)
         except WeightsError as exc:

@@ -4,8 +4,9 @@ had the file (its processes run in a mount namespace where the file's folder is 
 tmpfs) and receives its layers from the head's llama-server through RPC (over the cluster's
 mutual-TLS channel), which B's RPC server keeps in its file cache; a second placement of the
 model on B sends the cached tensors as hashes, not again. Placed with B at its head (which
-reads the file itself), B's worker fetches the file from the cluster's object store, where
-``tessera models add`` put it on A.
+reads the file itself), B's worker receives the file lent by A's worker, which holds it
+(``libs/models/lending.py``; the cluster's object store, where ``tessera models add`` put it
+on A, is the fallback).
 
 llama.cpp sends a tensor by hash only from 10 MiB up (smaller ones are sent whole each time):
 the model here has wide layers (F16, hidden 2048, FFN 8192: its FFN tensors are 32 MiB) so
@@ -138,8 +139,8 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         # B never held the model's file: not in its model cache, and A's folder hidden.
         assert not (b_cache / "gguf").exists() or not list((b_cache / "gguf").glob("*.gguf"))
 
-        # At the head of a placement, B's worker reads the file itself: it fetches it from the
-        # cluster's object store (where `models add` put it on A), checked, into its cache.
+        # At the head of a placement, B's worker reads the file itself: A's worker, which
+        # holds it, lends it (checked into B's cache; the object store is the fallback).
         run_in(on_a, {}, "-c", remove, f"{scheduler}/placements/second")
         wait_unplaced(on_b, port)
         head_b = (*cli, "deploy", "wide", "--devices", "laptop-b,worker-0", "--id", "third")
@@ -148,6 +149,8 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         assert int(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) > 0
         sha256 = sha256_of(model)
         assert sha256_of(b_cache / "gguf" / f"{sha256}.gguf") == sha256
+        said_b = " ".join(str(line.get("msg")) for line in joined[0].lines)
+        assert re.findall(r"weights received lender=(\S+)", said_b) == ["worker-0"], said_b
     finally:
         stop_all(joined)
         head.stop()

@@ -24,6 +24,7 @@ from libs.cluster.servers import NatsServer
 from libs.contracts import ModelCard
 from libs.contracts.keys import Keys
 from libs.models.gguf_info import read_card
+from libs.models.local_files import verified_path
 from libs.models.registry import ModelError, ModelRegistry, NameTaken
 from libs.models.store import MODEL_NAME, register_shipped, shipped_card
 from libs.models.weights import STREAM, stored, unpublish
@@ -106,7 +107,9 @@ async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
     setup: Setup,  # noqa: F811
     qwen: Path,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("TESSERA_MODEL_DIR", str(tmp_path / "host-cache"))
     await llama_fleet(setup, ("a",))
     service = await setup.scheduler()
     async with api(service) as client:
@@ -114,6 +117,8 @@ async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
         assert added.status_code == 201, added.text
         card = ModelCard.model_validate(added.json())
         assert (card.name, card.architecture, card.layers) == ("qwen", "qwen2", 6)
+        # Hashed here: noted in this host's cache, so a worker of this host lends it.
+        assert verified_path(card.sha256, card.size_bytes) == qwen.resolve()
         names = [c["name"] for c in (await client.get("/models")).json()]
         assert names == ["qwen", MODEL_NAME]
         shown = (await client.get("/models/qwen")).json()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from libs.contracts import (
     WEIGHTS_PROGRESS,
     DeviceClass,
     ShardStatus,
+    WeightsProgress,
     shard_ring,
 )
 from libs.contracts.keys import Keys
@@ -158,3 +160,37 @@ async def test_a_device_publishes_only_its_own_progress_and_only_the_gateway_rea
     assert own in got and other not in got
     assert any(f'publish to "{other}"' in e for e in errors), errors
     assert any("subscription" in e and "weights.progress" in e for e in errors), errors
+
+
+async def test_a_dashboard_opened_while_weights_move_sees_them_at_once(
+    cluster: tuple[Any, dict[str, NatsClient]], redis: Redis, uid: str
+) -> None:
+    _, users = cluster
+    hub = EventHub(redis, Keys(uid), Ttfts())
+    subs = await hub.watch(NatsBus(users["gateway"]))
+    device = NatsBus(users["dev-1"])
+
+    async def progress(done: int) -> None:
+        message = WeightsProgress(
+            device_id="dev-1", model="m", deployment_id="dep-m", shard_index=0,
+            bytes_done=done, bytes_total=100, ts=time.time(),
+        )  # fmt: skip
+        await device.publish(WEIGHTS_PROGRESS, message, device_id="dev-1")
+
+    async def opened() -> list[dict[str, Any]]:
+        stream = await hub.stream()
+        assert await anext(stream) == ": connected\n\n"
+        events = await feed(stream, "weights", quiet_s=0.3)
+        await stream.aclose()
+        return events
+
+    try:
+        await progress(40)  # no dashboard open yet
+        await wait_until(lambda: bool(hub.moving), 10)
+        assert [e["bytes_done"] for e in await opened()] == [40]
+        await progress(100)  # done: no bar for the next dashboard
+        await wait_until(lambda: not hub.moving, 10)
+        assert await opened() == []
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
