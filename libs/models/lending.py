@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -55,7 +55,7 @@ from pydantic import ValidationError
 
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
 from libs.models.bulk_fetch import BulkFetchError, open_part, rehash
-from libs.models.local_files import read_json, verified_path
+from libs.models.local_files import Card, read_json, verified_path
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +71,13 @@ RECV_BYTES = 1 << 20
 REPORT_BYTES = 8 << 20
 
 
-class Card(Protocol):
-    """What of a model card lending reads."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def sha256(self) -> str: ...
-    @property
-    def size_bytes(self) -> int: ...
-
-
 def lends(nc: NatsClient) -> bool:
     """Whether devices on this connection's cluster lend files: only where its NATS link is
-    not encrypted (a lent file is not)."""
-    return not nc.options.get("tls")
+    not encrypted (a lent file is not): no TLS context given, no ``tls://`` server, and a
+    server that does not require TLS."""
+    url = nc.connected_url
+    info = getattr(nc, "_server_info", None) or {}
+    return not (nc.options.get("tls") or (url and url.scheme == "tls") or info.get("tls_required"))
 
 
 @dataclass(frozen=True)

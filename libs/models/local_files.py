@@ -14,12 +14,25 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from libs.models.gguf_info import sha256_of
 from libs.runtime.settings import model_cache_dir
 
 log = logging.getLogger(__name__)
+
+
+class Card(Protocol):
+    """What of a model card weights delivery reads (``libs/contracts`` ``ModelCard``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
 
 
 def gguf_dir(cache_dir: Path | None = None) -> Path:

@@ -34,8 +34,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from libs.models import bulk_fetch, weights
-from libs.models.local_files import cached_path, gguf_dir, holds, is_path, read_json
-from libs.models.weights import BUCKET, STREAM, Card, Progress, WeightsError
+from libs.models.local_files import Card, cached_path, gguf_dir, holds, is_path, read_json
+from libs.models.weights import BUCKET, STREAM, Progress, WeightsError
 
 log = logging.getLogger(__name__)
 

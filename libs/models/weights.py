@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext, api
@@ -40,7 +40,14 @@ from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundErr
 from nats.js.object_store import ObjectStore
 
 from libs.models import bulk_fetch, lending
-from libs.models.local_files import cached_path, holds, is_path, mark_verified, read_json
+from libs.models.local_files import (
+    Card,
+    cached_path,
+    holds,
+    is_path,
+    mark_verified,
+    read_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +70,6 @@ Progress = Callable[[int, int], None]
 
 class WeightsError(RuntimeError):
     """The weights could not be delivered: the cause is in the message."""
-
-
-class Card(Protocol):
-    """What of a model card weights delivery reads (``libs/contracts`` ``ModelCard``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def sha256(self) -> str: ...
-    @property
-    def size_bytes(self) -> int: ...
 
 
 # -- the bucket ----------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
 from libs.models import lending
-from libs.models.lending import Lender
+from libs.models.lending import Lender, lends
 from libs.models.local_files import mark_verified
-from libs.models.weights import publish
+from libs.models.weights import ensure_local, publish
 from libs.runtime.nats_client import close_nats, connect_nats
 from tests.integration.test_weights import SIZE, Card, Steps, model_file
 
@@ -63,8 +63,7 @@ def away(card: Card, tmp_path: Path) -> Card:
 async def test_a_device_gets_a_file_no_store_holds_from_the_device_that_holds_it(
     devices: dict[str, NatsClient], tmp_path: Path
 ) -> None:
-    from libs.models.weights import ensure_local
-
+    assert lends(devices["dev-b"])  # a cluster without TLS lends
     path, card = model_file(tmp_path)
     lender = await lender_of(devices["dev-a"], "dev-a", path, card.sha256, tmp_path / "a")
     try:
@@ -93,8 +92,6 @@ async def test_a_device_gets_a_file_no_store_holds_from_the_device_that_holds_it
 async def test_a_lent_copy_cut_halfway_resumes_and_a_lender_of_other_bytes_is_caught(
     devices: dict[str, NatsClient], tmp_path: Path
 ) -> None:
-    from libs.models.weights import ensure_local
-
     path, card = model_file(tmp_path)
     lender = await lender_of(devices["dev-a"], "dev-a", path, card.sha256, tmp_path / "a")
     cache = tmp_path / "b"
