@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import queue
 import re
@@ -286,15 +287,18 @@ async def receive(
     return written
 
 
-def rehash(part: Path, length: int, digest: Any) -> None:
-    """Feed ``digest`` the first ``length`` bytes of ``part`` (a fetch resumed)."""
+def resume(part: Path, done: int) -> tuple[int, Any]:
+    """Where a fetch cut short goes on: ``done`` and a sha256 fed the first ``done`` bytes of
+    ``part``; (0, a fresh sha256) where the part is missing or shorter than that."""
+    digest = hashlib.sha256()
+    if not done or not part.exists():
+        return 0, digest
     with open(part, "rb") as file:
-        left = length
+        left = done
         while left > 0 and (piece := file.read(min(READ_AHEAD, left))):
             digest.update(piece)
             left -= len(piece)
-        if left:
-            raise BulkFetchError(f"{part} is shorter than its recorded {length} bytes")
+    return (0, hashlib.sha256()) if left else (done, digest)
 
 
 def open_part(part: Path, done: int) -> BinaryIO:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -54,7 +53,7 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
-from libs.models.bulk_fetch import BulkFetchError, open_part, rehash
+from libs.models.bulk_fetch import BulkFetchError, open_part, resume
 from libs.models.local_files import Card, read_json, verified_path
 
 log = logging.getLogger(__name__)
@@ -300,13 +299,9 @@ async def borrow(
     part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
     report = _on_loop(progress, card.size_bytes)
     for offer in offers:
-        digest, done = hashlib.sha256(), 0
-        if part.exists():  # a part of any source: its bytes as far as they were written
-            done = min(int(read_json(state_file).get("bytes", 0)), card.size_bytes)
-            try:
-                await asyncio.to_thread(rehash, part, done, digest)
-            except BulkFetchError:
-                digest, done = hashlib.sha256(), 0
+        # A part of any source: its bytes as far as they were written.
+        written = min(int(read_json(state_file).get("bytes", 0)), card.size_bytes)
+        done, digest = await asyncio.to_thread(resume, part, written)
         try:
             lent = await asyncio.to_thread(LentFile, offer, done, card.size_bytes)
             with open_part(part, done) as file:

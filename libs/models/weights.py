@@ -269,15 +269,14 @@ async def fetch(
     if info.digest != _digest(card.sha256) or info.size != card.size_bytes:
         raise WeightsError(f"the bucket's {card.sha256[:12]} is not {card.name}'s file")
     part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
-    digest, done, next_seq = hashlib.sha256(), 0, 1
     state = read_json(state_file)
-    if state.get("nuid") == info.nuid and part.exists():
-        done, next_seq = int(state["bytes"]), int(state["seq"]) + 1
-        try:  # the part as far as it is whole
-            await asyncio.to_thread(bulk_fetch.rehash, part, done, digest)
-            log.info("weights fetch resumed", extra={"sha256": card.sha256, "bytes": done})
-        except bulk_fetch.BulkFetchError:
-            digest, done, next_seq = hashlib.sha256(), 0, 1
+    same = state.get("nuid") == info.nuid
+    done, digest = await asyncio.to_thread(
+        bulk_fetch.resume, part, int(state["bytes"]) if same else 0
+    )
+    next_seq = int(state["seq"]) + 1 if done else 1
+    if done:
+        log.info("weights fetch resumed", extra={"sha256": card.sha256, "bytes": done})
     total = card.size_bytes
     with bulk_fetch.open_part(part, done) as file:
         if done < total:
