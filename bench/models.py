@@ -6,16 +6,19 @@ serving speed whole, split in 2, and on llama.cpp's own server.
   the ``TESSERA_MODELS`` object store of a nats-server there (``libs/models/weights.publish``,
   as ``tessera models add`` does) and lent by A's ``Lender`` (``libs/models/lending.py``, as a
   worker on A runs it); host B fetches it into its own cache as a worker does
-  (``ensure_local``: sha256 checked, then renamed into place), lent by A (``lent``: the
-  delivery a worker gets where a device holds the file) and from the object store alone
-  (``store``: no device lends it): MB/s. The reference is the same bytes copied raw through
-  the same link: a TCP socket on A sending the file (``sendfile``), a receiver on B writing it
-  to disk. ``ratio_lent_raw`` is the delivery's share of the raw copy's rate (goal ≥ 0.8),
-  ``ratio_store_raw`` the store's. Each round runs the three in turn (each first once in
-  three rounds, after a ``sync``), the medians are reported with each round. Over each of
-  ``--links``: the veth as fast as the two cores copy (``none``: the link is the machine's
-  memory, and both hosts share its two cores), and held to a LAN's rate by ``tc``
-  (``10gbit``, ``5gbit``, ``2.5gbit``), as between two machines.
+  (``ensure_local``: checked, then renamed into place), lent by A (``lent``: the delivery a
+  worker gets where a device holds the file, in ``--streams`` stripes, each chunk checked
+  against the store's index: a worker's host takes one per two cores, up to four; ``lent_1``:
+  one connection, the file hashed whole, as before stripes and as a host with fewer than four
+  cores takes it) and from the object store alone (``store``: no device lends it): MB/s. The
+  reference is the same bytes copied raw through the same link: a TCP socket on A sending the
+  file (``sendfile``), a receiver on B writing it to disk. ``ratio_lent_raw`` is the delivery's share of the raw
+  copy's rate (goal ≥ 0.8), ``ratio_lent_1_stream_raw`` and ``ratio_store_raw`` the others'.
+  Each round runs the four in turn (each first once in four rounds, after a ``sync``), the
+  medians are reported with each round. Over each of ``--links``: the veth as fast as the
+  cores copy (``none``: the link is the machine's memory, and both hosts share its cores),
+  and held to a LAN's rate by ``tc`` (``10gbit``, ``5gbit``, ``2.5gbit``), as between two
+  machines.
 - ``serving`` (the llamacpp engine): the same model registered and deployed in a ``tessera up``
   with one CPU worker (whole) and with two (split in 2, ``--devices worker-0,worker-1``), and
   llama.cpp's server started directly on the file as the worker starts it; greedy 64-token chat
@@ -27,7 +30,8 @@ serving speed whole, split in 2, and on llama.cpp's own server.
   the direct runs).
 
     python bench/models.py --json [--size-gb 1.0] [--rounds 2] [--requests 2]
-        [--links none,10gbit,5gbit,2.5gbit] [--skip-serving] [--skip-delivery] [--skip-split]
+        [--links none,10gbit,5gbit,2.5gbit] [--streams N] [--skip-serving] [--skip-delivery]
+        [--skip-split]
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from libs.cluster.servers import find_nats_server  # noqa: E402
+from libs.models.borrowing import default_streams  # noqa: E402
 from libs.runtime.procs import free_port  # noqa: E402
 
 SUBNET = "10.231.7"
@@ -65,7 +70,8 @@ async def main():
     card = SimpleNamespace(name="bench", source="/not/on/host-b.gguf", sha256=sys.argv[2],
                            size_bytes=int(sys.argv[3]))
     started = time.perf_counter()
-    await ensure_local(nc, card, cache_dir=Path(sys.argv[4]), device_id=sys.argv[5] or None)
+    await ensure_local(nc, card, cache_dir=Path(sys.argv[4]), device_id=sys.argv[5] or None,
+                       streams=int(sys.argv[6]) or None)
     print(time.perf_counter() - started)
     await close_nats(nc)
 asyncio.run(main())
@@ -166,7 +172,9 @@ def make_model(folder: Path, size_gb: float) -> tuple[Path, str]:
     return path, sha256_of(path)
 
 
-def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dict[str, object]:
+def delivery(
+    path: Path, sha256: str, rounds: int, work: Path, link: str, streams: int
+) -> dict[str, object]:
     """Lent, store and raw copies of ``path`` from A to B over a veth pair, ``link`` its rate
     (``tc``'s token bucket on A's end: ``10gbit``, ``2.5gbit``; ``none``: as fast as the two
     cores copy)."""
@@ -183,7 +191,7 @@ def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dic
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     lender = None
-    runs: dict[str, list[float]] = {"lent": [], "store": [], "raw": []}
+    runs: dict[str, list[float]] = {"lent": [], "lent_1": [], "store": [], "raw": []}
     try:
         url = f"nats://{a}:{port}"
         time.sleep(1.0)
@@ -198,9 +206,9 @@ def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dic
         lender.stdout.readline()  # lending
         kinds = list(runs)
         for k in range(rounds):
-            for kind in kinds[k % 3 :] + kinds[: k % 3]:  # each kind first in turn
+            for kind in kinds[k % 4 :] + kinds[: k % 4]:  # each kind first in turn
                 os.sync()  # each copy starts with no other's writes still going to disk
-                runs[kind].append(copy(kind, path, sha256, url, a, work / f"b-{k}"))
+                runs[kind].append(copy(kind, path, sha256, url, a, work / f"b-{k}", streams))
             print(
                 f"{link} round {k + 1}: "
                 + ", ".join(f"{kind} {mb_s[-1]:.0f} MB/s" for kind, mb_s in runs.items()),
@@ -212,15 +220,19 @@ def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dic
         nats.terminate()
         nats.wait(timeout=10)
         drop_hosts()
-    lent, store, raw = (statistics.median(runs[kind]) for kind in kinds)
+    lent, lent_1, store, raw = (statistics.median(runs[kind]) for kind in kinds)
     return {
         "link": link,
         "model_bytes": size,
+        "streams": streams,
+        "host_default_streams": default_streams(),
         "publish_mb_s": round(size / 1e6 / publish_s, 1),
         "lent_fetch_mb_s": round(lent, 1),
+        "lent_1_stream_mb_s": round(lent_1, 1),
         "store_fetch_mb_s": round(store, 1),
         "raw_tcp_mb_s": round(raw, 1),
         "ratio_lent_raw": round(lent / raw, 2),
+        "ratio_lent_1_stream_raw": round(lent_1 / raw, 2),
         "ratio_store_raw": round(store / raw, 2),
         "rounds": {
             **{f"{kind}_mb_s": [round(x, 1) for x in mb_s] for kind, mb_s in runs.items()},
@@ -231,14 +243,15 @@ def delivery(path: Path, sha256: str, rounds: int, work: Path, link: str) -> dic
     }
 
 
-def copy(kind: str, path: Path, sha256: str, url: str, a: str, cache: Path) -> float:
+def copy(kind: str, path: Path, sha256: str, url: str, a: str, cache: Path, streams: int) -> float:
     """MB/s of one copy of ``path`` from A into B's ``cache`` (removed after)."""
     size = path.stat().st_size
     try:
         if kind == "raw":
             return raw_copy(path, a, cache)
-        asker = "host-b" if kind == "lent" else ""
-        return size / 1e6 / on(NS_B, FETCH, url, sha256, str(size), str(cache), asker)
+        asker = "host-b" if kind.startswith("lent") else ""
+        count = "1" if kind == "lent_1" else str(streams)
+        return size / 1e6 / on(NS_B, FETCH, url, sha256, str(size), str(cache), asker, count)
     finally:
         subprocess.run(["rm", "-rf", str(cache)], check=True)
 
@@ -430,6 +443,12 @@ def main() -> int:
         help="the rates of the link delivery is measured over (tc; none: unlimited)",
     )
     parser.add_argument("--skip-split", action="store_true", help="serve whole and direct only")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=max(2, default_streams()),
+        help="connections of the striped lent copy (default: a worker's here, at least 2)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
@@ -437,7 +456,8 @@ def main() -> int:
         report: dict[str, object] = {"model": f"llama Q8_0, {path.stat().st_size / 1e9:.2f} GB"}
         if not args.skip_delivery:
             report["delivery"] = [
-                delivery(path, sha256, args.rounds, work, link) for link in args.links.split(",")
+                delivery(path, sha256, args.rounds, work, link, args.streams)
+                for link in args.links.split(",")
             ]
         if not args.skip_serving:
             report["serving"] = serving(path, args.requests, args.rounds, not args.skip_split)

@@ -1,5 +1,6 @@
 """Model files lent from host to host: a device that needs a model's file receives it straight
-from a device that holds it, over one TCP connection, sent by the kernel (``sendfile``).
+from a device that holds it, over TCP connections, sent by the kernel (``sendfile``). This is
+the lender and the wire; ``libs/models/borrowing.py`` is the asker's half.
 
 The object store (``libs/models/weights.py``) carries every chunk through nats-server, which on
 a small host costs about a CPU-second per gigabyte and shares the cores with the receiver's
@@ -16,36 +17,36 @@ from the store.
   knows hashes to the model's sha256 (``local_files.verified_path``: the file a ``models add``
   hashed here, or one a worker loaded or fetched), never for a path a request names. The offer
   carries its address and a ticket: 128 random bits, sent to the asker's inbox alone, good for
-  one connection to that one file within ``TICKET_S``. A connection that presents no live
-  ticket gets ``ERR`` and nothing else.
-- **Checking**: what arrives is hashed as it is written, as from the store; a file that does
-  not hash to the card's sha256 is thrown away and fetched from the store. A holder can
-  therefore deny (the fetch falls back) but never corrupt a model.
+  ``TICKET_USES`` connections to that one file within ``TICKET_S`` (an asker receives the file
+  in several stripes at once). A connection that presents no live ticket gets ``ERR`` and
+  nothing else.
+- **Checking** (``borrowing``): what arrives is checked as it is written, against the store's
+  index of the file's chunks or the card's sha256; a file that does not match is thrown away
+  and fetched from the store. A holder can therefore deny (the fetch falls back) but never
+  corrupt a model.
 
 What it grants is what the object store already grants a device (``MODEL_READ``: any model's
 weights): a revoked device has no NATS user, so it gets no ticket. The bytes travel in the
 clear, as they do through a NATS link without TLS; so where the cluster's NATS uses TLS
 nothing is lent (``lends``): the weights come from the store, encrypted.
 
-The wire: the asker sends ``<ticket> <offset>\\n``; the lender answers ``OK <bytes>\\n`` and
-sends the file from ``offset`` to its end, or ``ERR <reason>\\n``.
+The wire: the asker sends ``<ticket> <offset> [<bytes>]\\n``; the lender answers ``OK <bytes>\\n``
+and sends that many bytes of the file from ``offset`` (to its end where none are named), or
+``ERR <reason>\\n``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -53,8 +54,7 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
-from libs.models.bulk_fetch import BulkFetchError, open_part, resume
-from libs.models.local_files import Card, read_json, verified_path
+from libs.models.local_files import verified_path
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,11 @@ log = logging.getLogger(__name__)
 ASK_WAIT_S = 0.5
 #: Seconds a ticket stays good.
 TICKET_S = 30.0
+#: Connections a ticket opens at most (the stripes of one fetch, ``borrowing.MAX_STREAMS``, and
+#: a few more for the runs a resumed fetch still lacks).
+TICKET_USES = 16
 #: Seconds a lender waits for a connection's request line, and an asker for any byte.
 IO_WAIT_S = 30.0
-#: Bytes the asker receives at most at a time (a buffer that stays in the CPU's cache).
-RECV_BYTES = 1 << 20
-#: Bytes received between two records of how far a fetch got (and two progress reports).
-REPORT_BYTES = 8 << 20
 
 
 def lends(nc: NatsClient) -> bool:
@@ -79,12 +78,13 @@ def lends(nc: NatsClient) -> bool:
     return not (nc.options.get("tls") or (url and url.scheme == "tls") or info.get("tls_required"))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Ticket:
     path: Path
     size_bytes: int
     asker: str
     expires: float
+    uses: int = TICKET_USES
 
 
 class Lender:
@@ -100,7 +100,8 @@ class Lender:
         self.tickets: dict[str, Ticket] = {}
         self.server: asyncio.Server | None = None
         self.sub: Subscription | None = None
-        self.lent = 0  #: files sent whole
+        self.lent = 0  #: connections that sent all they were asked
+        self.sent = 0  #: the bytes those connections sent
 
     @property
     def endpoint(self) -> str:
@@ -144,20 +145,27 @@ class Lender:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), IO_WAIT_S)
-            ticket, offset = _request(line)
-            lent = self.tickets.pop(ticket, None)
+            ticket, offset, count = _request(line)
+            lent = self.tickets.get(ticket)
             if lent is None or lent.expires < time.monotonic():
                 raise LendError("no such ticket, or it expired or was used")
+            lent.uses -= 1
+            if not lent.uses:
+                del self.tickets[ticket]
             if not 0 <= offset <= lent.size_bytes:
                 raise LendError(f"offset {offset} is outside the file")
+            count = lent.size_bytes - offset if count is None else count
+            if offset + count > lent.size_bytes:
+                raise LendError(f"{count} bytes from {offset} run past the file's end")
             with open(lent.path, "rb") as file:
-                if (file_size := file.seek(0, 2)) != lent.size_bytes:
+                if file.seek(0, 2) != lent.size_bytes:
                     raise LendError("the file changed since it was verified")
-                writer.write(f"OK {file_size - offset}\n".encode())
+                writer.write(f"OK {count}\n".encode())
                 await writer.drain()
-                await asyncio.to_thread(_send, writer, file, offset, file_size - offset)
+                await asyncio.to_thread(_send, writer, file, offset, count)
             self.lent += 1
-            log.info("weights lent", extra={"asker": lent.asker, "bytes": file_size - offset})
+            self.sent += count
+            log.info("weights lent", extra={"asker": lent.asker, "offset": offset, "bytes": count})
         except LendError as exc:
             writer.write(f"ERR {exc}\n".encode())
         except (TimeoutError, OSError, ValueError) as exc:
@@ -184,11 +192,11 @@ class LendError(RuntimeError):
     """A lender's refusal, sent to the connection."""
 
 
-def _request(line: bytes) -> tuple[str, int]:
+def _request(line: bytes) -> tuple[str, int, int | None]:
     parts = line.decode("ascii", "replace").split()
-    if len(parts) != 2 or not parts[1].isdigit():
-        raise LendError("expected '<ticket> <offset>'")
-    return parts[0], int(parts[1])
+    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts[1:]):
+        raise LendError("expected '<ticket> <offset> [<bytes>]'")
+    return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else None
 
 
 async def ask(nc: NatsClient, device_id: str, sha256: str, size_bytes: int) -> list[WeightsOffer]:
@@ -216,132 +224,3 @@ async def ask(nc: NatsClient, device_id: str, sha256: str, size_bytes: int) -> l
     finally:
         await sub.unsubscribe()
     return list(offers)
-
-
-class LentFile:
-    """One lent file's connection: asked from ``offset`` on, answered ``OK``."""
-
-    def __init__(self, offer: WeightsOffer, offset: int, size_bytes: int) -> None:
-        host, _, port = offer.endpoint.rpartition(":")
-        self.lender, self.offset, self.size_bytes = offer.device_id, offset, size_bytes
-        try:
-            self.sock = socket.create_connection((host.strip("[]"), int(port)), IO_WAIT_S)
-        except (OSError, ValueError) as exc:
-            raise BulkFetchError(f"{self.lender}'s lender at {offer.endpoint}: {exc}") from None
-        try:
-            self.sock.sendall(f"{offer.ticket} {offset}\n".encode())
-            answer = self._line()
-        except OSError as exc:
-            self.close()
-            raise BulkFetchError(f"{self.lender}'s lender: {exc}") from None
-        if answer != f"OK {size_bytes - offset}":
-            self.close()
-            raise BulkFetchError(f"{self.lender} did not lend the file: {answer}")
-
-    def _line(self) -> str:
-        line = bytearray()
-        while not line.endswith(b"\n") and len(line) < 512:
-            if not (byte := self.sock.recv(1)):
-                break
-            line += byte
-        return line.decode("ascii", "replace").strip()
-
-    def pull(
-        self, file: BinaryIO, digest: Any, state_file: Path, report: Callable[[int], None]
-    ) -> None:
-        """The rest of the file into ``file`` (blocking: run on a thread). Each piece is hashed
-        and written as soon as it arrives, while it is still in the CPU's cache (a piece
-        handed to another thread is read from memory again: slower on a small host); every
-        ``REPORT_BYTES`` and at the end, how far it got goes to ``state_file`` and then to
-        ``report``."""
-        buf = bytearray(RECV_BYTES)
-        view, since = memoryview(buf), 0
-        while self.offset < self.size_bytes:
-            try:
-                got = self.sock.recv_into(view, min(RECV_BYTES, self.size_bytes - self.offset))
-            except TimeoutError:
-                raise BulkFetchError(f"{self.lender} sent nothing for {IO_WAIT_S:.0f} s") from None
-            except OSError as exc:
-                raise BulkFetchError(f"{self.lender}'s connection: {exc}") from None
-            if not got:
-                raise BulkFetchError(f"{self.lender} closed the connection")
-            digest.update(view[:got])
-            file.write(view[:got])
-            self.offset += got
-            since += got
-            if since >= REPORT_BYTES or self.offset == self.size_bytes:
-                file.flush()
-                state_file.write_text(json.dumps({"lender": self.lender, "bytes": self.offset}))
-                report(self.offset)
-                since = 0
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-async def borrow(
-    nc: NatsClient,
-    device_id: str,
-    card: Card,
-    target: Path,
-    progress: Callable[[int, int], None] | None = None,
-) -> bool:
-    """The card's file into ``target``, lent by a device that holds it: each offer in turn
-    (resuming the part already written), hashed as it arrives and renamed into place only when
-    it hashes to the card's sha256. ``progress(bytes, total)`` runs on the event loop as it
-    goes (an exception it raises cuts the fetch; what was written stays, to resume from).
-    False where no device offers it or every lent copy failed (the caller fetches from the
-    object store)."""
-    offers = await ask(nc, device_id, card.sha256, card.size_bytes)
-    part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
-    report = _on_loop(progress, card.size_bytes)
-    for offer in offers:
-        # A part of any source: its bytes as far as they were written.
-        written = min(int(read_json(state_file).get("bytes", 0)), card.size_bytes)
-        done, digest = await asyncio.to_thread(resume, part, written)
-        try:
-            lent = await asyncio.to_thread(LentFile, offer, done, card.size_bytes)
-            with open_part(part, done) as file:
-                try:
-                    await asyncio.to_thread(lent.pull, file, digest, state_file, report)
-                finally:
-                    lent.close()  # a pull still running (this task cancelled) stops
-        except BulkFetchError as exc:  # the lender's fault; this host's own errors go up
-            log.warning("weights from %s failed: %s", offer.device_id, exc)
-            continue
-        if digest.hexdigest() == card.sha256:
-            part.replace(target)
-            state_file.unlink(missing_ok=True)
-            log.info("weights received", extra={"lender": offer.device_id, "sha256": card.sha256})
-            return True
-        log.warning("%s lent a file that is not %s's: refused", offer.device_id, card.name)
-        part.unlink(missing_ok=True)
-        state_file.unlink(missing_ok=True)
-    return False
-
-
-def _on_loop(progress: Callable[[int, int], None] | None, total: int) -> Callable[[int], None]:
-    """``report(bytes)`` for a thread: runs ``progress(bytes, total)`` on this event loop and
-    waits for it (what it raises is raised in the thread)."""
-    loop = asyncio.get_running_loop()
-
-    def report(done: int) -> None:
-        if progress is None:
-            return
-        called: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def call() -> None:
-            try:
-                progress(done, total)
-            except BaseException as exc:
-                called.set_exception(exc)
-            else:
-                called.set_result(None)
-
-        loop.call_soon_threadsafe(call)
-        called.result(timeout=IO_WAIT_S)
-
-    return report

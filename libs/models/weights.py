@@ -39,7 +39,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from libs.models import bulk_fetch, lending
+from libs.models import borrowing, bulk_fetch, lending
 from libs.models.local_files import (
     Card,
     cached_path,
@@ -213,11 +213,13 @@ async def ensure_local(
     progress: Progress | None = None,
     cache_dir: Path | None = None,
     device_id: str | None = None,
+    streams: int | None = None,
 ) -> Path:
     """This model's file on this host: the card's source path where this host holds it, else
     the verified copy in the cache, fetched first when missing (once per host: workers sharing
     the cache wait for one another's fetch) — lent by a device that holds it where one answers
-    ``device_id``'s want (``libs/models/lending.py``; not over TLS), else from the bucket.
+    ``device_id``'s want (``libs/models/lending.py``; not over TLS; over ``streams``
+    connections where the bucket holds the file's index), else from the bucket.
     ``progress(bytes, total)`` follows a fetch. Raises ``WeightsError`` naming the cause (no
     connection, not in the bucket, a digest that does not match)."""
     if is_path(card.source):
@@ -239,13 +241,33 @@ async def ensure_local(
                 device_id is not None
                 and isinstance(connection, NatsClient)
                 and lending.lends(connection)
-                and await lending.borrow(connection, device_id, card, target, progress)
+                and await _borrow(connection, device_id, card, target, progress, streams)
             ):
                 await fetch(_js(connection), card, target, progress)
             mark_verified(target, card.sha256, cache_dir)
     finally:
         lock.close()
     return target
+
+
+async def _borrow(
+    nc: NatsClient,
+    device_id: str,
+    card: Card,
+    target: Path,
+    progress: Progress | None,
+    streams: int | None,
+) -> bool:
+    """The file lent by a device (``borrowing.borrow``), checked chunk by chunk against the
+    bucket's index of it where the bucket holds one, else hashed whole."""
+    from libs.models.ranges import read_index
+
+    try:
+        index = await read_index(_js(nc), card.sha256)
+    except WeightsError as exc:  # an index that does not check out is not used
+        log.warning("the weights index is not used: %s", exc)
+        index = None
+    return await borrowing.borrow(nc, device_id, card, target, progress, index, streams)
 
 
 def _lock(path: Path) -> BinaryIO:

@@ -1,8 +1,10 @@
-"""Model files lent from the device that holds them (``libs/models/lending.py``), against a real
-nats-server with the cluster's users: a device gets a file nobody put into the object store
-from the device that holds it; a lent copy cut halfway resumes; a lender that sends other
-bytes is caught and the store serves; a ticket opens one file once, for nobody else; a
-device can ask only as itself."""
+"""Model files lent from the device that holds them (``libs/models/lending.py``,
+``borrowing.py``), against a real nats-server with the cluster's users: a device gets a file
+nobody put into the object store from the device that holds it; a lent copy cut halfway
+resumes; a lender that sends other bytes is caught and the store serves; a file the store
+indexes comes over several connections at once, each chunk checked, and resumes and is caught
+the same way; a ticket opens one file a few times, for nobody else; a device can ask only as
+itself."""
 
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
 from libs.models import lending
-from libs.models.lending import Lender, lends
-from libs.models.local_files import mark_verified
-from libs.models.weights import ensure_local, publish
+from libs.models.gguf_info import sha256_of
+from libs.models.lending import TICKET_USES, Lender, lends
+from libs.models.local_files import mark_verified, read_json
+from libs.models.weights import CHUNK_BYTES, ensure_local, publish
 from libs.runtime.nats_client import close_nats, connect_nats
 from tests.integration.test_weights import SIZE, Card, Steps, model_file
+from tests.models import make_gguf
 
 ACCESS = AccessControl(["dev-a", "dev-b", "dev-c"])
 
@@ -138,7 +142,62 @@ def request(offer: WeightsOffer, line: str) -> bytes:
     return out
 
 
-async def test_a_ticket_opens_one_file_once_and_nothing_else_opens_it(
+@pytest.fixture(scope="module")
+def indexed_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Card]:
+    """A GGUF of ~20 MB (``publish`` puts an index of its chunks beside it) and its card."""
+    folder = tmp_path_factory.mktemp("indexed")
+    path = make_gguf(folder / "model.gguf", "llama", "Q8_0", layers=4, target_bytes=20_000_000)
+    return path, Card("indexed", str(path), sha256_of(path), path.stat().st_size)
+
+
+async def test_a_file_the_store_indexes_comes_in_stripes_each_chunk_checked(
+    devices: dict[str, NatsClient],
+    indexed_model: tuple[Path, Card],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path, card = indexed_model
+    assert await publish(devices["admin"], path, card.sha256)  # the file and its index
+    size, wanted = card.size_bytes, away(card, tmp_path)
+    lender = await lender_of(devices["dev-a"], "dev-a", path, card.sha256, tmp_path / "a")
+    try:
+        fetched = Steps()
+        local = await ensure_local(devices["dev-b"], wanted, fetched, tmp_path / "b", "dev-b", 3)
+        assert local.read_bytes() == path.read_bytes()
+        assert lender.lent == 3 and lender.sent == size  # three stripes, nothing twice
+        assert fetched.seen[-1] == (size, size)
+        assert not list((tmp_path / "b" / "gguf").glob("*.part*"))
+
+        # Cut halfway: the chunks received are kept, checked again, and not sent again.
+        cache = tmp_path / "c"
+        with pytest.raises(ConnectionError):
+            await ensure_local(devices["dev-c"], wanted, Steps(size // 2), cache, "dev-c", 3)
+        state = read_json(cache / "gguf" / f"{card.sha256}.gguf.part.json")
+        held = sum(min(CHUNK_BYTES, size - i * CHUNK_BYTES) for i in state["chunks"])
+        assert size // 2 <= held < size
+        sent = lender.sent
+        local_c = await ensure_local(devices["dev-c"], wanted, None, cache, "dev-c", 3)
+        assert local_c.read_bytes() == path.read_bytes()
+        assert lender.sent - sent == size - held
+    finally:
+        await lender.close()
+
+    # A lender whose file differs in one byte: that chunk is caught, the copy refused and
+    # deleted, and the store's copy used.
+    other = tmp_path / "other.gguf"
+    data = bytearray(path.read_bytes())
+    data[size * 2 // 3] ^= 0xFF
+    other.write_bytes(bytes(data))
+    liar = await lender_of(devices["dev-a"], "dev-a", other, card.sha256, tmp_path / "liar")
+    try:
+        local_d = await ensure_local(devices["dev-c"], wanted, None, tmp_path / "d", "dev-c", 2)
+        assert local_d.read_bytes() == path.read_bytes()
+    finally:
+        await liar.close()
+    assert any("does not match the store's index" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_ticket_opens_one_file_a_few_times_and_nothing_else_opens_it(
     devices: dict[str, NatsClient], tmp_path: Path
 ) -> None:
     path, card = model_file(tmp_path)
@@ -153,15 +212,21 @@ async def test_a_ticket_opens_one_file_once_and_nothing_else_opens_it(
             b"ERR no such ticket, or it expired or was used\n"
         )
         assert await asyncio.to_thread(request, offer, "no request\n") == (
-            b"ERR expected '<ticket> <offset>'\n"
+            b"ERR expected '<ticket> <offset> [<bytes>]'\n"
         )
         tail = await asyncio.to_thread(request, offer, f"{offer.ticket} {SIZE - 10}\n")
         assert tail == b"OK 10\n" + path.read_bytes()[-10:]
+        piece = await asyncio.to_thread(request, offer, f"{offer.ticket} 100 7\n")
+        assert piece == b"OK 7\n" + path.read_bytes()[100:107]
+        for _ in range(TICKET_USES - 2):
+            assert (await asyncio.to_thread(request, offer, f"{offer.ticket} 0 1\n"))[:2] == b"OK"
         again = await asyncio.to_thread(request, offer, f"{offer.ticket} 0\n")
         assert again.startswith(b"ERR no such ticket")
         (second,) = await ask_for(devices["dev-b"], "dev-b", card)
         past = await asyncio.to_thread(request, second, f"{second.ticket} {SIZE + 1}\n")
         assert past == f"ERR offset {SIZE + 1} is outside the file\n".encode()
+        over = await asyncio.to_thread(request, second, f"{second.ticket} {SIZE - 5} 6\n")
+        assert over == f"ERR 6 bytes from {SIZE - 5} run past the file's end\n".encode()
     finally:
         await lender.close()
 
