@@ -2,23 +2,22 @@
 serving speed whole, split in 2, and on llama.cpp's own server.
 
 - ``delivery`` (needs root: two network namespaces joined by a veth pair, as
-  ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` on host A is put into
-  the ``TESSERA_MODELS`` object store of a nats-server there (``libs/models/weights.publish``,
-  as ``tessera models add`` does) and lent by A's ``Lender`` (``libs/models/lending.py``, as a
-  worker on A runs it); host B fetches it into its own cache as a worker does
-  (``ensure_local``: checked, then renamed into place), lent by A (``lent``: the delivery a
-  worker gets where a device holds the file, in ``--streams`` stripes, each chunk checked
-  against the store's index: a worker's host takes one per two cores, up to four; ``lent_1``:
-  one connection, the file hashed whole, as before stripes and as a host with fewer than four
-  cores takes it) and from the object store alone (``store``: no device lends it): MB/s. The
-  reference is the same bytes copied raw through the same link: a TCP socket on A sending the
-  file (``sendfile``), a receiver on B writing it to disk. ``ratio_lent_raw`` is the delivery's share of the raw
-  copy's rate (goal ≥ 0.8), ``ratio_lent_1_stream_raw`` and ``ratio_store_raw`` the others'.
-  Each round runs the four in turn (each first once in four rounds, after a ``sync``), the
-  medians are reported with each round. Over each of ``--links``: the veth as fast as the
-  cores copy (``none``: the link is the machine's memory, and both hosts share its cores),
-  and held to a LAN's rate by ``tc`` (``10gbit``, ``5gbit``, ``2.5gbit``), as between two
-  machines.
+  ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` on host A is put into the
+  ``TESSERA_MODELS`` object store of a nats-server there (``libs/models/weights.publish``, as
+  ``tessera models add`` does) and lent by A's ``Lender`` (``libs/models/lending.py``, as a
+  worker on A runs it); host B fetches it into its own cache as a worker does (``ensure_local``:
+  checked, then renamed into place), lent by A (``lent``: the delivery a worker gets where a
+  device holds the file, in ``--streams`` stripes, each chunk checked against the store's index:
+  a worker's host takes one per two cores, up to four; ``lent_1``: one connection, the file
+  hashed whole, as before stripes and as a host with fewer than four cores takes it) and from
+  the object store alone (``store``: no device lends it): MB/s. The reference is the same bytes
+  copied raw through the same link: a TCP socket on A sending the file (``sendfile``), a
+  receiver on B writing it to disk. ``ratio_lent_raw`` is the delivery's share of the raw copy's
+  rate (goal ≥ 0.8), ``ratio_lent_1_stream_raw`` and ``ratio_store_raw`` the others'. Each round
+  runs the four in turn (each first once in four rounds, after a ``sync``), the medians are
+  reported with each round. Over each of ``--links``: the veth as fast as the cores copy
+  (``none``: the link is the machine's memory, and both hosts share its cores), and held to a
+  LAN's rate by ``tc`` (``10gbit``, ``5gbit``, ``2.5gbit``), as between two machines.
 - ``serving`` (the llamacpp engine): the same model registered and deployed in a ``tessera up``
   with one CPU worker (whole) and with two (split in 2, ``--devices worker-0,worker-1``), and
   llama.cpp's server started directly on the file as the worker starts it; greedy 64-token chat

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -179,6 +180,18 @@ async def test_a_file_the_store_indexes_comes_in_stripes_each_chunk_checked(
         local_c = await ensure_local(devices["dev-c"], wanted, None, cache, "dev-c", 3)
         assert local_c.read_bytes() == path.read_bytes()
         assert lender.sent - sent == size - held
+
+        # A part that holds every chunk but was never renamed (cut at the very end): nothing
+        # is sent again, and it is put in place.
+        part = tmp_path / "e" / "gguf" / f"{card.sha256}.gguf.part"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(path.read_bytes())
+        part.with_suffix(".part.json").write_text(
+            json.dumps({"chunks": list(range(-(-size // CHUNK_BYTES)))})
+        )
+        sent = lender.sent
+        local_e = await ensure_local(devices["dev-c"], wanted, None, tmp_path / "e", "dev-c", 3)
+        assert local_e.read_bytes() == path.read_bytes() and lender.sent == sent
     finally:
         await lender.close()
 
@@ -218,7 +231,9 @@ async def test_a_ticket_opens_one_file_a_few_times_and_nothing_else_opens_it(
         assert tail == b"OK 10\n" + path.read_bytes()[-10:]
         piece = await asyncio.to_thread(request, offer, f"{offer.ticket} 100 7\n")
         assert piece == b"OK 7\n" + path.read_bytes()[100:107]
-        for _ in range(TICKET_USES - 2):
+        nothing = await asyncio.to_thread(request, offer, f"{offer.ticket} 100 0\n")
+        assert nothing == b"OK 0\n"  # no bytes: not "to the end"
+        for _ in range(TICKET_USES - 3):
             assert (await asyncio.to_thread(request, offer, f"{offer.ticket} 0 1\n"))[:2] == b"OK"
         again = await asyncio.to_thread(request, offer, f"{offer.ticket} 0\n")
         assert again.startswith(b"ERR no such ticket")

@@ -1,11 +1,11 @@
-"""How a striped fetch cuts the work (``libs/models/borrowing.py``): shares are contiguous and
+"""How a striped fetch cuts the work (``libs/models/stripes.py``): shares are contiguous and
 cover every missing chunk once; an index that does not describe the card's file is not used."""
 
 from __future__ import annotations
 
 import pytest
 
-from libs.models.borrowing import _chunks, _runs, _shares
+from libs.models.stripes import _runs, _shares, index_chunks
 
 
 @pytest.mark.parametrize("streams", [1, 2, 3, 4, 7])
@@ -24,9 +24,9 @@ def test_nothing_missing_opens_no_connection() -> None:
 
 def test_an_index_is_used_only_when_it_describes_the_file() -> None:
     index = {"size": 1000, "chunk_bytes": 300, "digests": ["a", "b", "c", "d"]}
-    chunks = _chunks(index, 1000)
+    chunks = index_chunks(index, 1000)
     assert chunks is not None and chunks.span(3) == (900, 1000)
-    assert _chunks(index, 1001) is None  # another size
-    assert _chunks({**index, "digests": ["a", "b", "c"]}, 1000) is None  # a chunk short
-    assert _chunks({**index, "chunk_bytes": 0}, 1000) is None
-    assert _chunks(None, 1000) is None
+    assert index_chunks(index, 1001) is None  # another size
+    assert index_chunks({**index, "digests": ["a", "b", "c"]}, 1000) is None  # a chunk short
+    assert index_chunks({**index, "chunk_bytes": 0}, 1000) is None
+    assert index_chunks(None, 1000) is None
