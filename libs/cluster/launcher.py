@@ -33,6 +33,9 @@ from libs.runtime.settings import child_env
 REPO = Path(__file__).resolve().parents[2]
 #: Start order: consumers before producers, the front door last.
 SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
+#: Seconds the shipped model's registration is tried again while the cluster's JetStream
+#: does not answer yet (a NATS cluster choosing its leader).
+REGISTER_WAIT_S = 60.0
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
 
 
@@ -208,11 +211,23 @@ class Cluster:
                 await close_nats(nc)
                 await redis.aclose()
 
-        try:
-            asyncio.run(register())
-        except (ModelMissing, WeightsError, NatsError, TimeoutError) as exc:
+        # A NATS cluster's JetStream answers only once its servers have chosen a leader: what
+        # times out then is tried again, for up to REGISTER_WAIT_S.
+        until = min(self._deadline, time.monotonic() + REGISTER_WAIT_S)
+        while True:
+            try:
+                asyncio.run(register())
+                return
+            except (WeightsError, NatsError, TimeoutError) as exc:
+                if time.monotonic() + 1.0 < until:
+                    time.sleep(1.0)
+                    continue
+                failed: Exception = exc
+            except ModelMissing as exc:
+                failed = exc
             # Its file could not go into the store: nothing registered (add it by hand).
-            self.say("cluster", f"no model registered: {exc!r}", "bold yellow")
+            self.say("cluster", f"no model registered: {failed!r}", "bold yellow")
+            return
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"

@@ -16,11 +16,11 @@ Two ways, by what the asker can check the bytes against:
   arrives against the card's sha256.
 
 Either way each piece is written as soon as it is hashed, while it is still in the CPU's cache,
-into ``<sha256>.gguf.part``, with what it holds beside it (``.part.json``) so a cut copy of the
-same kind resumes (a striped one rechecks the chunks it kept; a part another kind of fetch left
-is fetched again), and the part is renamed into place only once every byte is checked. A lender
-whose bytes do not match is refused and the part deleted; the caller then fetches from the
-object store.
+into ``<sha256>.gguf.part``, with what it holds beside it (``.part.json``), so a cut copy
+resumes: a striped one from the chunks it kept, checked again; one connection from the part's
+end, whatever wrote it, the bytes there hashed again. The part is renamed into place only once
+every byte is checked. A lender whose bytes do not match is refused and the part deleted; the
+caller then fetches from the object store.
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ async def borrow(
     every lent copy failed (the caller fetches from the object store)."""
     part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
     streams = streams or default_streams()
-    chunks = (
-        stripes.index_chunks(index, card.size_bytes) if streams > 1 else None
-    )  # one stream: one hash
+    # Over one connection the file is hashed whole as it comes; over more, chunk by chunk.
+    chunks = stripes.index_chunks(index, card.size_bytes) if streams > 1 else None
     if chunks is not None:  # what a cut striped fetch kept, checked before a ticket is asked
         chunks.held = await asyncio.to_thread(stripes.recheck, part, state_file, chunks)
     offers = await ask(nc, device_id, card.sha256, card.size_bytes)
