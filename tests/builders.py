@@ -11,7 +11,8 @@ from libs.contracts import (
     ANNOUNCE_REQUEST,
     CANCEL,
     CHECKPOINT,
-    DEPLOYMENT_STATUS,
+    DEPLOYMENT_EVENT,
+    DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     DEVICE_LEAVING,
     DEVICE_RECOVERED,
@@ -36,8 +37,9 @@ from libs.contracts import (
     BatchJob,
     Capabilities,
     Channel,
+    DeploymentEvent,
+    DeploymentsSnapshot,
     DeploymentState,
-    DeploymentStatus,
     DeviceAnnounce,
     DeviceClass,
     DeviceFailed,
@@ -58,6 +60,7 @@ from libs.contracts import (
     SchedulerCheckpoint,
     ScoreUpdate,
     ShardProgress,
+    ShardReported,
     ShardStatus,
     ShardTask,
     TelemetrySample,
@@ -257,21 +260,42 @@ def sample_messages(
             {"device_id": device_id},
         ),
         (
-            DEPLOYMENT_STATUS,
-            DeploymentStatus(
-                deployment_id="dep-1",
-                model="smollm2-135m-instruct",
-                phase="loading",
-                epoch=1,
-                progress=0.5,
-                shards=(
-                    ShardProgress(
+            DEPLOYMENT_EVENT,
+            DeploymentEvent(
+                term="t1",
+                index=2,
+                ts=NOW,
+                change=ShardReported(
+                    deployment_id="dep-1",
+                    epoch=1,
+                    shard=ShardProgress(
                         device_id=device_id, shard_index=0, state="loading", progress=0.5
                     ),
                 ),
-                ts=NOW,
             ),
             {"deployment_id": "dep-1"},
+        ),
+        (
+            DEPLOYMENTS_SNAPSHOT,
+            DeploymentsSnapshot(
+                term="t1",
+                index=1,
+                ts=NOW,
+                deployments=(
+                    DeploymentState(
+                        deployment_id="dep-1",
+                        model="smollm2-135m-instruct",
+                        epoch=1,
+                        context_length=2048,
+                        assignments=(Assignment(device_id=device_id, layer_end=30),),
+                        phase="pending",
+                        shards=(
+                            ShardProgress(device_id=device_id, shard_index=0, state="pending"),
+                        ),
+                    ),
+                ),
+            ),
+            {},
         ),
         (
             MODE_CHANGE,

@@ -60,7 +60,8 @@ from libs.contracts import (
     ANNOUNCE_REQUEST,
     CANCEL,
     CHECKPOINT,
-    DEPLOYMENT_STATUS,
+    DEPLOYMENT_EVENT,
+    DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     DEVICE_LEAVING,
     DEVICE_RECOVERED,
@@ -180,7 +181,8 @@ def service_grants() -> dict[str, Grant]:
         "scheduler": Grant(
             (
                 PLACEMENT_DECISION.wildcard,
-                DEPLOYMENT_STATUS.wildcard,
+                DEPLOYMENT_EVENT.wildcard,
+                DEPLOYMENTS_SNAPSHOT.wildcard,
                 SHARD_TASK.wildcard,
                 DVFS_HINT.wildcard,
                 MODE_CHANGE.wildcard,
@@ -205,7 +207,8 @@ def service_grants() -> dict[str, Grant]:
                 DEVICE_FAILED.wildcard,
                 DEVICE_RECOVERED.wildcard,
                 SCORE.wildcard,  # the dashboard's live feed
-                DEPLOYMENT_STATUS.wildcard,
+                DEPLOYMENT_EVENT.wildcard,
+                DEPLOYMENTS_SNAPSHOT.wildcard,
                 WEIGHTS_PROGRESS.wildcard,  # the feed's weights progress bars
                 MODE_CHANGE.wildcard,
                 ANNOUNCE_REQUEST.wildcard,

@@ -25,6 +25,7 @@ from libs.contracts.control import (
     TokenAnswer,
     TokenRotation,
 )
+from libs.contracts.deployments import DeploymentEvent, DeploymentsSnapshot
 from libs.contracts.device import (
     AnnounceRequest,
     DeviceAnnounce,
@@ -38,7 +39,6 @@ from libs.contracts.device import (
 from libs.contracts.errors import ContractError
 from libs.contracts.models import WeightsWant
 from libs.contracts.work import (
-    DeploymentStatus,
     GenerationCancel,
     GenerationRequest,
     PlacementDecision,
@@ -167,9 +167,14 @@ GENERATION = Channel(
 TOKENS = Channel("tokens", "tessera.v1.tokens.{request_id}.{device_id}", TokenChunk)
 CANCEL = Channel("cancel", "tessera.v1.cancel.{deployment_id}", GenerationCancel)
 SHARD_STATUS = Channel("shard_status", "tessera.v1.shard.status.{device_id}", ShardStatus)
-#: A deployment's phase and progress, published by the scheduler on every change.
-DEPLOYMENT_STATUS = Channel(
-    "deployment_status", "tessera.v1.deployment.status.{deployment_id}", DeploymentStatus
+#: Each change the scheduler makes to what is deployed, numbered (libs/deployments folds them).
+DEPLOYMENT_EVENT = Channel(
+    "deployment_event", "tessera.v1.deployment.event.{deployment_id}", DeploymentEvent
+)
+#: Every deployment at once: by the scheduler when it starts leading, and every 15 s, so a
+#: follower that missed an event catches up.
+DEPLOYMENTS_SNAPSHOT = Channel(
+    "deployments_snapshot", "tessera.v1.deployment.snapshot", DeploymentsSnapshot
 )
 #: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
 #: ``device_id`` receives, ``sender_id`` sent: a device's NATS user may publish only frames that
@@ -212,7 +217,8 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     TOKENS,
     CANCEL,
     SHARD_STATUS,
-    DEPLOYMENT_STATUS,
+    DEPLOYMENT_EVENT,
+    DEPLOYMENTS_SNAPSHOT,
     WEIGHTS_PROGRESS,
     WEIGHTS_WANT,
     MODE_CHANGE,

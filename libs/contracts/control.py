@@ -6,15 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from libs.contracts.base import DeviceId, Mode, Precision, Timestamp, WireModel
+from libs.contracts.base import DeviceId, Mode, Timestamp, WireModel
+from libs.contracts.deployments import DeploymentState
 from libs.contracts.profiles import DimensionWeights
-from libs.contracts.work import (
-    Assignment,
-    DeploymentPhase,
-    PlacementDecision,
-    PlacementRequest,
-    ShardProgress,
-)
+from libs.contracts.work import PlacementDecision, PlacementRequest
 
 CHECKPOINT_SCHEMA_VERSION = 1  # the Literal on SchedulerCheckpoint.schema_version
 
@@ -31,33 +26,6 @@ class ModeChange(WireModel):
     weights: DimensionWeights | None = None
 
 
-class DeploymentState(WireModel):
-    deployment_id: str
-    model: str
-    epoch: Annotated[int, Field(ge=0)]
-    context_length: Annotated[int, Field(ge=1)]
-    assignments: tuple[Assignment, ...]
-    #: The deployment this one is a replica of (None: the first, or the only one).
-    replica_of: str | None = None
-    #: Its weights' precision on the CPU shard engine (None: the model's default).
-    precision: Precision | None = None
-    #: Where it stands, as its workers report (``DeploymentPhase``); a checkpoint written
-    #: before phases existed held only deployments that served.
-    phase: DeploymentPhase = "serving"
-    #: Why it is refused or failed, or why it was last re-planned.
-    reason: Annotated[str, Field(max_length=2000)] | None = None
-    #: The current epoch's shards as their workers last reported them.
-    shards: tuple[ShardProgress, ...] = Field(default=(), max_length=1024)
-    #: Devices whose workers refused or failed it: its re-plans leave them out.
-    refused_by: tuple[DeviceId, ...] = Field(default=(), max_length=1024)
-    #: The most devices one copy may be split over (the deploy's ``max_shards``).
-    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
-    #: What the deploy told, kept by its re-plans: the shard count and the devices (empty:
-    #: the scheduler's choice).
-    shard_count: Annotated[int, Field(ge=1, le=256)] | None = None
-    devices: tuple[DeviceId, ...] = Field(default=(), max_length=256)
-
-
 class SchedulerCheckpoint(WireModel):
     """Everything the scheduler needs to resume after a restart (design: fast recovery)."""
 
@@ -66,7 +34,9 @@ class SchedulerCheckpoint(WireModel):
     mode: Mode
     policy: str
     weights: dict[str, Annotated[float, Field(ge=0.0, le=100.0)]]
+    #: The deployments as the events up to ``deployment_index`` left them (libs/deployments).
     deployments: tuple[DeploymentState, ...] = ()
+    deployment_index: Annotated[int, Field(ge=0)] = 0
     placements: tuple[PlacementDecision, ...] = ()
     queue: tuple[PlacementRequest, ...] = ()
     counters: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)

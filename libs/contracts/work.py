@@ -49,7 +49,11 @@ class Demand(WireModel):
 class InferenceRequest(WireModel):
     kind: Literal["inference"] = "inference"
     request_id: RequestId
+    #: The model the user asked for, by name (or a deployment id).
     model: ModelName
+    #: The deployment that name resolved to where the sender resolved it (the gateway, with
+    #: ``libs.deployments.resolve``); None: the scheduler resolves ``model`` by the same rule.
+    deployment_id: DeploymentId | None = None
     prompt_tokens: Annotated[int, Field(ge=0, le=1_000_000)]
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)]
     urgency: Fraction = 0.5
@@ -395,43 +399,3 @@ class WeightsProgress(WireModel):
         if self.bytes_done > self.bytes_total:
             raise ValueError("bytes_done is more than bytes_total")
         return self
-
-
-#: Where a deployment stands, driven by what its workers report: ``pending`` (tasks sent, no
-#: worker has answered), ``loading`` (some shards loading or loaded), ``serving`` (every shard
-#: of the current epoch loaded: requests are routed to it only now), ``refused`` (no placement
-#: is left without the devices that refused), ``failed`` (a worker failed and no placement is
-#: left). ``refused`` and ``failed`` are final until the user deploys again. ``removed``: the
-#: user undeployed it (published once, so followers forget it; the scheduler does too).
-DeploymentPhase = Literal["pending", "loading", "serving", "refused", "failed", "removed"]
-
-
-class ShardProgress(WireModel):
-    """One shard of a deployment as its worker last reported it."""
-
-    device_id: DeviceId
-    shard_index: Annotated[int, Field(ge=0)]
-    state: Literal["pending"] | ShardState
-    progress: Fraction = 0.0
-    reason: Annotated[str, Field(max_length=2000)] | None = None
-
-
-class DeploymentStatus(WireModel):
-    """A deployment's phase as the scheduler holds it (``DEPLOYMENT_STATUS``, and the
-    scheduler's ``GET /placements/{deployment_id}``): published on every change of phase or
-    progress, so the gateway, the dashboard and ``tessera deploy`` follow one source."""
-
-    deployment_id: DeploymentId
-    model: ModelName
-    phase: DeploymentPhase
-    epoch: Annotated[int, Field(ge=0)] = 0
-    #: Share of the current placement's shards loaded (loading progress included).
-    progress: Fraction = 0.0
-    #: Why it is refused or failed, or why it was last re-planned.
-    reason: Annotated[str, Field(max_length=2000)] | None = None
-    shards: tuple[ShardProgress, ...] = Field(default=(), max_length=1024)
-    #: The deployment this one is a replica of (None: the first, or the only one).
-    replica_of: DeploymentId | None = None
-    #: Tokens of context each request may use (prompt and completion).
-    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
-    ts: Timestamp

@@ -84,7 +84,8 @@ COUNTED = {
             "device_recovered",
             "score",
             "mode_change",
-            "deployment_status",
+            "deployment_event",
+            "deployments_snapshot",
         ),
     ),
     "scheduler": (

@@ -15,7 +15,7 @@ of the cluster's engine at half speed (the planner prefers the faster device), a
 cluster's other worker is stopped before the load begins. Counted: requests sent to the
 special worker (``misrouted``: only a serving copy gets requests, so 0) and ``replace_s``,
 from the refusal or the kill to the model serving again (the scheduler's
-``DEPLOYMENT_STATUS``).
+deployment events, folded as the gateway folds them).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import httpx
 
 from libs.cluster.launcher import Cluster
 from libs.contracts import (
-    DEPLOYMENT_STATUS,
     GENERATION,
     SHARD_STATUS,
-    DeploymentStatus,
     GenerationRequest,
     ShardStatus,
 )
+from libs.deployments import DeploymentBook
 from libs.runtime.bus import Delivery, NatsBus
+from libs.runtime.following import BookFollower
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import ServiceProcess, free_port
 
@@ -111,10 +111,13 @@ class Watcher:
                     self.on_loading()
                     seen.killed_at = time.monotonic()
 
-        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
-            if status.phase == "serving":
-                devices = tuple(s.device_id for s in status.shards)
-                seen.serving.append((time.monotonic(), devices))
+        def on_change(before: DeploymentBook, after: DeploymentBook) -> None:
+            old, new = before.get(seen.model), after.get(seen.model)
+            if new is not None and new.phase == "serving" and new != old:
+                seen.serving.append((time.monotonic(), new.route))
+
+        follower = BookFollower()
+        follower.on_change(on_change)
 
         subs = [
             await bus.subscribe(
@@ -123,11 +126,7 @@ class Watcher:
             await bus.subscribe(
                 SHARD_STATUS, on_shard, subject=SHARD_STATUS.subject(device_id=seen.special)
             ),
-            await bus.subscribe(
-                DEPLOYMENT_STATUS,
-                on_deployment,
-                subject=DEPLOYMENT_STATUS.subject(deployment_id=seen.model),
-            ),
+            *await follower.watch(bus),
         ]
         await nc.flush()
         self.ready.set()

@@ -1,6 +1,6 @@
 """The scheduler's HTTP API: previews, deployments, mode and policy, health and metrics.
 
-The gateway's admin API proxies these under /v1/cluster/… (issue 8); this is where they live.
+The gateway's admin API proxies these under /v1/cluster/…; this is where they live.
 Handlers that change state queue a command on the scheduler's loop and wait for its answer;
 ``POST /placements`` answers with the plan (the deployment is then pending: follow it with
 ``GET /placements/{id}`` until serving, refused or failed).
@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.contracts import (
+    DeploymentsSnapshot,
     DeploymentStatus,
     Mode,
     ModelDeployment,
@@ -24,7 +25,7 @@ from libs.contracts import (
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import Precision
 from libs.core.registry import POLICIES
-from services.scheduler import phases
+from libs.deployments import phases
 from services.scheduler.models_api import model_routes
 from services.scheduler.service import Scheduler
 
@@ -36,7 +37,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     async def _known_model(model: str) -> None:
         """404 unless ``model`` is registered (its card is then the scheduler's)."""
         await scheduler.learn(model)
-        if model not in scheduler.deployments.cards:
+        if model not in scheduler.planner.cards:
             known = ", ".join(sorted(await scheduler.registry.names())) or "none"
             raise HTTPException(
                 404,
@@ -48,8 +49,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return {
             "status": "ok",
-            "mode": scheduler.state.mode.value,
-            "deployments": len(scheduler.state.deployments),
+            "mode": scheduler.modes.mode.value,
+            "deployments": len(scheduler.book),
             "devices": sorted(scheduler.view.rows.keys() - scheduler.view.failed),  # live
         }
 
@@ -64,7 +65,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
         it is infeasible."""
         await _known_model(model)
         now = scheduler.clock()
-        context = scheduler.deployments.context_for(model, context_length, now)
+        book = scheduler.book
+        context = scheduler.planner.context_for(book, model, context_length, now)
         return [
             {
                 "devices": list(p.devices),
@@ -82,8 +84,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                     for s in p.shards
                 ],
             }
-            for p in scheduler.deployments.preview(
-                model, context, max_shards, now, precision=precision
+            for p in scheduler.planner.preview(
+                book, model, context, max_shards, now, precision=precision
             )
         ]
 
@@ -109,14 +111,18 @@ def create_api(scheduler: Scheduler) -> FastAPI:
     async def placements() -> list[dict[str, Any]]:
         """Every deployment: its plan, ``phase``, ``progress`` and ``reason``."""
         return [
-            d.model_dump(mode="json") | {"progress": phases.progress(d)}
-            for d in scheduler.state.deployments.values()
+            d.model_dump(mode="json") | {"progress": phases.progress(d)} for d in scheduler.book
         ]
+
+    @app.get("/deployments")
+    async def deployments() -> DeploymentsSnapshot:
+        """The deployment book as one snapshot (a follower's start, or its catch-up)."""
+        return scheduler.book.snapshot(scheduler.clock())
 
     @app.get("/placements/{deployment_id}")
     async def placement(deployment_id: str) -> DeploymentStatus:
-        """Where one deployment stands (what ``DEPLOYMENT_STATUS`` publishes)."""
-        found = scheduler.state.deployments.get(deployment_id)
+        """Where one deployment stands: its phase and the progress of its plan."""
+        found = scheduler.book.get(deployment_id)
         if found is None:
             raise HTTPException(404, f"no deployment {deployment_id!r}")
         return phases.status_of(found, scheduler.clock())
@@ -129,20 +135,22 @@ def create_api(scheduler: Scheduler) -> FastAPI:
 
     @app.get("/mode")
     async def get_mode() -> dict[str, Any]:
-        return {"mode": scheduler.state.mode.value, "manual": scheduler.state.manual_mode}
+        return {"mode": scheduler.modes.mode.value, "manual": scheduler.modes.manual}
 
     @app.put("/mode")
     async def put_mode(body: ModeBody) -> dict[str, Any]:
         mode = None if body.mode == "auto" else Mode(body.mode)
         reason = "manual override" if mode else "automatic"
-        await scheduler.loop.call(lambda: scheduler.set_mode(mode, reason, manual=True), "mode")
+        await scheduler.loop.call(
+            lambda: scheduler.modes.set_mode(mode, reason, manual=True), "mode"
+        )
         return await get_mode()
 
     @app.get("/policy")
     async def get_policy() -> dict[str, Any]:
         return {
-            "policy": scheduler.state.policy,
-            "profile": scheduler.state.profile.model_dump(mode="json"),
+            "policy": scheduler.modes.policy_name,
+            "profile": scheduler.modes.profile.model_dump(mode="json"),
             "available": sorted(POLICIES),
         }
 
@@ -152,7 +160,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             raise HTTPException(422, f"unknown policy {body.policy!r}; known: {sorted(POLICIES)}")
         try:
             await scheduler.loop.call(
-                lambda: scheduler.set_policy(body.policy, body.profile), "policy"
+                lambda: scheduler.modes.set_policy(body.policy, body.profile), "policy"
             )
         except KeyError as exc:
             raise HTTPException(422, str(exc.args[0])) from None

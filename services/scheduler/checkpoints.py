@@ -5,20 +5,22 @@ validate is reported and skipped for the one before it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 from redis.asyncio import Redis
 
-from libs.contracts import CHECKPOINT, ContractError, SchedulerCheckpoint
+from libs.contracts import CHECKPOINT, ContractError, PlacementRequest, SchedulerCheckpoint
 from libs.contracts.keys import Keys
+from libs.deployments import DeploymentBook
 from libs.runtime.nats_client import copies
-from services.scheduler.loop import CommandLoop
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.state import Pending, SchedulerState
+from services.scheduler.mode_keeper import ModeKeeper
+from services.scheduler.state import TaskState
 
 log = logging.getLogger(__name__)
 BUCKET = "tessera_scheduler"
@@ -91,50 +93,66 @@ class CheckpointStore:
         return [e.value for e in reversed(entries) if e.value]
 
 
-class Checkpointing:
-    """The scheduler's checkpoints: the loop takes the snapshot, the writer stores it.
-    ``Scheduler`` (service.py) is one; what it needs is set by ``Scheduler.__init__``."""
+def checkpoint_of(
+    book: DeploymentBook,
+    modes: ModeKeeper,
+    tasks: TaskState,
+    queue: Sequence[PlacementRequest],
+    now: float,
+) -> SchedulerCheckpoint:
+    """What a checkpoint holds: the deployment book, the mode and policy, the decisions,
+    the requests waiting and the counters."""
+    return SchedulerCheckpoint(
+        ts=now,
+        mode=modes.mode,
+        policy=modes.policy_name,
+        weights=modes.weights(),
+        deployments=tuple(book),
+        deployment_index=book.index,
+        placements=tuple(tasks.decisions),
+        queue=tuple(queue),
+        counters=dict(tasks.counters) | {"mode_changes": modes.changes},
+    )
 
-    state: SchedulerState
-    pending: list[Pending]
-    clock: Callable[[], float]
-    loop: CommandLoop
-    checkpoints: CheckpointStore
-    metrics: SchedulerMetrics
-    _snapshot: SchedulerCheckpoint | None
-    _to_write: asyncio.Event
 
-    def persist(self) -> None:
-        """Snapshot the state for the writer (called by commands, in the loop)."""
-        self.state.queue = [r for r, _, _ in self.pending]
-        self._snapshot = self.state.checkpoint(self.clock())
+class Checkpointer:
+    """Stores the snapshots the scheduler offers, one at a time, the newest first: the loop
+    takes a snapshot (``offer``) without waiting for the stores; a writer task stores it."""
+
+    def __init__(self, store: CheckpointStore, metrics: SchedulerMetrics) -> None:
+        self.store, self.metrics = store, metrics
+        self._snapshot: SchedulerCheckpoint | None = None  #: the newest, not yet stored
+        self._to_write = asyncio.Event()
+        self._writing: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._writing = asyncio.create_task(self._writer())
+
+    async def stop(self) -> None:
+        if self._writing is not None:
+            self._writing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writing
+            self._writing = None
+
+    def offer(self, snapshot: SchedulerCheckpoint) -> None:
+        """Store ``snapshot`` soon, in place of any older one not stored yet."""
+        self._snapshot = snapshot
         self._to_write.set()
 
-    async def save_soon(self) -> None:
-        """The periodic checkpoint: snapshot in the loop's turn, stored by the writer."""
-
-        async def snapshot() -> None:
-            self.persist()
-
-        await self.loop.call(snapshot, "checkpoint")
-
-    async def save(self) -> None:
-        """Snapshot now and store it before returning (at shutdown; the loop has stopped)."""
-        self.persist()
-        await self._write()
+    async def write(self) -> None:
+        """Store the newest snapshot now (at shutdown)."""
+        self._to_write.clear()
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            await self.store.save(snapshot)
+            self.metrics.checkpoint_timestamp.set(snapshot.ts)
 
     async def _writer(self) -> None:
         while True:
             await self._to_write.wait()
             try:
-                await self._write()
+                await self.write()
             except Exception:  # the next snapshot is written again; keep deciding
                 log.exception("checkpoint not written")
                 await asyncio.sleep(1.0)
-
-    async def _write(self) -> None:
-        self._to_write.clear()
-        snapshot, self._snapshot = self._snapshot, None
-        if snapshot is not None:
-            await self.checkpoints.save(snapshot)
-            self.metrics.checkpoint_timestamp.set(snapshot.ts)

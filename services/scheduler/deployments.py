@@ -1,94 +1,295 @@
-"""Deployments, their replicas, their phases and their re-plans: the part of the scheduler
-that keeps models placed as the workers report them, and routes each request to a copy that
-serves.
+"""Deployments as commands: each takes the deployment book and returns the changes it makes.
 
-A deploy is a *plan*: its shard tasks go out and the deployment is ``pending``. The workers'
-``ShardStatus`` reports move it (``phases.py``): ``loading`` with progress, ``serving`` once
-every shard of the current epoch is loaded — requests are routed to serving copies only
-(``routing.py``). A
-shard refused or failed by its worker, a worker silent while its shard is not loaded
-(``silence_bound``), or a device the scorer declares failed: the deployment is re-planned
-under a new epoch without that device (a refusing or failing device is left out of its later
-plans too, its reason kept); with no placement left it stops, ``refused`` or ``failed``, with the
-reasons. Every change of phase or progress is published on ``DEPLOYMENT_STATUS``.
+A deploy is a *plan*: ``DeploymentPlanned`` with every shard pending. The workers' reports
+(``ShardReported``) move it to ``loading`` and ``serving`` (``libs/deployments/phases.py``).
+A shard refused or failed by its worker, a worker silent while its shard is not loaded
+(``silence_bound``), or a device the scorer declares failed: the deployment is re-planned under
+a new epoch without that device (a refusing or failing device is left out of its later plans
+too, its reason kept); with no placement left it stops (``DeploymentStopped``), ``refused`` or
+``failed``, with the reasons. An undeploy is ``DeploymentRemoved``.
 
-``Deployer`` is handed what it needs by the ``Scheduler`` (service.py) that owns it, and is
-only called from the scheduler's command loop (``loop.py``). Planning (candidates, the plan's
-shard tasks, statuses) is its base, ``Planner`` (planning.py); what follows a plan is here.
+Nothing here sends or stores anything: the scheduler (service.py) records the changes in the
+book, publishes them as events and sends the shard tasks each change implies (``tasks_for``).
+The one thing kept here is when each loading shard was last heard of (``heard``): time, not
+state, so it is neither an event nor checkpointed.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal
 
-from libs.contracts import SHARD_TASK, DeploymentState, ShardProgress, ShardStatus, ShardTask
+from libs.contracts import (
+    DeploymentChange,
+    DeploymentPlanned,
+    DeploymentRemoved,
+    DeploymentState,
+    DeploymentStopped,
+    ModelDeployment,
+    ShardProgress,
+    ShardReported,
+    ShardStatus,
+    ShardTask,
+    shard_ring,
+)
 from libs.core.partition import Preview, choose
-from services.scheduler import phases
+from libs.deployments import DeploymentBook, apply, phases
 from services.scheduler.planning import Planner
 from services.scheduler.tasks import assignments_of
+from services.scheduler.view import ClusterView
 
 #: The shortest silence of a loading worker taken as its end: workers report every second.
 MIN_SILENCE_S = 2.0
-log = logging.getLogger(__name__)
 
 
-class Deployer(Planner):
-    # -- what workers report ------------------------------------------------------------------
-    async def on_status(self, status: ShardStatus, now: float) -> None:
-        """Apply a worker's report: progress is published, a refusal or failure re-plans."""
-        deployment = self.state.deployments.get(status.deployment_id)
-        if deployment is not None and status.epoch < deployment.epoch:
-            await self._unload_stale(deployment, status, now)
+@dataclass
+class Outcome:
+    """What a command changed, and about which deployment; ``refused``: why it placed
+    nothing (the changes may still remove what it replaced)."""
+
+    deployment_id: str
+    changes: list[DeploymentChange] = field(default_factory=list)
+    refused: str | None = None
+
+
+def fold(book: DeploymentBook, changes: Iterable[DeploymentChange]) -> DeploymentBook:
+    for change in changes:
+        book = apply(book, change)
+    return book
+
+
+class Deployer:
+    def __init__(self, planner: Planner, view: ClusterView, silence_s: float | None) -> None:
+        self.planner, self.view = planner, view
+        #: A shard not loaded whose worker said nothing for this long is taken as failed
+        #: (None: ``silence_bound``, from the device's telemetry interval).
+        self.silence_s = silence_s
+        #: When each shard of a current plan was last heard of (its task sent, a report).
+        self.heard: dict[tuple[str, int], float] = {}
+        #: (deployment, device, epoch) of stale shards already told to unload.
+        self.told_stale: set[tuple[str, str, int]] = set()
+
+    # -- commands -----------------------------------------------------------------------------
+    def deploy(self, book: DeploymentBook, task: ModelDeployment, now: float) -> Outcome:
+        """Plan a model and its replicas, each on devices of its own where the fleet has room.
+        Deploying a live deployment again changes nothing; one that stopped is replaced."""
+        base = task.deployment_id
+        existing = book.get(base)
+        if existing is not None and existing.phase not in phases.FINAL:
+            return Outcome(base)
+        old = book.group(base)
+        changes: list[DeploymentChange] = [
+            DeploymentRemoved(deployment_id=d.deployment_id) for d in old
+        ]
+        # Late news of the old plan is stale: the new one starts past its epoch.
+        first_epoch = max((d.epoch + 1 for d in old), default=1)
+        if task.model not in self.planner.cards:
+            registered = ", ".join(sorted(self.planner.cards))
+            reason = (
+                f"unknown model {task.model!r}; registered: {registered}"
+                " (add it with `tessera models add FILE.gguf`)"
+            )
+            return Outcome(base, changes, reason)
+        scratch = fold(book, changes)
+        context = self.planner.context_for(scratch, task.model, task.context_length, now)
+        for k in range(1, task.replicas + 1):
+            taken = {a.device_id for d in scratch.group(base) for a in d.assignments}
+            told = functools.partial(
+                self.planner.preview,
+                scratch,
+                task.model,
+                context,
+                task.max_shards,
+                now,
+                precision=task.precision,
+                shard_count=task.shard_count,
+                told=task.devices,
+            )
+            chosen = choose(told(without=taken))
+            if not chosen.feasible and taken:  # no room apart: share devices
+                chosen = choose(told())
+            if not chosen.feasible:
+                reason = chosen.reason or "infeasible"
+                if k > 1:  # told n copies: n, or none of them
+                    placed = [
+                        DeploymentRemoved(deployment_id=d.deployment_id)
+                        for d in scratch.group(base)
+                    ]
+                    changes += placed
+                    reason = f"replica {k} of {task.replicas} not placed: {reason}"
+                return Outcome(base, changes, reason)
+            deployment = DeploymentState(
+                deployment_id=base if k == 1 else f"{base}-r{k}",
+                model=task.model,
+                epoch=first_epoch,
+                context_length=context,
+                assignments=assignments_of(chosen),
+                replica_of=None if k == 1 else base,
+                precision=task.precision,
+                max_shards=task.max_shards,
+                shard_count=task.shard_count,
+                devices=task.devices,
+            )
+            planned = DeploymentPlanned(
+                deployment=phases.planned(deployment, self.planner.no_worker())
+            )
+            changes.append(planned)
+            scratch = apply(scratch, planned)
+        return Outcome(base, changes)
+
+    def report(
+        self, book: DeploymentBook, status: ShardStatus, now: float
+    ) -> list[DeploymentChange]:
+        """A worker's report on its shard: the shard's progress; a refusal or failure re-plans."""
+        deployment = book.get(status.deployment_id)
         if deployment is None or status.epoch != deployment.epoch:
-            return  # another epoch's (or a removed deployment's) news: stale
+            return []  # another epoch's (or a removed deployment's) news: stale
         key = (deployment.deployment_id, status.shard_index)
         if key in self.heard:
             self.heard[key] = now
-        updated = phases.report(deployment, status)
+        shard = phases.shard_of(status)
+        updated = phases.report(deployment, status.epoch, shard)
         if updated is None:
-            return
-        self.state.deployments[updated.deployment_id] = updated
+            return []
+        reported = ShardReported(
+            deployment_id=status.deployment_id, epoch=status.epoch, shard=shard
+        )
         bad = phases.troubled(updated)
-        if bad:
-            await self.replan_troubled(updated, bad, now)
-            return
-        if updated.phase != deployment.phase:
-            log.info(
-                "deployment phase",
-                extra={"deployment_id": updated.deployment_id, "phase": updated.phase},
+        if not bad:
+            return [reported]
+        return [reported, *self._replan_troubled(apply(book, reported), updated, bad, now)]
+
+    def check_silence(self, book: DeploymentBook, now: float) -> list[DeploymentChange]:
+        """Re-plan deployments whose workers went silent while their shards load (the device
+        is left out of that plan only: its worker may come back), and those whose refusal
+        was not re-planned yet."""
+        changes: list[DeploymentChange] = []
+        for deployment in book.live():
+            current = fold(book, changes).get(deployment.deployment_id)
+            if current is None or current.phase in phases.FINAL:
+                continue
+            bad = phases.troubled(current)
+            if bad:  # a refusal whose re-plan did not go out (the bus was down): again
+                changes += self._replan_troubled(fold(book, changes), current, bad, now)
+                continue
+            if current.phase not in ("pending", "loading"):
+                continue
+            silent = {
+                s.device_id: self.silence_bound(s.device_id)
+                for s in current.shards
+                if s.state in ("pending", "loading")
+                and now - self.heard.get((current.deployment_id, s.shard_index), now)
+                > self.silence_bound(s.device_id)
+            }
+            if silent:
+                said = ", ".join(f"{d} for {b:g} s" for d, b in sorted(silent.items()))
+                changes += self.replan(
+                    fold(book, changes),
+                    current,
+                    set(silent),
+                    f"no report while loading from {said}",
+                    "failed",
+                    now,
+                    remember=False,
+                )
+        return changes
+
+    def migrate(self, book: DeploymentBook, device_id: str, now: float) -> list[DeploymentChange]:
+        """Re-plan every live deployment with a shard on a failed device (the device is left
+        out of this plan only: it may recover)."""
+        changes: list[DeploymentChange] = []
+        for deployment in book.live():
+            if device_id not in deployment.route:
+                continue
+            reason = f"device {device_id} failed"
+            current = fold(book, changes)
+            changes += self.replan(
+                current, deployment, {device_id}, reason, "failed", now, remember=False
             )
-            self.persist()
-        await self.publish(updated, now)
+        return changes
 
-    async def _unload_stale(
-        self, deployment: DeploymentState, status: ShardStatus, now: float
-    ) -> None:
-        """A worker loading or serving an epoch that was re-planned (its load came back after
-        a restart, say): tell it, once, to drop that epoch. A newer plan on the same device
-        is not touched (a worker unloads only what is not newer than the unload)."""
-        key = (status.deployment_id, status.device_id, status.epoch)
-        if status.state not in ("loading", "loaded") or key in self.told_stale:
-            return
-        self.told_stale.add(key)
-        task = ShardTask(  # an unload names only the shard: its layers are not read
-            action="unload",
-            deployment_id=deployment.deployment_id,
-            model=deployment.model,
-            device_id=status.device_id,
-            shard_index=status.shard_index,
-            shard_count=status.shard_index + 1,
-            layer_start=0,
-            layer_end=1,
-            epoch=status.epoch,
-            ts=now,
-        )
-        log.info(
-            "stale shard unloaded", extra={"device_id": status.device_id, "epoch": status.epoch}
-        )
-        await self.bus.publish_durable(SHARD_TASK, task, device_id=status.device_id)
+    def undeploy(self, book: DeploymentBook, deployment_id: str) -> list[DeploymentChange] | None:
+        """Remove a deployment and its replicas (one replica alone: just that one); None when
+        there is no such deployment."""
+        if deployment_id not in book:
+            return None
+        return [DeploymentRemoved(deployment_id=d.deployment_id) for d in book.group(deployment_id)]
 
+    def replan(
+        self,
+        book: DeploymentBook,
+        deployment: DeploymentState,
+        leave_out: set[str],
+        reason: str,
+        final: Literal["refused", "failed"],
+        now: float,
+        *,
+        remember: bool = True,
+    ) -> list[DeploymentChange]:
+        """Plan ``deployment`` again without ``leave_out`` (``remember``: nor in its later
+        plans) under a new epoch; with no placement left it stops ``final`` with ``reason``."""
+        refused_by = tuple(sorted(set(deployment.refused_by) | (leave_out if remember else set())))
+        without = set(refused_by) | leave_out
+        taken = {
+            a.device_id
+            for d in book.group(deployment.base)
+            if d.deployment_id != deployment.deployment_id and d.phase not in phases.FINAL
+            for a in d.assignments
+        }
+        kept = functools.partial(
+            self.planner.preview,
+            book,
+            deployment.model,
+            deployment.context_length,
+            deployment.max_shards,
+            now,
+            precision=deployment.precision,
+            moving=deployment.deployment_id,
+            shard_count=deployment.shard_count,
+            told=deployment.devices,
+        )
+        if deployment.model not in self.planner.cards:  # removed from the registry since
+            chosen = Preview(deployment.model, (), (), False, "model no longer registered", None)
+        else:
+            chosen = choose(kept(without=without | taken))
+            if not chosen.feasible and taken:  # no room apart from the other copies: share
+                chosen = choose(kept(without=without))
+        if not chosen.feasible:
+            why = f"{reason}; no placement left: {chosen.reason or 'infeasible'}"
+            stopped = DeploymentStopped(
+                deployment_id=deployment.deployment_id,
+                phase=final,
+                reason=why[:2000],
+                refused_by=refused_by,
+            )
+            return [stopped]
+        new = deployment.model_copy(
+            update={
+                "assignments": assignments_of(chosen),
+                "epoch": deployment.epoch + 1,
+                "refused_by": refused_by,
+                "reason": reason,
+            }
+        )
+        return [DeploymentPlanned(deployment=phases.planned(new, self.planner.no_worker()))]
+
+    def _replan_troubled(
+        self,
+        book: DeploymentBook,
+        deployment: DeploymentState,
+        bad: list[ShardProgress],
+        now: float,
+    ) -> list[DeploymentChange]:
+        """Re-plan without the devices whose shards were refused or failed."""
+        final: Literal["refused", "failed"] = (
+            "refused" if all(s.state == "refused" for s in bad) else "failed"
+        )
+        reasons = "; ".join(f"{s.device_id} {s.state}: {s.reason or 'no reason'}" for s in bad)
+        return self.replan(book, deployment, {s.device_id for s in bad}, reasons, final, now)
+
+    # -- time ---------------------------------------------------------------------------------
     def silence_bound(self, device_id: str) -> float:
         """How long a worker may say nothing while its shard loads: ``silence_s`` where set,
         else three of its device's telemetry intervals (what the scorer's failure detector
@@ -100,148 +301,83 @@ class Deployer(Planner):
         interval = announce.interval_s if announce is not None else 5.0
         return max(MIN_SILENCE_S, 3 * interval)
 
-    async def check_silence(self, now: float) -> None:
-        """Re-plan deployments whose workers went silent while their shards load (the device
-        is left out of that plan only: its worker may come back)."""
-        for deployment in list(self.state.deployments.values()):
-            if deployment.phase in phases.FINAL:
-                continue
-            bad = phases.troubled(deployment)
-            if bad:  # a refusal whose re-plan did not go out (the bus was down): again
-                await self.replan_troubled(deployment, bad, now)
-                continue
-            if deployment.phase not in ("pending", "loading"):
-                continue
-            silent = {
-                s.device_id: self.silence_bound(s.device_id)
-                for s in deployment.shards
-                if s.state in ("pending", "loading")
-                and now - self.heard.get((deployment.deployment_id, s.shard_index), now)
-                > self.silence_bound(s.device_id)
-            }
-            if silent:
-                said = ", ".join(f"{d} for {b:g} s" for d, b in sorted(silent.items()))
-                reason = f"no report while loading from {said}"
-                await self.replan(deployment, set(silent), reason, "failed", now, remember=False)
+    def heard_plan(self, deployment: DeploymentState, now: float) -> None:
+        """A plan's tasks went out: each of its shards is heard of from ``now``."""
+        for key in [k for k in self.heard if k[0] == deployment.deployment_id]:
+            del self.heard[key]
+        for shard in deployment.shards:
+            self.heard[(deployment.deployment_id, shard.shard_index)] = now
 
-    async def replan_troubled(
-        self, deployment: DeploymentState, bad: list[ShardProgress], now: float
-    ) -> None:
-        """Re-plan without the devices whose shards were refused or failed."""
-        final: Literal["refused", "failed"] = (
-            "refused" if all(s.state == "refused" for s in bad) else "failed"
-        )
-        reasons = "; ".join(f"{s.device_id} {s.state}: {s.reason or 'no reason'}" for s in bad)
-        await self.replan(deployment, {s.device_id for s in bad}, reasons, final, now)
-
-    async def replan(
-        self,
-        deployment: DeploymentState,
-        leave_out: set[str],
-        reason: str,
-        final: Literal["refused", "failed"],
-        now: float,
-        *,
-        remember: bool = True,
-    ) -> None:
-        """Plan ``deployment`` again without ``leave_out`` (``remember``: nor in its later
-        plans) under a new epoch; with no placement left it ends ``final`` with ``reason``."""
-        refused_by = tuple(sorted(set(deployment.refused_by) | (leave_out if remember else set())))
-        without = set(refused_by) | leave_out
-        taken = {
-            a.device_id
-            for d in self.group(deployment.replica_of or deployment.deployment_id)
-            if d.deployment_id != deployment.deployment_id and d.phase not in phases.FINAL
-            for a in d.assignments
-        }
-        kept = functools.partial(
-            self.preview,
-            deployment.model,
-            deployment.context_length,
-            deployment.max_shards,
-            now,
-            precision=deployment.precision,
-            moving=deployment.deployment_id,
-            shard_count=deployment.shard_count,
-            told=deployment.devices,
-        )
-        if deployment.model not in self.cards:  # removed from the registry since
-            chosen = Preview(deployment.model, (), (), False, "model no longer registered", None)
-        else:
-            chosen = choose(kept(without=without | taken))
-            if not chosen.feasible and taken:  # no room apart from the other copies: share
-                chosen = choose(kept(without=without))
-        # Every device of the old plan drops it (a leaving device learns its work has moved;
-        # a dead one finds the unload if it comes back).
-        await self._shard_tasks(deployment, "unload", now)
-        if not chosen.feasible:
-            ended = deployment.model_copy(
-                update={
-                    "phase": final,
-                    "refused_by": refused_by,
-                    "reason": f"{reason}; no placement left: {chosen.reason or 'infeasible'}",
-                }
-            )
-            self.state.deployments[ended.deployment_id] = ended
-            log.error(
-                "deployment stopped",
-                extra={
-                    "deployment_id": ended.deployment_id,
-                    "phase": final,
-                    "reason": ended.reason,
-                },
-            )
-            await self.publish(ended, now)
-            self.persist()
-            return
-        new = deployment.model_copy(
-            update={
-                "assignments": assignments_of(chosen),
-                "epoch": deployment.epoch + 1,
-                "refused_by": refused_by,
-                "reason": reason,
-            }
-        )
-        new = await self._send_plan(new, now)
-        self.state.counters["migrations"] += 1
-        self.metrics.migrations.inc()
-        log.warning(
-            "deployment re-planned",
-            extra={
-                "deployment_id": new.deployment_id,
-                "reason": reason,
-                "devices": [a.device_id for a in new.assignments],
-                "epoch": new.epoch,
-            },
-        )
-        await self.announce(self.decision(new, now))
-        self.persist()  # a restart must not bring back the placement before the move
-
-    async def migrate(self, device_id: str, now: float) -> None:
-        """Re-plan every live deployment with a shard on a failed device (the device is left
-        out of this plan only: it may recover)."""
-        for deployment in list(self.state.deployments.values()):
-            if deployment.phase in phases.FINAL:
-                continue
-            if device_id not in {a.device_id for a in deployment.assignments}:
-                continue
-            reason = f"device {device_id} failed"
-            await self.replan(deployment, {device_id}, reason, "failed", now, remember=False)
-
-    def restored(self, now: float) -> None:
+    def restored(self, book: DeploymentBook, now: float) -> None:
         """After a restart: shards still loading are heard of from now on."""
-        for deployment in self.state.deployments.values():
+        for deployment in book.live():
             if deployment.phase in ("pending", "loading"):
-                for shard in deployment.shards:
-                    self.heard[(deployment.deployment_id, shard.shard_index)] = now
+                self.heard_plan(deployment, now)
 
-    async def resend(self, now: float, epochs: dict[str, int] | None = None) -> None:
-        """After a restart: the load tasks of every live plan go out again, so workers
-        report (reports sent while no scheduler led were lost; a worker that serves the
-        shard answers ``loaded`` again, one that dropped it since the checkpoint loads it);
-        with ``epochs``, only those of deployments still at the epoch it gives."""
-        for deployment in list(self.state.deployments.values()):
-            if deployment.phase in phases.FINAL:
-                continue
-            if epochs is None or epochs.get(deployment.deployment_id) == deployment.epoch:
-                await self._shard_tasks(deployment, "load", now)
+    # -- what the changes send ----------------------------------------------------------------
+    def tasks_for(
+        self, before: DeploymentBook, change: DeploymentChange, now: float
+    ) -> list[list[ShardTask]]:
+        """The shard tasks a change sends, in batches to send one after the other: a plan that
+        replaces a live one unloads the old plan first (every device of it: a leaving device
+        learns its work has moved, a dead one finds the unload if it comes back); a stop or a
+        removal unloads a live plan."""
+        if isinstance(change, ShardReported):
+            return []
+        old = before.get(
+            change.deployment.deployment_id
+            if isinstance(change, DeploymentPlanned)
+            else change.deployment_id
+        )
+        batches = []
+        if old is not None and old.phase not in phases.FINAL:
+            batches.append(self.shard_tasks(old, "unload", now))
+        if isinstance(change, DeploymentPlanned):
+            batches.append(self.shard_tasks(change.deployment, "load", now))
+        return batches
+
+    def shard_tasks(
+        self, deployment: DeploymentState, action: Literal["load", "unload"], now: float
+    ) -> list[ShardTask]:
+        """One task per shard of ``deployment``'s plan."""
+        shards = sorted(deployment.assignments, key=lambda a: a.shard_index)
+        announces = [self.view.announces.get(a.device_id) for a in shards]
+        endpoints = [a.rpc_endpoint if a else None for a in announces]
+        return shard_ring(
+            action,
+            deployment.deployment_id,
+            deployment.model,
+            [(a.device_id, a.layer_start, a.layer_end) for a in shards],
+            deployment.epoch,
+            now,
+            deployment.precision,
+            [e for e in endpoints if e] if all(endpoints) else (),
+            deployment.context_length,
+            self.planner.cards.get(deployment.model),
+        )
+
+    def stale_unload(
+        self, book: DeploymentBook, status: ShardStatus, now: float
+    ) -> ShardTask | None:
+        """A worker loading or serving an epoch that was re-planned (its load came back after
+        a restart, say): tell it, once, to drop that epoch. A newer plan on the same device
+        is not touched (a worker unloads only what is not newer than the unload)."""
+        deployment = book.get(status.deployment_id)
+        if deployment is None or status.epoch >= deployment.epoch:
+            return None
+        key = (status.deployment_id, status.device_id, status.epoch)
+        if status.state not in ("loading", "loaded") or key in self.told_stale:
+            return None
+        self.told_stale.add(key)
+        return ShardTask(  # an unload names only the shard: its layers are not read
+            action="unload",
+            deployment_id=deployment.deployment_id,
+            model=deployment.model,
+            device_id=status.device_id,
+            shard_index=status.shard_index,
+            shard_count=status.shard_index + 1,
+            layer_start=0,
+            layer_end=1,
+            epoch=status.epoch,
+            ts=now,
+        )

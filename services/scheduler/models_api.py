@@ -22,7 +22,6 @@ from libs.contracts.admin import AddModelBody
 from libs.models.gguf_info import ModelFileError, read_card
 from libs.models.local_files import mark_verified
 from libs.models.registry import ModelError, NameTaken
-from services.scheduler import phases
 from services.scheduler.service import Scheduler
 
 
@@ -46,11 +45,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
         return {e for a in scheduler.view.announces.values() for e in a.engines}
 
     def users(name: str) -> list[str]:
-        return sorted(
-            d.deployment_id
-            for d in scheduler.state.deployments.values()
-            if d.model == name and d.phase not in phases.FINAL
-        )
+        return [d.deployment_id for d in scheduler.book.live() if d.model == name]
 
     @app.get("/models")
     async def list_models() -> list[dict[str, Any]]:
@@ -102,7 +97,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
             raise HTTPException(409, str(exc)) from None
         except ModelError as exc:
             raise HTTPException(400, str(exc)) from None
-        scheduler.deployments.cards[added.name] = added
+        scheduler.planner.cards[added.name] = added
         return added
 
     @app.delete("/models/{name}")
@@ -117,7 +112,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
         card = await scheduler.registry.get(name)
         if card is None or not await scheduler.registry.remove(name):
             raise HTTPException(404, f"no model {name!r}")
-        scheduler.deployments.cards.pop(name, None)
+        scheduler.planner.cards.pop(name, None)
         same = sorted(c.name for c in await scheduler.registry.list() if c.sha256 == card.sha256)
         weights = "kept" if same else await drop_weights(card.sha256)
         return {"name": name, "weights": weights, "same_file": same}

@@ -212,7 +212,7 @@ async def test_a_model_larger_than_the_whole_fleet_or_served_by_no_engine_is_ref
         big = await client.post("/placements", json={"model": "q"})
         assert big.status_code == 409 and "whole fleet has" in big.json()["detail"], big.json()
         assert "left out" in big.json()["detail"] and "torch serves only" in big.json()["detail"]
-    assert service.state.deployments == {}  # nothing reported as deployed
+    assert len(service.book) == 0  # nothing reported as deployed
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,6 @@ from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from libs.contracts import (
-    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
@@ -31,9 +30,11 @@ from libs.contracts import (
     ShardTask,
 )
 from libs.contracts.keys import Keys
+from libs.deployments import DeploymentBook, phases
 from libs.models.registry import ModelRegistry
 from libs.models.store import register_shipped
 from libs.runtime.bus import NatsBus, subscribe
+from libs.runtime.following import BookFollower
 from libs.runtime.nats_client import ensure_streams
 from services.scheduler.api import create_api
 from services.scheduler.checkpoints import CheckpointStore
@@ -103,6 +104,7 @@ class Setup:
         self.nc, self.redis, self.uid = nc, redis, uid
         self.bus = NatsBus(nc)
         self.statuses: list[DeploymentStatus] = []
+        self.follower = BookFollower()
         self.services: list[Scheduler] = []
 
     def device(self, name: str) -> str:
@@ -127,11 +129,23 @@ class Setup:
         return service
 
     async def follow(self) -> None:
-        async def on_status(status: DeploymentStatus, msg: Msg) -> None:
-            if status.deployment_id.startswith(self.uid):
-                self.statuses.append(status)
+        """Follow the deployment book as the gateway does; each change of one of this test's
+        deployments is kept as the status it leaves (``removed`` when it is gone)."""
 
-        await subscribe(self.nc, DEPLOYMENT_STATUS, on_status)
+        def changed(before: DeploymentBook, after: DeploymentBook) -> None:
+            for name in sorted(set(before.by_id) | set(after.by_id)):
+                old, new = before.get(name), after.get(name)
+                if not name.startswith(self.uid) or old == new:
+                    continue
+                if new is None:
+                    assert old is not None
+                    gone = phases.status_of(old, NOW).model_copy(update={"phase": "removed"})
+                    self.statuses.append(gone)
+                else:
+                    self.statuses.append(phases.status_of(new, NOW))
+
+        self.follower.on_change(changed)
+        await self.follower.watch(self.bus)
 
     async def deploy(self, name: str, **fields: Any) -> PlacementDecision:
         task = ModelDeployment(deployment_id=f"{self.uid}{name}", model=MODEL, **fields)
@@ -146,7 +160,7 @@ class Setup:
         return await self.bus.request(PLACEMENT_REQUEST, request, PLACEMENT_DECISION, 10)
 
     def phase(self, service: Scheduler, name: str) -> str:
-        return service.state.deployments[f"{self.uid}{name}"].phase
+        return service.book.by_id[f"{self.uid}{name}"].phase
 
 
 @pytest.fixture
@@ -174,7 +188,7 @@ async def test_a_refused_shard_is_placed_elsewhere_with_the_reason_kept_and_neve
     first = await setup.deploy("d", max_shards=1)
     refuser = first.assignments[0].device_id
     await wait_until(lambda: setup.phase(service, "d") == "serving", 10)
-    deployment = service.state.deployments[f"{setup.uid}d"]
+    deployment = service.book.by_id[f"{setup.uid}d"]
     assert deployment.epoch >= 2 and refuser not in {a.device_id for a in deployment.assignments}
     assert refuser in deployment.refused_by and REASON in (deployment.reason or "")
     routed = [await setup.route("d", i) for i in range(5)]
@@ -211,7 +225,7 @@ async def test_when_every_device_refuses_the_deployment_is_refused_saying_why(
     assert sorted(t.device_id for t in workers.loads(f"{setup.uid}d")) == sorted(
         setup.device(n) for n in ("a", "b")
     )
-    assert service.state.reserved_memory_gb() == {}
+    assert service.book.reserved_gb() == {}
 
 
 async def test_progress_is_published_and_it_serves_only_once_every_shard_is_loaded(
@@ -228,7 +242,7 @@ async def test_progress_is_published_and_it_serves_only_once_every_shard_is_load
     assert not early.placed and "not_serving" in (early.reason or "")
     second = max(pending.assignments, key=lambda a: a.shard_index)
     await workers.start(setup.uid)  # the workers take their tasks now
-    await service.loop.call(lambda: service.deployments.resend(NOW), "resend")
+    await service.loop.call(lambda: service.log.resend(NOW), "resend")
     await wait_until(lambda: any(s.progress == 0.75 for s in setup.statuses), 10)
     assert setup.phase(service, "d") == "loading"
     assert not (await setup.route("d", 1)).placed
@@ -253,7 +267,7 @@ async def test_a_worker_that_dies_while_loading_gets_its_deployment_replanned(
     failed = DeviceFailed(device_id=dead, ts=NOW, last_seen_ts=NOW - 3, missed_heartbeats=3)
     await setup.bus.publish(DEVICE_FAILED, failed, device_id=dead)
     await wait_until(lambda: setup.phase(service, "d") == "serving", 10)
-    deployment = service.state.deployments[f"{setup.uid}d"]
+    deployment = service.book.by_id[f"{setup.uid}d"]
     assert dead not in {a.device_id for a in deployment.assignments}
     assert f"device {dead} failed" in (deployment.reason or "")
 
@@ -271,7 +285,7 @@ async def test_a_worker_silent_while_loading_gets_its_deployment_replanned(
     # Its worker never answers: after the bound the other device gets the plan; it loads.
     workers.how[next(d for d in workers.how if d != quiet)] = "load"
     await wait_until(lambda: setup.phase(service, "d") == "serving", 10)
-    deployment = service.state.deployments[f"{setup.uid}d"]
+    deployment = service.book.by_id[f"{setup.uid}d"]
     assert quiet not in {a.device_id for a in deployment.assignments}
     assert f"no report while loading from {quiet} for 3 s" in (deployment.reason or "")
     assert quiet not in deployment.refused_by  # it may come back: left out of that plan only
@@ -286,14 +300,14 @@ async def test_a_report_of_an_older_epoch_is_ignored(setup: Setup) -> None:
     lost = decision.assignments[0].device_id
     failed = DeviceFailed(device_id=lost, ts=NOW, last_seen_ts=NOW - 3, missed_heartbeats=3)
     await setup.bus.publish(DEVICE_FAILED, failed, device_id=lost)
-    await wait_until(lambda: service.state.deployments[f"{setup.uid}d"].epoch == 2, 10)
+    await wait_until(lambda: service.book.by_id[f"{setup.uid}d"].epoch == 2, 10)
     [old] = [t for t in workers.loads(f"{setup.uid}d") if t.epoch == 1]
     [new] = [t for t in workers.loads(f"{setup.uid}d") if t.epoch == 2]
     await workers.report(old, "loaded")  # epoch 1's worker, late
     await workers.report(old, "refused", reason=REASON)
     await workers.report(new, "loading", progress=0.25)  # applied after them, in order
     await wait_until(lambda: any(s.progress == 0.25 for s in setup.statuses), 10)
-    deployment = service.state.deployments[f"{setup.uid}d"]
+    deployment = service.book.by_id[f"{setup.uid}d"]
     assert deployment.phase == "loading" and deployment.epoch == 2 and not deployment.refused_by
 
 
@@ -321,7 +335,7 @@ async def test_an_undeploy_and_a_failure_at_once_leave_one_consistent_state(
         await asyncio.sleep(0.2)
         await service.loop.call(lambda: asyncio.sleep(0), "barrier")
         assert (await client.get("/placements")).json() == []
-    assert f"{setup.uid}d" not in service.state.deployments
+    assert f"{setup.uid}d" not in service.book
     last: dict[str, ShardTask] = {}
     for task in workers.tasks:
         if task.deployment_id == f"{setup.uid}d":
@@ -346,7 +360,7 @@ async def test_a_restarted_scheduler_keeps_each_deployments_phase(setup: Setup) 
     sent = len(workers.tasks)
     again = await setup.scheduler()
     assert setup.phase(again, "gone") == "refused" and setup.phase(again, "half") == "loading"
-    assert REASON in (again.state.deployments[f"{setup.uid}gone"].reason or "")
+    assert REASON in (again.book.by_id[f"{setup.uid}gone"].reason or "")
     # The plan still loading is sent again (its workers' reports may have been lost).
     await wait_until(
         lambda: any(t.deployment_id == f"{setup.uid}half" for t in workers.tasks[sent:]), 10
@@ -383,4 +397,4 @@ async def test_a_worker_still_loading_a_replanned_epoch_is_told_once_to_drop_it(
     await setup.nc.flush()
     assert unloads() == replanned + 1
     assert setup.phase(service, "d") == "serving"
-    assert dead not in {a.device_id for a in service.state.deployments[f"{setup.uid}d"].assignments}
+    assert dead not in {a.device_id for a in service.book.by_id[f"{setup.uid}d"].assignments}

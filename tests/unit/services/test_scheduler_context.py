@@ -51,7 +51,7 @@ async def test_a_device_whose_worker_gives_a_shorter_context_is_left_out_saying_
             if placed:
                 fits = {d for d, c in contexts.items() if c is None or c >= context}
                 assert {a.device_id for a in decision.assignments} <= fits, decision.assignments
-                assert service.state.deployments["smol"].context_length == context
+                assert service.book.by_id["smol"].context_length == context
             else:
                 assert decision.reason is not None
                 assert "ws-a (its worker gives a request at most 1,024 tokens" in decision.reason
@@ -75,7 +75,7 @@ async def test_a_deployment_naming_no_context_gets_one_its_workers_give() -> Non
         try:
             decision = await deploy(bus, None)
             assert decision.placed, decision.reason
-            assert service.state.deployments["smol"].context_length == expected
+            assert service.book.by_id["smol"].context_length == expected
             await bus.settle()
             loads = [t for t in bus.sent(SHARD_TASK) if t.action == "load"]
             assert loads and all(t.context_length == expected for t in loads)

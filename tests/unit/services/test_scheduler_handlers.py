@@ -13,12 +13,16 @@ import fakeredis
 import pytest
 
 from libs.contracts import (
+    DEPLOYMENT_EVENT,
+    DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SHARD_STATUS,
     SHARD_TASK,
+    Assignment,
+    DeploymentState,
     DeviceAnnounce,
     DeviceClass,
     DeviceFailed,
@@ -26,16 +30,21 @@ from libs.contracts import (
     Mode,
     ModelDeployment,
     PlacementRequest,
+    SchedulerCheckpoint,
+    ShardProgress,
+    ShardReported,
     ShardStatus,
     ShardTask,
 )
 from libs.contracts.keys import DeviceField, Keys, scored_fields
 from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
+from libs.deployments import DeploymentBook, follow
 from libs.models.registry import ModelRegistry
 from libs.models.store import register_shipped
 from libs.runtime.memory_bus import MemoryBus
 from services.scheduler.checkpoints import CheckpointStore
+from services.scheduler.decisions import plan_decision
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
 from services.scheduler.settings import SchedulerSettings
@@ -135,8 +144,7 @@ async def loaded(service: Scheduler, bus: MemoryBus, decision: Any) -> None:
             ts=NOW,
         )
         await bus.publish(SHARD_STATUS, status, device_id=a.device_id)
-    deployment = service.state.deployments
-    await wait_until(lambda: deployment[decision.deployment_id].phase == "serving", 10)
+    await wait_until(lambda: service.book.by_id[decision.deployment_id].phase == "serving", 10)
 
 
 def ring_is_whole(tasks: list[ShardTask], layers: int = 30) -> None:
@@ -209,15 +217,15 @@ async def test_a_custom_profile_reaches_the_scorer_and_a_scorer_started_later(
     profile = BUILTIN_PROFILES[Mode.BALANCED].model_copy(
         update={"name": "compute-first", "dimensions": weights}
     )
-    await service.set_policy("dwps", profile)
+    await service.modes.set_policy("dwps", profile)
     await bus.settle()
     [change] = bus.sent(MODE_CHANGE)
     assert change.weights == weights and change.mode == Mode.BALANCED
-    stored = await service.redis.get(Keys("u").weights)
+    stored = await service.modes.redis.get(Keys("u").weights)
     assert DimensionWeights.model_validate_json(stored) == weights  # for a scorer that restarts
-    await service.set_mode(Mode.ENERGY, "test", manual=True)  # a mode brings its own weights
+    await service.modes.set_mode(Mode.ENERGY, "test", manual=True)  # a mode brings its own weights
     assert bus.sent(MODE_CHANGE)[-1].weights is None
-    assert await service.redis.get(Keys("u").weights) is None
+    assert await service.modes.redis.get(Keys("u").weights) is None
 
 
 async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None:
@@ -228,9 +236,9 @@ async def test_each_request_goes_to_the_replica_that_finishes_it_first() -> None
         PLACEMENT_REQUEST, PlacementRequest(task=task, ts=NOW), PLACEMENT_DECISION, 10
     )
     assert deployed.placed, deployed.reason
-    for copy in list(service.state.deployments.values()):
-        await loaded(service, bus, service.deployments.decision(copy, NOW))
-    replicas = {d.deployment_id: d for d in service.state.deployments.values()}
+    for copy in list(service.book):
+        await loaded(service, bus, plan_decision(copy, Mode.BALANCED, NOW))
+    replicas = {d.deployment_id: d for d in service.book}
     assert set(replicas) == {"smol", "smol-r2"} and replicas["smol-r2"].replica_of == "smol"
     on = {r: replicas[r].assignments[0].device_id for r in replicas}
     assert set(on.values()) == {"fast", "slow"}  # each replica on a device of its own
@@ -334,3 +342,66 @@ async def test_a_plan_counts_the_request_slots_its_workers_announce() -> None:
         finally:
             await service.abandon()
             await bus.close()
+
+
+async def test_a_restored_checkpoint_is_the_book_every_part_of_the_scheduler_reads(
+    scheduler: Any,
+) -> None:
+    """Restoring replaces the one book: the deployer applies reports to the restored
+    deployment and the router routes to it, while the book held before stays as it was
+    (the parts used to share one mutable state and were re-pointed at the restored one)."""
+    service, bus = scheduler
+    before = service.book
+    restored = DeploymentState(
+        deployment_id="restored",
+        model=MODEL,
+        epoch=4,
+        context_length=2048,
+        assignments=(Assignment(device_id="ws-a", layer_end=30, memory_gb=0.5),),
+        phase="loading",
+        shards=(ShardProgress(device_id="ws-a", shard_index=0, state="loading"),),
+    )
+    checkpoint = SchedulerCheckpoint(
+        ts=NOW,
+        mode=Mode.BALANCED,
+        policy="dwps",
+        weights={},
+        deployments=(restored,),
+        deployment_index=7,
+    )
+
+    async def restore() -> None:
+        service.restore(checkpoint)
+
+    await service.loop.call(restore, "restore")
+    assert service.book.index == 7 and "restored" not in before
+    status = ShardStatus(
+        deployment_id="restored", device_id="ws-a", shard_index=0, epoch=4, state="loaded", ts=NOW
+    )
+    await bus.publish(SHARD_STATUS, status, device_id="ws-a")
+    await wait_until(lambda: service.book.by_id["restored"].phase == "serving", 10)
+    request = PlacementRequest(
+        task=InferenceRequest(request_id="r9", model="restored", prompt_tokens=8, max_tokens=8),
+        ts=NOW,
+    )
+    routed = await bus.request(PLACEMENT_REQUEST, request, PLACEMENT_DECISION, timeout_s=10)
+    assert routed.placed and routed.deployment_id == "restored"
+    await bus.settle()
+    [event] = [e for e in bus.sent(DEPLOYMENT_EVENT) if e.index == 8]
+    assert event.term == service.book.term and isinstance(event.change, ShardReported)
+
+
+async def test_every_change_goes_out_as_the_next_numbered_event_a_follower_folds(
+    scheduler: Any,
+) -> None:
+    """A follower that takes the snapshot and then the events holds the scheduler's book."""
+    service, bus = scheduler
+    deployed = await deploy(bus)
+    await loaded(service, bus, deployed)
+    await bus.settle()
+    [snapshot] = bus.sent(DEPLOYMENTS_SNAPSHOT)
+    follower = DeploymentBook.of(snapshot)
+    for event in bus.sent(DEPLOYMENT_EVENT):
+        follower, said = follow(follower, event)
+        assert said == "applied"
+    assert follower.by_id == service.book.by_id and follower.index == service.book.index

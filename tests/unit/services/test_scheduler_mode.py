@@ -56,7 +56,7 @@ class Cluster:
             fields: dict[Any, Any] = {**row, DeviceField.SAMPLE: sample.model_dump_json()}
             await self.redis.hset(self.keys.device(device_id), mapping=fields)
             await self.redis.zadd(self.keys.rank("total"), {device_id: 0.5})
-        await self.service.evaluate_mode()
+        await self.service.modes.evaluate()
 
     async def start(self) -> None:
         for device_id in DEVICES:
@@ -98,7 +98,7 @@ async def test_a_burst_then_a_minute_of_idle_keeps_the_mode(cluster: Cluster) ->
     await cluster.report(10.0, 0)
     for _ in range(int(60.0 / EVERY_S)):
         await cluster.report(None, 0)
-    assert cluster.service.state.mode == Mode.BALANCED
+    assert cluster.service.modes.mode == Mode.BALANCED
     assert cluster.changes() == []
 
 
@@ -107,7 +107,7 @@ async def test_a_fall_in_tokens_per_busy_slot_at_the_same_load_still_switches(
 ) -> None:
     await burst(cluster, 160.0, 60.0)
     await burst(cluster, 140.0, 10.0)  # the same requests, 12.5 % slower
-    assert cluster.service.state.mode == Mode.PERFORMANCE
+    assert cluster.service.modes.mode == Mode.PERFORMANCE
     [change] = cluster.changes()
     assert change.mode == Mode.PERFORMANCE and not change.manual
     assert "per busy slot dropped 12%" in change.reason

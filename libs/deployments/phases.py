@@ -55,29 +55,32 @@ def progress(deployment: DeploymentState) -> float:
     return sum(s.progress for s in deployment.shards) / len(deployment.shards)
 
 
-def report(deployment: DeploymentState, status: ShardStatus) -> DeploymentState | None:
-    """``deployment`` after its worker's ``status``; None when the status does not apply to
-    it (another epoch, a shard or device it does not have, an unload, a final phase)."""
-    if status.epoch != deployment.epoch or deployment.phase in FINAL or status.state == "unloaded":
-        return None
-    found = [
-        i
-        for i, s in enumerate(deployment.shards)
-        if s.shard_index == status.shard_index and s.device_id == status.device_id
-    ]
-    if not found:
-        return None
-    [i] = found
+def shard_of(status: ShardStatus) -> ShardProgress:
+    """A worker's report as the shard's progress (a loaded shard is whole)."""
     done = status.state == "loaded"
-    shard = ShardProgress(
+    return ShardProgress(
         device_id=status.device_id,
         shard_index=status.shard_index,
         state=status.state,
         progress=1.0 if done else (status.progress or 0.0),
         reason=status.reason,
     )
-    if deployment.shards[i] == shard:
-        return None  # nothing new
+
+
+def report(deployment: DeploymentState, epoch: int, shard: ShardProgress) -> DeploymentState | None:
+    """``deployment`` after a worker's report on ``shard`` of ``epoch``; None when it does not
+    apply (another epoch, a shard or device it does not have, an unload, a final phase, or
+    nothing new)."""
+    if epoch != deployment.epoch or deployment.phase in FINAL or shard.state == "unloaded":
+        return None
+    found = [
+        i
+        for i, s in enumerate(deployment.shards)
+        if s.shard_index == shard.shard_index and s.device_id == shard.device_id
+    ]
+    if not found or deployment.shards[found[0]] == shard:
+        return None
+    [i] = found
     shards = (*deployment.shards[:i], shard, *deployment.shards[i + 1 :])
     phase = deployment.phase
     if phase in ("pending", "loading", "serving"):
