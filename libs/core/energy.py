@@ -105,11 +105,6 @@ def max_intensity_for_power(power_idle_w: Num, power_max_w: Num, power_now_w: Nu
     return budget / dynamic - TASK_OVERHEAD_SHARE  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
-def predicted_temperature_c(temperature_c: Num, delta_t_c: Num, intensity: float) -> Num:
-    """Current temperature + ΔT × task intensity (°C)."""
-    return np.asarray(temperature_c) + np.asarray(delta_t_c) * intensity  # type: ignore[no-any-return, return-value, unused-ignore]
-
-
 def max_intensity_for_heat(temperature_c: Num, delta_t_c: Num, limit_c: Num) -> Num:
     """The largest intensity whose predicted temperature stays below the limit."""
     headroom = _minus(limit_c, temperature_c)
