@@ -1,4 +1,4 @@
-"""Energy-aware formulas of seed 000 §4: power budget, heat, battery, DVFS hints, and the
+"""Energy-aware formulas: power budget, heat, battery, DVFS hints, and the
 device power physics the emulated devices, the simulator and the energy mode share.
 
 Power of a device at clock share f, busy a share ``busy`` of the time: idle + (max − idle) ×
