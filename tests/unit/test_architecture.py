@@ -2,8 +2,9 @@
 
 The rooms, and who may use whom:
 - ``libs/contracts`` (wire types, Redis layout) uses no other package of ours;
-- ``libs/core``, ``libs/devices``, ``libs/sim`` import no network or service library (``FORBIDDEN``),
-  even transitively (``libs/devices/host.py`` reads this host through psutil and NVML);
+- ``libs/core``, ``libs/devices``, ``libs/sim`` import no network or service library
+  (``FORBIDDEN``), even transitively (``libs/devices/host.py`` reads this host through psutil
+  and NVML);
 - ``libs/runtime`` (service plumbing) knows neither the local cluster nor the test harness;
 - ``libs/*`` never imports ``services``; a service never imports another service, the CLI,
   the local cluster or the harness.
