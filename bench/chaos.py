@@ -1,4 +1,4 @@
-"""Faults under load: completed, failed, lost and recovery time per fault (issue 10).
+"""Faults under load: completed, failed, lost and recovery time per fault.
 
 Runs the local cluster in this process (two workers, SmolLM2), a steady load of short greedy
 chat streams through the gateway, and injects each fault in turn (``libs/harness/chaos.py``).

@@ -8,7 +8,7 @@ sent, whether any service exited, and whether a chat request still completes.
 
     python bench/fuzz.py --messages 100000 --json
 
-Goal (issue 10): 0 crashes, each rejection counted by reason.
+Goal: 0 crashes, each rejection counted by reason.
 """
 
 from __future__ import annotations

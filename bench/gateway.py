@@ -7,7 +7,7 @@ launcher gives each worker), alternating prompt by prompt in one run.
 
     python bench/gateway.py --json [--prompts 4] [--max-tokens 48] [--rounds 2]
 
-Goal (issue 8): gateway tokens/s ≥ 0.9 × direct.
+Goal: gateway tokens/s ≥ 0.9 × direct.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How far each heuristic is from the exact optimum of mean completion time (seed 001 §4).
+"""How far each heuristic is from the exact optimum of mean completion time.
 
 Random small instances (2–12 jobs × 2–5 machines, release times, memory limits); each
 heuristic runs online (list scheduling); the optimum comes from the MILP (HiGHS). Prints the

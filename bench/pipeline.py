@@ -8,7 +8,7 @@ whether all placements produced exactly the same tokens.
     python bench/pipeline.py --json [--prompts 4] [--max-tokens 64] [--threads 1]
 
 Each worker runs with ``--threads`` torch threads (default 1: three workers share this
-machine's two cores). Goal (issue 7): 2-shard ≥ 0.8 × 1-shard.
+machine's two cores). Goal: 2-shard ≥ 0.8 × 1-shard.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The policy evaluation report: writes bench/results/policies.md and PNG charts.
 
-1. LLM inference on the Azure code trace (Patel et al., ISCA 2024; CC-BY 4.0) with the seed
-   fleet, at 0.5×, 1×, 2× and 4× the trace's request rate (and 8× for goodput): DWPS in each
-   mode vs random, round robin, weighted RR, least connections, power-of-two, consistent
-   hashing, SJF and MLFQ. Per policy and load: throughput, p50/p99 latency, SLO attainment
-   (within 2 s + 0.1 s per output token), energy, tokens/J; goodput = the highest load at which
-   ≥ 90 % of requests meet the SLO.
+1. LLM inference on the Azure code trace (Patel et al., ISCA 2024; CC-BY 4.0) with the built-in
+   ``seed`` fleet (``libs/sim/fleets.py``), at 0.5×, 1×, 2× and 4× the trace's request rate
+   (and 8× for goodput): DWPS in each mode vs random, round robin, weighted RR, least
+   connections, power-of-two, consistent hashing, SJF and MLFQ. Per policy and load:
+   throughput, p50/p99 latency, SLO attainment (within 2 s + 0.1 s per output token), energy,
+   tokens/J; goodput = the highest load at which ≥ 90 % of requests meet the SLO.
 2. Splitting a model too big for one device (Llama 3.1 70B, fp16) on the seed fleet: DWPS's
    partition against exo's (memory-proportional layers on the largest-memory devices), by the
    estimated tokens/s of one stream (the partitioner's step-time model for both).
@@ -249,7 +249,8 @@ def edge_only(trace: list[TraceJob], profiles: dict[str, Profile]) -> float:
 
 
 def job_goals(job: dict) -> tuple[dict[str, float], list[str]]:  # type: ignore[type-arg]
-    """The job-scheduling goals of issue 35 and the report's section on them."""
+    """The job-scheduling goals (ElasticFlow's own simulator reproduced; EdgeFlow's gain over
+    ElasticFlow against the edge's compute given as GPUs) and the report's section on them."""
     traces = [t for t, _ in JOB_TRACES]
 
     def points(policy: str, trace: str) -> float:  # deadline satisfaction, in points

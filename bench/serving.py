@@ -20,7 +20,7 @@ wall time. ``identical_tokens``: each prompt's greedy text split equals whole at
 
     python bench/serving.py --json [--rounds 2] [--requests 2] [--levels 1,4,8,16]
 
-Goals (issue 17): split ≥ 0.7 × vLLM at 8 streams, ≥ 0.8 × at 1; split ≥ 0.8 × whole at 8.
+Goals: split ≥ 0.7 × vLLM at 8 streams, ≥ 0.8 × at 1; split ≥ 0.8 × whole at 8.
 """
 
 from __future__ import annotations

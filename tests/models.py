@@ -1,7 +1,7 @@
 """Test models: random-weight GGUFs of several architectures, made offline at test time.
 
-Issue 32 asks that every architecture Tessera claims to serve be tested on a real file of that
-architecture, with no download. ``make_gguf`` writes one with the ``gguf`` package: the metadata
+Every architecture Tessera claims to serve is tested on a real file of that architecture, with
+no download. ``make_gguf`` writes one with the ``gguf`` package: the metadata
 keys and tensors llama.cpp's loader requires for the architecture (``src/models/<arch>.cpp``),
 random weights in the tensor type asked for (std ``GAIN / sqrt(width)``: finite, and greedy
 tokens that vary with the prompt), norms in F32 (as llama.cpp's converters store them), and

@@ -78,12 +78,11 @@ class FleetAgent:
         self.clock = clock
         self.rng = np.random.default_rng(seed)
         self.seq = 0
-        self.stopped: set[str] = set()
 
     async def announce(self) -> None:
         now = self.clock()
         for device in self.devices.values():
-            if device.device_id not in self.stopped and device.reporting(now):
+            if device.reporting(now):
                 message = device.announce(now, self.interval_s)
                 await self.bus.publish(ANNOUNCE, message, device_id=device.device_id)
 
@@ -107,19 +106,12 @@ class FleetAgent:
             if hint.sleep_after_s is not None:
                 device.sleep_after_s = hint.sleep_after_s
 
-    def stop_device(self, device_id: str) -> None:
-        """Stop reporting one device (as if its agent died)."""
-        self.stopped.add(device_id)
-
-    def start_device(self, device_id: str) -> None:
-        self.stopped.discard(device_id)
-
     async def tick(self, devices: Sequence[EmulatedDevice], dt: float) -> None:
         now = self.clock()
         self.seq += 1
         for device in devices:
             device.step(dt, now)
-            if device.device_id in self.stopped or not device.reporting(now):
+            if not device.reporting(now):
                 continue
             sample = device.sample(self.seq, now, self.rng)
             await self.bus.publish(TELEMETRY, sample, device_id=device.device_id)

@@ -130,7 +130,8 @@ class TelemetrySample(WireModel):
 
 
 class ScoreUpdate(WireModel):
-    """The five capability dimensions and their weighted total, each in [0, 1] (design §2)."""
+    """The five capability dimensions and their weighted total, each in [0, 1]
+    (``libs/core/capability.py`` defines each)."""
 
     device_id: DeviceId
     device_class: DeviceClass

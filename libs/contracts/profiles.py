@@ -61,7 +61,7 @@ class Profile(BaseModel):
         return self.scores.get("device_match", 0.0)
 
     @property
-    def load_weight(self) -> float:  # δ: the load in time units, or the seed's queue length
+    def load_weight(self) -> float:  # δ: the load in time units, or the queue length (``load``)
         return self.scores.get("completion", 0.0) + self.scores.get("load", 0.0)
 
 

@@ -1,4 +1,4 @@
-"""Resource-allocation policies (seed 001): static, dynamic, priority, market, fair share."""
+"""Resource-allocation policies: static, dynamic, priority, market, fair share."""
 
 from __future__ import annotations
 

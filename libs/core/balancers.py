@@ -1,4 +1,4 @@
-"""Load-balancing policies (seed 001): where to send each task among the feasible devices.
+"""Load-balancing policies: where to send each task among the feasible devices.
 
 Every balancer shares the hard filters (memory, power, heat, failed, battery floor) so that no
 policy sends a task to a device that cannot hold it; they differ only in the pick.

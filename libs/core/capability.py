@@ -1,4 +1,5 @@
-"""The five capability dimensions of seed 000 §2, each normalised to [0, 1].
+"""The five capability dimensions of a device (compute, memory, efficiency, network, stability),
+each normalised to [0, 1].
 
 Normalisation (fixed reference bounds, so a device's score does not move when another device
 joins the fleet):
@@ -10,9 +11,9 @@ joins the fleet):
 * MBS = min(1, available memory / model memory need) × memory bandwidth score, the latter by
   memory type (HBM > GDDR6 > LPDDR5 > DDR5 > DDR4 > LPDDR4).
 * PER = FP32 GFLOP/s per watt of typical power, log-scaled between 1 and 1000 (a watch about
-  20, phones, laptops and workstations 100–300, the best accelerators toward 1000). The seed's
-  CCI ÷ watts divided a log-scaled score by watts, which ranked a 1 W watch the most efficient
-  device of any fleet; FLOP/s per watt is what a device really delivers per joule.
+  20, phones, laptops and workstations 100–300, the best accelerators toward 1000). The first
+  design's CCI ÷ watts divided a log-scaled score by watts, which ranked a 1 W watch the most
+  efficient device of any fleet; FLOP/s per watt is what a device really delivers per joule.
 * NLB = log(bandwidth Mbit/s) × exp(−latency / 10 ms).
 * DSS = uptime ratio × (1 − failure rate), both already fractions.
 * Total = w1·CCI + w2·MBS + w3·PER + w4·NLB + w5·DSS with Σw = 1 (weights from the mode).

@@ -4,7 +4,6 @@ from a registered model's card (``card_spec``) or, for the simulator, written do
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -97,14 +96,6 @@ class ModelSpec:
 #: Bytes a weight takes in each precision of the CPU shard engine (int8's per-row scales add
 #: 0.4 % for SmolLM2, left out as the catalogue's own figure does).
 PRECISION_BYTES = {"int8": 1.0, "bfloat16": 2.0, "float32": 4.0}
-
-
-def in_precision(spec: ModelSpec, precision: str | None) -> ModelSpec:
-    """``spec`` with its weights counted in ``precision`` (None: as catalogued); the KV cache
-    keeps its own width."""
-    if precision is None:
-        return spec
-    return dataclasses.replace(spec, bytes_per_param=PRECISION_BYTES[precision], layer_bytes=())
 
 
 class CardSizes(Protocol):

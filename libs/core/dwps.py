@@ -1,7 +1,8 @@
-"""Dynamic weighted priority scheduling (seed 000 §3).
+"""Dynamic weighted priority scheduling (DWPS).
 
 P(task, device) = α·urgency + β·complexity + γ·device_match − δ·load, with the capability
-total and the battery/heat multipliers of §4 folded into the device part (see ``plugins``).
+total and the battery and heat multipliers (``libs/core/energy.py``) folded into the device
+part (see ``plugins``).
 Tasks of one cycle are taken in order of α·urgency + β·complexity (then earliest deadline) and
 each goes to its highest-P feasible device; every placement updates that device's load,
 memory, power and heat before the next task is decided, so urgent tasks do not pile onto the

@@ -1,4 +1,4 @@
-"""EdgeFlow (seed 002): deep-learning jobs with deadlines on cloud GPUs and edge servers.
+"""EdgeFlow: deep-learning jobs with deadlines on cloud GPUs and edge servers.
 
 EdgeFlow runs on ElasticFlow as its authors built it (``libs/core/elasticflow.py``, driven
 round by round in ``libs/sim/round_policies.py``) and adds the edge:
@@ -6,7 +6,7 @@ round by round in ``libs/sim/round_policies.py``) and adds the edge:
 * in admission — when a slot's arrivals do not fit the cloud together, each is decided on its
   own, earliest deadline first: the cloud when every deadline still holds with it; else an idle
   edge server where it meets its deadline and its memory fits (``edge_admission``); else the
-  cloud with an idle server kept for the end of a cloud job (the seed's rule 2, made safe: the
+  cloud with an idle server kept for the end of a cloud job (rule 2 below, made safe: the
   job moves only once the server can finish it by its deadline); else it is declined alone;
 * rule 1 — jobs on the edge stay there, unless they would miss their deadline there and the
   cloud can still meet it after the 30 s move back;
@@ -16,7 +16,7 @@ round by round in ``libs/sim/round_policies.py``) and adds the edge:
   GPUs go to the jobs that stay.
 
 Moving every job that would still meet its deadline on the edge there, as soon as a server is
-idle (rule 2 as the seed wrote it), met fewer deadlines than ElasticFlow alone (195job −0.51
+idle (rule 2 as first designed), met fewer deadlines than ElasticFlow alone (195job −0.51
 points, cluster01 −8.21 and −0.06): what it changes in ElasticFlow's admission decisions costs
 more than the edge adds.
 

@@ -1,4 +1,4 @@
-"""Energy-aware formulas of seed 000 §4: power budget, heat, battery, DVFS hints, and the
+"""Energy-aware formulas: power budget, heat, battery, DVFS hints, and the
 device power physics the emulated devices, the simulator and the energy mode share.
 
 Power of a device at clock share f, busy a share ``busy`` of the time: idle + (max − idle) ×
@@ -103,11 +103,6 @@ def max_intensity_for_power(power_idle_w: Num, power_max_w: Num, power_now_w: Nu
     dynamic = _at_least(_minus(power_max_w, power_idle_w), 1e-9)
     budget = available_power_budget_w(power_max_w, power_now_w)
     return budget / dynamic - TASK_OVERHEAD_SHARE  # type: ignore[no-any-return, return-value, unused-ignore]
-
-
-def predicted_temperature_c(temperature_c: Num, delta_t_c: Num, intensity: float) -> Num:
-    """Current temperature + ΔT × task intensity (°C)."""
-    return np.asarray(temperature_c) + np.asarray(delta_t_c) * intensity  # type: ignore[no-any-return, return-value, unused-ignore]
 
 
 def max_intensity_for_heat(temperature_c: Num, delta_t_c: Num, limit_c: Num) -> Num:

@@ -1,4 +1,5 @@
-"""The exact reference of seed 001 §4: minimise mean completion time, solved as a MILP.
+"""The exact reference the online policies are measured against: minimise mean completion
+time, solved as a MILP.
 
 Tasks have release times, optional deadlines and memory needs; devices have speeds (work
 units per second) and memory; each device runs one task at a time, without preemption.

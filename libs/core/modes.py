@@ -1,7 +1,7 @@
-"""Automatic mode switching (seed 000 §3) with hysteresis, on performance per unit of demand.
+"""Automatic mode switching with hysteresis, on performance per unit of demand.
 
-The seed switches to performance mode when performance drops by more than 10 % and to energy
-mode when efficiency drops by more than 15 %. A cluster's absolute throughput is not its
+The first design switches to performance mode when performance drops by more than 10 % and to
+energy mode when efficiency drops by more than 15 %. A cluster's absolute throughput is not its
 performance: it falls whenever fewer requests come (an idle cluster after a burst "dropped"
 94 %, and was switched to performance mode for nothing). So the switcher reads each
 observation against the demand it was measured under:

@@ -19,9 +19,10 @@ def _profile(mode: Mode, **kw: Any) -> Profile:
 
 #: The built-in profiles. Performance raises α and β (urgent, complex work first) and weighs
 #: compute; energy raises γ (fit) and weighs efficiency; balanced sits between. The load term
-#: (δ) is ``completion``, the load in time units: the seed's queue-length form (``load``) lost
-#: the tail to least-connections (p99 1.37× on the Azure trace, seed fleet) because a queue
-#: on a fast device and one on a watch counted the same; docs/scheduling.md has the figures.
+#: (δ) is ``completion``, the load in time units: the first design's queue-length form
+#: (``load``) lost the tail to least-connections (p99 1.37× on the Azure trace, seed fleet)
+#: because a queue on a fast device and one on a watch counted the same; docs/scheduling.md
+#: has the figures.
 BUILTIN_PROFILES: dict[Mode, Profile] = {
     Mode.BALANCED: _profile(
         Mode.BALANCED,

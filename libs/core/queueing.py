@@ -1,4 +1,4 @@
-"""Queue disciplines (seed 001): which waiting task a device runs next.
+"""Queue disciplines: which waiting task a device runs next.
 
 Each queue is a small pure data structure driven by its owner (a device in the simulator, a
 scheduler's backlog): ``push`` a task, ``pop`` the next one with the time slice it may run

@@ -1,4 +1,4 @@
-"""Score a batch of devices at once: the five dimensions and the total (design §2).
+"""Score a batch of devices at once: the five dimensions and the total.
 
 Inputs are arrays over the batch; see ``capability.py`` for each formula and its
 normalisation. Stability comes from history: uptime ratio = 1 − down time / observed time,

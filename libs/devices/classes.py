@@ -1,10 +1,10 @@
 """Device classes and the ranges each class's devices are drawn from.
 
-Power, memory and the class list follow the design (seed 000 §1): phone 5–15 W, 4–12 GB;
+Power, memory and the class list are those Tessera was designed for: phone 5–15 W, 4–12 GB;
 laptop 15–45 W, 8–32 GB; watch < 2 W, 1–4 GB; workstation 65–300 W, 16–128 GB; plus edge
-servers and cloud GPU servers (seed 002). Compute, bandwidth and network figures are typical of
-current hardware in each class (mobile NPU/GPU, laptop iGPU, desktop GPU, T4/Jetson-class edge
-boxes, A100/H100 servers).
+servers and cloud GPU servers (EdgeFlow's jobs). Compute, bandwidth and network figures are
+typical of current hardware in each class (mobile NPU/GPU, laptop iGPU, desktop GPU,
+T4/Jetson-class edge boxes, A100/H100 servers).
 """
 
 from __future__ import annotations

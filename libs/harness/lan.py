@@ -3,7 +3,7 @@
 This machine's own network stack is one host (the head: the process that asks); every other
 host is a network namespace whose veth joins a bridge on this one, so all of them share one
 layer-2 segment, as laptops on one switch do, with no loopback between them. Needs root and
-iproute2 (FINDINGS.md: "Two hosts on one machine").
+iproute2 (``ip netns``: a process run in a namespace sees only that namespace's addresses).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two faults of a placement that never serves, for the chaos harness (issue 31).
+"""Two faults of a placement that never serves, for the chaos harness.
 
 ``worker_refuses``: the model's worker is killed; the device the scheduler then prefers runs a
 worker that refuses the shard, for a real reason: it holds weights in float32

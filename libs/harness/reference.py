@@ -1,4 +1,5 @@
-"""Compare online policies with the exact optimum on random small instances (seed 001 §4).
+"""Compare online policies with the exact optimum on random small instances
+(``libs/core/exact.py``'s MILP).
 
 An instance is a list of jobs (release, work, memory) and machines (speed, memory). Each
 policy is run online through ``exact.list_schedule``: at a job's release the policy sees the

@@ -1,4 +1,4 @@
-"""Deep-learning jobs with deadlines on cloud GPUs and edge servers (seed 002).
+"""Deep-learning jobs with deadlines on cloud GPUs and edge servers.
 
 Reads ElasticFlow/ITP traces (``job_id, submission_time, num_iteration, model_name, deadline,
 batch_size, num_gpu, duration``) and the ElasticFlow throughput profiles (iterations/s by
@@ -8,14 +8,14 @@ edge server runs at ``speed`` × one GPU).
 Policies, as the ElasticFlow paper and its simulator define them (``libs/sim/round_policies.py``,
 run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admission control,
 minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
-with the edge in admission and the seed's rules), ``edf``, ``tiresias``, and ``gandiva`` (node
-sets by GPU class, packing and time-slicing, in its own loop: ``libs/sim/gandiva.py``). Also
-``elasticflow-each``: ElasticFlow whose admission, when a slot's arrivals do not fit together,
-decides each on its own (EdgeFlow's admission without the edge: what of EdgeFlow's gain is
-not the edge's). And
-``elasticflow-noadmit``: the earlier continuous variant without admission control (rounds at
-every arrival and completion, no slot, 5 s per placement change: ``libs/core/edgeflow.allocate``
-without the edge), kept to show what admission control is worth.
+with the edge in admission and its three edge rules: ``libs/core/edgeflow.py``), ``edf``,
+``tiresias``, and ``gandiva`` (node sets by GPU class, packing and time-slicing, in its own
+loop: ``libs/sim/gandiva.py``). Also ``elasticflow-each``: ElasticFlow whose admission, when a
+slot's arrivals do not fit together, decides each on its own (EdgeFlow's admission without the
+edge: what of EdgeFlow's gain is not the edge's). And ``elasticflow-noadmit``: the earlier
+continuous variant without admission control (rounds at every arrival and completion, no slot,
+5 s per placement change: ``libs/core/edgeflow.allocate`` without the edge), kept to show what
+admission control is worth.
 """
 
 from __future__ import annotations

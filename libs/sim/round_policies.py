@@ -6,7 +6,7 @@ define it:
   the slot's arrivals, minimum satisfactory shares, leftover GPUs by marginal gain, their
   overheads. With ``each`` a slot that does not fit whole is decided arrival by arrival
   (``elasticflow-each``); with edge servers too it is EdgeFlow: the edge joins admission, and
-  the seed's rules 1–3 (``libs/core/edgeflow.py``).
+  EdgeFlow's rules 1–3 (``libs/core/edgeflow.py``).
 * ``EdfRounds`` — EDF (``one_queue_edf_sim_jobs``): earliest deadline first, each job up to
   min(64, batch size, largest profiled count) GPUs, re-planned every round, no admission, no
   overhead charged (their EDF sets it to 0).
@@ -202,7 +202,7 @@ class ElasticFlowRounds:
     def rule_3(
         self, cloud: list[JobState], jobs: list[PlanJob], shares: dict[str, int], now: float
     ) -> dict[str, str]:
-        """The seed's rule 3: with edge servers still idle, the cloud jobs least able to meet
+        """EdgeFlow's rule 3: with edge servers still idle, the cloud jobs least able to meet
         their deadline go to the edge, lowest cloud-resource priority first (priority = deadline
         − end with one more step of GPUs from now; only jobs below 0, which miss even so), each
         onto the fastest idle server its memory fits. Their GPUs go to the jobs that stay."""
@@ -234,7 +234,7 @@ class ElasticFlowRounds:
         failed check is followed by each arrival on its own, earliest deadline first: into the
         cloud when every deadline still holds with it; else (EdgeFlow) onto an idle edge server
         where it meets its deadline; else into the cloud with an idle edge server kept for the
-        end of it or of a cloud job (seed rule 2, made safe: the job moves there only once the
+        end of it or of a cloud job (EdgeFlow's rule 2, made safe: the job moves there only once the
         server can finish it by its deadline); else declined. Returns the ids declined."""
         if not arrivals or not self.admit or self.fits(cloud + arrivals, now):
             return set()

@@ -2,7 +2,9 @@
 
 The rooms, and who may use whom:
 - ``libs/contracts`` (wire types, Redis layout) uses no other package of ours;
-- ``libs/core``, ``libs/devices``, ``libs/sim`` are pure: no I/O library, even transitively;
+- ``libs/core``, ``libs/devices``, ``libs/sim`` import no network or service library
+  (``FORBIDDEN``), even transitively (``libs/devices/host.py`` reads this host through psutil
+  and NVML);
 - ``libs/runtime`` (service plumbing) knows neither the local cluster nor the test harness;
 - ``libs/*`` never imports ``services``; a service never imports another service, the CLI,
   the local cluster or the harness.
@@ -20,7 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("nats", "redis", "fastapi", "starlette", "uvicorn", "celery", "opentelemetry", "httpx")
-#: Packages of libs/ that must stay free of I/O: the contracts and the scheduling core.
+#: Packages of libs/ that import none of ``FORBIDDEN``: the contracts, the scheduling core, the
+#: device models and the simulator.
 PURE_PACKAGES = [p for p in ("contracts", "core", "devices", "sim") if (ROOT / "libs" / p).is_dir()]
 
 

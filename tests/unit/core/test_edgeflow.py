@@ -60,7 +60,7 @@ def test_rule_1_a_job_missing_its_deadline_on_the_edge_returns_if_the_cloud_save
 
 
 def test_no_job_holding_gpus_is_moved_to_the_edge() -> None:
-    """The seed's rule 2, measured harmful (see the module): a waiting job does not take the
+    """Rule 2 as first designed, measured harmful (see the module): a waiting job does not take the
     GPUs of jobs that would meet their deadlines on the edge."""
     edge = [EdgeServer(f"e{i}", memory_gb=16.0, speed=1.0) for i in (1, 2)]  # 300 it: 30 s
     a, b = job("a", 35.0), job("b", 100.0)  # 1 GPU each, both meet their deadline on the edge

@@ -1,4 +1,4 @@
-"""Automatic mode switching: the seed's thresholds on performance per unit of demand,
+"""Automatic mode switching: the 10 % and 15 % thresholds on performance per unit of demand,
 hysteresis, manual override, and an idle cluster that keeps its mode."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Filters and scores of the DWPS pipeline, with the seed's edge cases."""
+"""Filters and scores of the DWPS pipeline, with their edge cases."""
 
 from __future__ import annotations
 

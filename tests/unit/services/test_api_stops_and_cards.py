@@ -1,4 +1,4 @@
-"""The pieces of issue 34's last gaps that need no process: which stop sequence ended a text
+"""The API's details that need no process: which stop sequence ended a text
 (llama.cpp's own fields, then Anthropic's ``stop_reason``), JSON output's limits, and a
 model's card in Ollama's words."""
 

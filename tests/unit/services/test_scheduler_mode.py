@@ -1,6 +1,6 @@
 """The scheduler's automatic mode on a burst of requests and then a minute of idle: the mode
-stays (issue #31: the idle cluster was switched to performance mode, "throughput dropped
-94 %"), while a real fall in tokens/s per busy slot still switches. Real Redis holds the
+stays (it once switched the idle cluster to performance mode, "throughput dropped 94 %"),
+while a real fall in tokens/s per busy slot still switches. Real Redis holds the
 devices' rows as the scorer writes them; the clock is the test's (no sleeping)."""
 
 from __future__ import annotations
