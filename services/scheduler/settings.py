@@ -1,4 +1,5 @@
-"""Scheduler settings (prefix ``TESSERA_SCHEDULER_``); defaults are the seed's values."""
+"""Scheduler settings (prefix ``TESSERA_SCHEDULER_``): a 200 ms decision cycle, checkpoints every
+10 minutes, the balanced mode and DWPS unless set."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ class SchedulerSettings(ServiceSettings):
         env_prefix="TESSERA_SCHEDULER_", extra="ignore", populate_by_name=True
     )
 
-    #: Requests arriving within one cycle are placed together (design: 100–500 ms).
+    #: Requests arriving within one cycle are placed together (100–500 ms).
     cycle_ms: int = Field(200, ge=100, le=500)
-    #: Scheduler state is checkpointed this often (design: every 10 minutes) and at shutdown.
+    #: Scheduler state is checkpointed this often (every 10 minutes) and at shutdown.
     checkpoint_interval_s: float = Field(600.0, gt=0)
     checkpoints_kept: int = Field(5, ge=1, le=100)
     #: How often the cluster's throughput and tokens/J are measured for mode switching.
