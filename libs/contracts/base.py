@@ -46,7 +46,7 @@ class DeviceClass(StrEnum):
 
     @property
     def is_mobile(self) -> bool:
-        """Mobile classes throttle at 85 °C, the others at 95 °C (design: heat limits)."""
+        """Mobile classes throttle at 85 °C, the others at 95 °C."""
         return self in (DeviceClass.PHONE, DeviceClass.WATCH, DeviceClass.LAPTOP)
 
 
@@ -60,7 +60,8 @@ class MemoryType(StrEnum):
 
 
 class Mode(StrEnum):
-    """Scheduling modes (design, DWPS)."""
+    """Scheduling modes: what DWPS weighs up (performance: urgency and complexity; energy:
+    efficiency; balanced: neither)."""
 
     PERFORMANCE = "performance"
     ENERGY = "energy"

@@ -27,7 +27,7 @@ class ModeChange(WireModel):
 
 
 class SchedulerCheckpoint(WireModel):
-    """Everything the scheduler needs to resume after a restart (design: fast recovery)."""
+    """Everything the scheduler needs to resume after a restart."""
 
     schema_version: Literal[1] = 1
     ts: Timestamp

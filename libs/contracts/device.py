@@ -28,7 +28,7 @@ class Capabilities(WireModel):
     """What a device can do, measured (calibration) or declared (emulated class).
 
     Units are in the field names. ``delta_t_c`` is the temperature rise at full load over the
-    current temperature (°C per unit of task intensity, design: thermal prediction).
+    current temperature (°C per unit of task intensity).
     """
 
     fp32_tflops: Annotated[float, Field(ge=0.0, le=100_000.0)]
