@@ -14,7 +14,7 @@ from libs.contracts import DeviceAnnounce, ModelCard
 from libs.core.catalogue import GB, ModelSpec, card_spec
 from libs.core.model import Device
 from libs.core.partition import Preview, plan, previews
-from libs.models.engines import unserved_reason
+from libs.models.engine_support import unserved_reason
 
 
 def spec_for(card: ModelCard, family: str, slots: int, precision: str | None) -> ModelSpec:

@@ -72,7 +72,7 @@ class WorkerSettings(ServiceSettings):
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)
     #: The port, on ``rpc_host``, where this host lends the model files it holds to devices
-    #: that need them (``libs/models/lending.py``; 0: any free one, told in each offer).
+    #: that need them (``libs/weights/lending.py``; 0: any free one, told in each offer).
     weights_port: int = Field(0, ge=0, le=65535)
     #: This device's cluster certificate (PEM: the CA's, its own, its key; libs/runtime/pki.py):
     #: its RPC server is lent to other hosts, and other hosts' reached, only through mutual TLS.

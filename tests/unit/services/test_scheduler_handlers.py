@@ -33,8 +33,8 @@ from libs.contracts.keys import DeviceField, Keys, scored_fields
 from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.models.registry import ModelRegistry
-from libs.models.store import register_shipped
 from libs.runtime.memory_bus import MemoryBus
+from libs.weights.registration import register_shipped
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
