@@ -41,13 +41,13 @@ from libs.devices.emulated import EmulatedDevice
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
 from libs.sim.fleets import BUILTIN
+from libs.sim.job_simulation import JobSimulation
 from libs.sim.jobs import (
     BENCH_EDGE_SERVERS,
     BENCH_EDGE_SPEED,
     JOB_POLICIES,
     PAPER_CLUSTER_GPUS,
     JobResult,
-    JobSimulation,
     Profile,
     TraceJob,
     bench_edge,

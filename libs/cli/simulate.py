@@ -82,10 +82,10 @@ def run_jobs(
     import numpy as np
 
     from libs.core.edgeflow import EdgeServer
+    from libs.sim.job_simulation import JobSimulation
     from libs.sim.jobs import (
         BENCH_EDGE_SERVERS,
         PAPER_CLUSTER_GPUS,
-        JobSimulation,
         MissingProfile,
         bench_edge,
         read_itp,

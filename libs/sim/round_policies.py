@@ -6,7 +6,7 @@ define it:
   the slot's arrivals, minimum satisfactory shares, leftover GPUs by marginal gain, their
   overheads. With ``each`` a slot that does not fit whole is decided arrival by arrival
   (``elasticflow-each``); with edge servers too it is EdgeFlow: the edge joins admission, and
-  the seed's rules 1–3 (``libs/core/edgeflow.py``).
+  EdgeFlow's rules 1–3 (``libs/core/edgeflow.py``).
 * ``EdfRounds`` — EDF (``one_queue_edf_sim_jobs``): earliest deadline first, each job up to
   min(64, batch size, largest profiled count) GPUs, re-planned every round, no admission, no
   overhead charged (their EDF sets it to 0).
@@ -14,7 +14,8 @@ define it:
   queues split at 3,250 and 7,200 GPU-seconds attained, FIFO within a queue, first fit, the
   trace's GPU count and duration, a start overhead when a job (re)starts.
 
-Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``.
+Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``; the continuous
+``elasticflow-noadmit`` runs in ``libs/sim/job_simulation.py``.
 """
 
 from __future__ import annotations
@@ -40,16 +41,15 @@ from libs.core.elasticflow import (
     plan_all,
     share_leftover,
 )
-from libs.sim.jobs import MODEL_MEMORY_GB, JobResult, JobSimulation, JobState, Profile, TraceJob
+from libs.sim.jobs import (
+    MODEL_MEMORY_GB,
+    JobResult,
+    JobState,
+    Profile,
+    TraceJob,
+    restarting,
+)
 from libs.sim.slotted import Decision, RoundPolicy, run_rounds
-
-#: Every this many rounds all trainers restart (their simulation loops: ``schedule_count %
-#: scheduling_slot == 0``).
-RESTART_EVERY = 240
-
-
-def restarting(round_no: int) -> bool:
-    return round_no > 0 and round_no % RESTART_EVERY == 0
 
 
 def plan_job(state: JobState, delay_s: float = 0.0, tail: EdgeServer | None = None) -> PlanJob:
@@ -202,7 +202,7 @@ class ElasticFlowRounds:
     def rule_3(
         self, cloud: list[JobState], jobs: list[PlanJob], shares: dict[str, int], now: float
     ) -> dict[str, str]:
-        """The seed's rule 3: with edge servers still idle, the cloud jobs least able to meet
+        """EdgeFlow's rule 3: with edge servers still idle, the cloud jobs least able to meet
         their deadline go to the edge, lowest cloud-resource priority first (priority = deadline
         − end with one more step of GPUs from now; only jobs below 0, which miss even so), each
         onto the fastest idle server its memory fits. Their GPUs go to the jobs that stay."""
@@ -234,7 +234,7 @@ class ElasticFlowRounds:
         failed check is followed by each arrival on its own, earliest deadline first: into the
         cloud when every deadline still holds with it; else (EdgeFlow) onto an idle edge server
         where it meets its deadline; else into the cloud with an idle edge server kept for the
-        end of it or of a cloud job (seed rule 2, made safe: the job moves there only once the
+        end of it or of a cloud job (EdgeFlow's rule 2, made safe: the job moves there only once the
         server can finish it by its deadline); else declined. Returns the ids declined."""
         if not arrivals or not self.admit or self.fits(cloud + arrivals, now):
             return set()
@@ -357,24 +357,32 @@ class TiresiasRounds:
         return Decision(placements, set(), overhead, next_round)
 
 
+#: The policies run in slotted rounds here.
+ROUND_POLICIES = ("elasticflow", "edgeflow", "elasticflow-each", "edf", "tiresias")
+
+
 def run_policy(
-    sim: JobSimulation, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]
+    name: str,
+    cloud_gpus: int,
+    edge: Sequence[EdgeServer],
+    slot_s: float,
+    trace: Sequence[TraceJob],
+    profiles: Mapping[str, Profile],
 ) -> JobResult:
-    """Run one of the slotted policies (``sim.policy``) on ``trace``."""
+    """Run the slotted policy ``name`` (one of ``ROUND_POLICIES``) on ``cloud_gpus`` GPUs and
+    ``edge`` servers (only EdgeFlow places jobs there), a round every ``slot_s`` at most."""
     policy: RoundPolicy
     rates = None
-    if sim.policy in ("elasticflow", "edgeflow", "elasticflow-each"):
-        edge = sim.edge if sim.policy == "edgeflow" else ()
-        each = sim.policy != "elasticflow"
-        policy = ElasticFlowRounds(sim.cloud_gpus, edge, each=each, slot_s=sim.slot_s)
-    elif sim.policy == "edf":
-        policy = EdfRounds(sim.cloud_gpus)
-    elif sim.policy == "gandiva":  # its own loop: no round at a job's end, as theirs
-        from libs.sim.gandiva import run_gandiva  # it imports this module
-
-        return run_gandiva(trace, profiles, sim.cloud_gpus, sim.slot_s)
-    else:
-        policy = TiresiasRounds(sim.cloud_gpus)
+    if name in ("elasticflow", "edgeflow", "elasticflow-each"):
+        servers = edge if name == "edgeflow" else ()
+        policy = ElasticFlowRounds(cloud_gpus, servers, each=name != "elasticflow", slot_s=slot_s)
+    elif name == "edf":
+        policy = EdfRounds(cloud_gpus)
+    elif name == "tiresias":
+        policy = TiresiasRounds(cloud_gpus)
         # Their Tiresias runs a job for its trace duration at the trace's GPU count.
         rates = {t.job_id: {t.gpus: t.iterations / t.duration_s} for t in trace if t.duration_s > 0}
-    return run_rounds(policy, trace, profiles, sim.edge_speed, sim.slot_s, rates)
+    else:
+        raise ValueError(f"{name!r} is not run in rounds; these are: {', '.join(ROUND_POLICIES)}")
+    edge_speed = {e.server_id: e.speed for e in edge}
+    return run_rounds(policy, trace, profiles, edge_speed, slot_s, rates)
