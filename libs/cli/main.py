@@ -86,7 +86,7 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.engines import choose_cpu_engine, choose_engines
+    from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
     from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 

@@ -81,7 +81,7 @@ class Blocks:
 
 
 class FleetColumns(Protocol):
-    """What of a fleet the blocks read, one entry per device (``libs/core/fleet.FleetState``,
+    """What of a fleet the blocks read, one entry per device (``libs/core/fleet_state.FleetState``,
     which builds its ``FleetBlocks`` over itself)."""
 
     @property

@@ -27,7 +27,7 @@ import numpy as np
 
 from libs.contracts.profiles import Profile
 from libs.core.blocks import FleetBlocks, Index
-from libs.core.fleet import F64, Bool, FleetState, service_seconds
+from libs.core.fleet_state import F64, Bool, FleetState, service_seconds
 from libs.core.model import Task
 from libs.core.plugins import COMPLETION_SLACK, Score, best_over, unit, within_slack
 

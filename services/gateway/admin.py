@@ -20,7 +20,7 @@ from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
 from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
-from libs.runtime.store import read_fleet
+from libs.runtime.redis_client import read_fleet
 from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings

@@ -40,11 +40,11 @@ from libs.contracts import (
     ShardStatus,
 )
 from libs.contracts.keys import Keys
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device
 from libs.core.modes import ModeSwitcher
+from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.registry import make_policy
 from libs.models.registry import ModelRegistry
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background

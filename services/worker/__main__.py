@@ -14,7 +14,7 @@ import numpy as np
 
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
-from libs.devices.host import HostDevice
+from libs.devices.host_device import HostDevice
 from libs.models.shipped import prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
@@ -132,7 +132,7 @@ def make_worker(
 
 
 async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
-    from libs.agents.fleet import FleetAgent
+    from libs.agents.emulated_fleet import FleetAgent
 
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()

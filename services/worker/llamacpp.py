@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from libs.agents.fleet import shard_intensity, work_key
+from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.contracts.models import ModelCard
 from libs.devices.emulated import EmulatedDevice

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from libs.agents.fleet import shard_intensity, work_key
+from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import (
     CANCEL,
     HIDDEN,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from nats.js.api import ConsumerInfo
 
-from libs.agents.fleet import work_key
+from libs.agents.emulated_fleet import work_key
 from libs.cluster.servers import NatsServer
 from libs.contracts import (
     SHARD_STATUS,

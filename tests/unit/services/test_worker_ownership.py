@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from libs.agents.fleet import FleetAgent
+from libs.agents.emulated_fleet import FleetAgent
 from libs.contracts import (
     SHARD_STATUS,
     SHARD_TASK,
