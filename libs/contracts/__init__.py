@@ -4,6 +4,7 @@ Import from here: ``from libs.contracts import TELEMETRY, TelemetrySample``.
 """
 
 from libs.contracts.base import (
+    DEFAULT_CONTEXT_TOKENS,
     DeploymentId,
     DeviceClass,
     DeviceId,
@@ -100,6 +101,7 @@ __all__ = [
     "CANCEL",
     "CHECKPOINT",
     "CHECKPOINT_SCHEMA_VERSION",
+    "DEFAULT_CONTEXT_TOKENS",
     "DEPLOYMENT_STATUS",
     "DEVICE_FAILED",
     "DEVICE_LEAVING",

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from libs.contracts.base import (
+    DEFAULT_CONTEXT_TOKENS,
     DeploymentId,
     DeviceId,
     Endpoint,
@@ -62,7 +63,7 @@ class ModelDeployment(WireModel):
     kind: Literal["deployment"] = "deployment"
     deployment_id: DeploymentId
     model: ModelName
-    #: Tokens of context each request may use (None: the scheduler's default, 2,048 at most,
+    #: Tokens of context each request may use (None: ``DEFAULT_CONTEXT_TOKENS`` at most,
     #: lowered to what the model and its workers allow: docs/models.md).
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
@@ -433,5 +434,5 @@ class DeploymentStatus(WireModel):
     #: The deployment this one is a replica of (None: the first, or the only one).
     replica_of: DeploymentId | None = None
     #: Tokens of context each request may use (prompt and completion).
-    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = 2048
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] = DEFAULT_CONTEXT_TOKENS
     ts: Timestamp

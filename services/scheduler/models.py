@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
-from libs.contracts import DeviceAnnounce, ModelCard
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceAnnounce, ModelCard
 from libs.core.catalogue import GB, ModelSpec, card_spec
 from libs.core.model import Device
 from libs.core.partition import Preview, plan, previews
@@ -20,10 +20,6 @@ from libs.models.engine_support import unserved_reason
 def spec_for(card: ModelCard, family: str, slots: int, precision: str | None) -> ModelSpec:
     """``card``'s model as the engines of ``family`` hold it (``card_spec``)."""
     return card_spec(card, family, slots, precision)
-
-
-#: A deployment's context where it names none, tokens (``default_context`` lowers it).
-DEFAULT_CONTEXT = 2048
 
 
 def left_out(
@@ -57,17 +53,17 @@ def left_out(
 def default_context(
     card: ModelCard, devices: Sequence[Device], announces: Mapping[str, DeviceAnnounce]
 ) -> int:
-    """The context of a deployment of ``card``'s model that names none: ``DEFAULT_CONTEXT``
-    tokens, no more than the model was trained on, and no more than the longest context that
-    a worker able to serve it announces (a worker that announces none, whose engine sizes its
-    cache to each deployment, sets no bound), so that the longest-context workers can hold it
-    and a shorter one is left out saying why."""
+    """The context of a deployment of ``card``'s model that names none:
+    ``DEFAULT_CONTEXT_TOKENS`` tokens, no more than the model was trained on, and no more than
+    the longest context that a worker able to serve it announces (a worker that announces none,
+    whose engine sizes its cache to each deployment, sets no bound), so that the longest-context
+    workers can hold it and a shorter one is left out saying why."""
     able = [d for d in devices if d.device_id not in left_out(card, [d], announces)]
     bounds = [
         a.context_length if a is not None else None
         for a in (announces.get(d.device_id) for d in able)
     ]
-    context = min(DEFAULT_CONTEXT, card.context_train or DEFAULT_CONTEXT)
+    context = min(DEFAULT_CONTEXT_TOKENS, card.context_train or DEFAULT_CONTEXT_TOKENS)
     if bounds and None not in bounds:
         context = min(context, max(b for b in bounds if b is not None))
     return context

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from libs.contracts import DeviceClass
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceClass
 from libs.contracts.base import Precision
 from libs.runtime.pki import Credentials
 from libs.runtime.settings import ServiceSettings
@@ -63,7 +63,7 @@ class WorkerSettings(ServiceSettings):
     vllm_eager: bool = True
     vllm_start_s: float = Field(300.0, gt=0)
     #: Tokens of context vLLM gives each request (its ``--max-model-len``).
-    vllm_context: int = Field(2048, ge=128, le=1_048_576)
+    vllm_context: int = Field(DEFAULT_CONTEXT_TOKENS, ge=128, le=1_048_576)
     #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
     #: on (reachable by the other devices: a joined host's own address), threads (default:
     #: every core), requests batched at once (more wait for a slot; the scheduler counts 8
