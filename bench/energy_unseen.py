@@ -16,8 +16,8 @@ import sys
 import numpy as np
 
 from libs.contracts import Mode
+from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.registry import make_policy
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.fleets import BUILTIN
 from libs.sim.metrics import summarise

@@ -47,7 +47,7 @@ def shard_engine_rates(prompts: list[str]) -> list[float]:
 
     from libs.models.chat import encode_chat
     from libs.models.shard import ShardModel, greedy
-    from libs.models.store import prepare
+    from libs.models.shipped import prepare
 
     torch.set_num_threads(2)
     tokenizer = AutoTokenizer.from_pretrained(prepare())
@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from libs.models.store import gguf_path
+    from libs.models.shipped import gguf_path
 
     gguf = gguf_path()
     prompts = list(PROMPTS) * args.rounds

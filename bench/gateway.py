@@ -27,7 +27,7 @@ from libs.contracts import Sampling
 from libs.models.chat import encode_chat
 from libs.models.decoding import sample
 from libs.models.shard import ShardModel
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
 
 PROMPTS = (

@@ -25,7 +25,7 @@ from libs.contracts.keys import Keys
 from libs.devices.fleetfile import build, mixed
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import ServiceProcess
-from libs.runtime.store import connect_redis
+from libs.runtime.redis_client import connect_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,8 +3,8 @@ serving speed whole, split in 2, and on llama.cpp's own server.
 
 - ``delivery`` (needs root: two network namespaces joined by a veth pair, as
   ``tests/e2e/test_two_hosts.py``): a generated GGUF of ``--size-gb`` on host A is put into the
-  ``TESSERA_MODELS`` object store of a nats-server there (``libs/models/weights.publish``, as
-  ``tessera models add`` does) and lent by A's ``Lender`` (``libs/models/lending.py``, as a
+  ``TESSERA_MODELS`` object store of a nats-server there (``libs/weights/whole_files.publish``, as
+  ``tessera models add`` does) and lent by A's ``Lender`` (``libs/weights/lending.py``, as a
   worker on A runs it); host B fetches it into its own cache as a worker does (``ensure_local``:
   checked, then renamed into place), lent by A (``lent``: the delivery a worker gets where a
   device holds the file, in ``--streams`` stripes, each chunk checked against the store's index:
@@ -50,8 +50,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from libs.cluster.servers import find_nats_server  # noqa: E402
-from libs.models.borrowing import default_streams  # noqa: E402
 from libs.runtime.procs import free_port  # noqa: E402
+from libs.weights.borrowing import default_streams  # noqa: E402
 
 SUBNET = "10.231.7"
 NS_A, NS_B = "tbench-a", "tbench-b"
@@ -62,7 +62,7 @@ FETCH = """
 import asyncio, sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from libs.models.weights import ensure_local
+from libs.weights.whole_files import ensure_local
 from libs.runtime.nats_client import close_nats, connect_nats
 async def main():
     nc = await connect_nats(sys.argv[1], "bench-fetch")
@@ -80,8 +80,8 @@ asyncio.run(main())
 LEND = """
 import asyncio, sys
 from pathlib import Path
-from libs.models.lending import Lender
-from libs.models.local_files import mark_verified
+from libs.weights.lending import Lender
+from libs.weights.local_files import mark_verified
 from libs.runtime.nats_client import close_nats, connect_nats
 async def main():
     cache = Path(sys.argv[5])
@@ -100,7 +100,7 @@ asyncio.run(main())
 PUBLISH = """
 import asyncio, sys, time
 from pathlib import Path
-from libs.models.weights import publish_to
+from libs.weights.whole_files import publish_to
 started = time.perf_counter()
 asyncio.run(publish_to(sys.argv[1], None, Path(sys.argv[2]), sys.argv[3]))
 print(time.perf_counter() - started)

@@ -26,7 +26,7 @@ from libs.cluster.servers import NatsServer
 from libs.contracts import Sampling
 from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats
 from services.gateway.generation import GenerationClient, Route, RouteBook

@@ -35,19 +35,19 @@ from libs.contracts import Mode
 from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.model import Device
 from libs.core.partition import choose, memory_proportional, previews
+from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.registry import make_policy
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
 from libs.sim.fleets import BUILTIN
+from libs.sim.job_simulation import JobSimulation
 from libs.sim.jobs import (
     BENCH_EDGE_SERVERS,
     BENCH_EDGE_SPEED,
     JOB_POLICIES,
     PAPER_CLUSTER_GPUS,
     JobResult,
-    JobSimulation,
     Profile,
     TraceJob,
     bench_edge,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from libs.contracts import Sampling, shard_ring
 from libs.harness.lan import UNAVAILABLE, Host, lan, lender
-from libs.models.store import MODEL_NAME, gguf_path
+from libs.models.shipped import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials
 from libs.runtime.procs import free_port
 from services.worker.engine_server import EngineServer
@@ -102,7 +102,7 @@ async def measure(
     from transformers import AutoTokenizer
 
     from libs.models.chat import encode_chat
-    from libs.models.store import prepare
+    from libs.models.shipped import prepare
 
     tokenizer = AutoTokenizer.from_pretrained(prepare())
     prompt = encode_chat(tokenizer, [{"role": "user", "content": PROMPT}])

@@ -33,7 +33,7 @@ from libs.contracts import DeviceClass
 from libs.core import energy
 from libs.core.blocks import BLOCK_SIZE
 from libs.core.dwps import Dwps
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, Placement, Task
 
 CLASSES = list(DeviceClass)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from libs.cluster.engines import choose_cpu_engine
-from libs.models.store import MODEL_NAME, prepare
+from libs.cluster.engine_choice import choose_cpu_engine
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
 from services.worker.engine_server import EngineServer
 from services.worker.llamacpp import server_factory, whole_task

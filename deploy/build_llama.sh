@@ -3,7 +3,7 @@
 # its quantizer (the tests make K-quant models with it, as llama.cpp's users do). Beside them,
 # what the build runs, read from the source it was built from: architectures.txt (the names
 # of src/llama-arch.cpp's LLM_ARCH_NAMES table) and tensor_types.txt (ggml/include/ggml.h's
-# enum ggml_type); libs/models/engines.py declares the llamacpp engine's by them.
+# enum ggml_type); libs/models/engine_support.py declares the llamacpp engine's by them.
 #
 # The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
 # under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.

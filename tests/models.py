@@ -38,7 +38,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from libs.models.store import gguf_path
+from libs.models.shipped import gguf_path
 from libs.runtime.procs import child_kwargs, free_port
 from services.worker.llama_server import llama_env
 from services.worker.settings import WorkerSettings

@@ -11,7 +11,7 @@ from libs.cli.tables import Column, show
 from libs.cluster import runfile
 from libs.contracts import DeviceState
 from libs.contracts.keys import SCORE_FIELDS, DeviceRow, Keys
-from libs.runtime.store import connect_redis, ranked_devices
+from libs.runtime.redis_client import connect_redis, ranked_devices
 
 
 def redis_url(explicit: str | None, run_file: Path) -> str:

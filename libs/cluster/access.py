@@ -11,7 +11,7 @@ that name it as the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDD
 ``…hidden.<deployment>.<to>.<from>``; the gateway and the workers take them only from a device
 of the request's route), and read only its own work, requests, frames and hints (and every
 cancel, announce request and weights want, which carry ids and digests only; it answers a want
-for a file it holds, ``libs/models/lending.py``). Its JetStream is one pull consumer: it may
+for a file it holds, ``libs/weights/lending.py``). Its JetStream is one pull consumer: it may
 create (by name and filter subject, ``$JS.API.CONSUMER.CREATE.TESSERA_WORK.worker-<device>.<its
 SHARD_TASK subject>``: the server refuses a body whose filter differs), read the info of, and
 pull from (``MSG.NEXT``) its own durable consumer, and acknowledge on
@@ -92,7 +92,7 @@ MODEL_STREAM = f"OBJ_{MODEL_BUCKET}"
 #: Reading the model weights' object store, nothing more: the stream's info (nats-py's
 #: ``object_store``, which names the stream: listing streams is refused), a message by subject
 #: (an object's meta, directly or through the API) and JetStream's direct get by sequence
-#: (``libs/models/weights.py``'s fetch: batches of an object's chunks onto the reader's own
+#: (``libs/weights/whole_files.py``'s fetch: batches of an object's chunks onto the reader's own
 #: inbox). No consumer: a consumer's creator chooses where a push consumer delivers, so a
 #: grant to make one would let a device pour the weights onto any subject. No put, no
 #: delete, no purge: ``$O.TESSERA_MODELS.>`` itself is not granted.
@@ -105,7 +105,7 @@ MODEL_READ = (
 #: Marking an object of the model store deleted (its meta, with a rollup; the scheduler purges
 #: the chunks through ``$JS.API``, which it holds already): no chunk is ever written.
 MODEL_DELETE = (f"$O.{MODEL_BUCKET}.M.>",)
-#: Putting weights into the model store (``libs/models/weights.publish``): the bucket made when
+#: Putting weights into the model store (``libs/weights/whole_files.publish``): the bucket made when
 #: missing, chunks and meta written, a failed put's chunks purged; no other stream.
 MODEL_WRITE = (
     *MODEL_READ,
@@ -246,7 +246,7 @@ def device_grant(device_id: str) -> Grant:
             CANCEL.wildcard,
             DVFS_HINT.pattern(**me),
             ANNOUNCE_REQUEST.wildcard,
-            WEIGHTS_WANT.wildcard,  # lending what this host holds (libs/models/lending.py)
+            WEIGHTS_WANT.wildcard,  # lending what this host holds (libs/weights/lending.py)
         ),
     )
 

@@ -195,9 +195,10 @@ class Cluster:
         from redis.asyncio import Redis
 
         from libs.models.registry import ModelRegistry
-        from libs.models.store import ModelMissing, register_shipped
-        from libs.models.weights import WeightsError
+        from libs.models.shipped import ModelMissing
         from libs.runtime.nats_client import close_nats, connect_nats
+        from libs.weights.object_store import WeightsError
+        from libs.weights.registration import register_shipped
 
         async def register() -> None:
             admin = self.urls("admin")

@@ -4,6 +4,7 @@ Import from here: ``from libs.contracts import TELEMETRY, TelemetrySample``.
 """
 
 from libs.contracts.base import (
+    DEFAULT_CONTEXT_TOKENS,
     DeploymentId,
     DeviceClass,
     DeviceId,
@@ -56,7 +57,6 @@ from libs.contracts.control import (
     TokenRotation,
 )
 from libs.contracts.deployments import (
-    DEFAULT_CONTEXT_TOKENS,
     DeploymentChange,
     DeploymentEvent,
     DeploymentPhase,

@@ -11,7 +11,7 @@ from libs.contracts.base import Precision
 from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
 from libs.contracts.profiles import Profile
 
-#: The scheduling policies a scheduler knows (``libs/core/registry.py`` builds each one; a test
+#: The scheduling policies a scheduler knows (``libs/core/policies.py`` builds each one; a test
 #: keeps the two lists equal).
 POLICY_NAMES = (
     "dwps",

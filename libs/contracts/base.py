@@ -28,6 +28,10 @@ Timestamp = Annotated[float, Field(ge=0.0, le=1e11)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 #: Physically possible temperatures for a device that still reports (°C).
 TemperatureC = Annotated[float, Field(ge=-60.0, le=200.0)]
+#: Tokens of context a request may use (prompt and completion) where nothing says otherwise:
+#: a deployment's context when neither it nor its model names a shorter one, the engines'
+#: context when they are given none.
+DEFAULT_CONTEXT_TOKENS = 2048
 
 
 class WireModel(BaseModel):

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from libs.contracts.base import (
+    DEFAULT_CONTEXT_TOKENS,
     DeploymentId,
     DeviceId,
     ModelName,
@@ -24,11 +25,6 @@ from libs.contracts.base import (
     WireModel,
 )
 from libs.contracts.work import Assignment, ShardState
-
-#: Tokens of context a deployment gives each request when neither the deploy nor anything
-#: else says: the most the scheduler gives by default, lowered to what the model and its
-#: workers allow.
-DEFAULT_CONTEXT_TOKENS = 2048
 
 #: Where a deployment stands, driven by what its workers report: ``pending`` (tasks sent, no
 #: worker has answered), ``loading`` (some shards loading or loaded), ``serving`` (every shard

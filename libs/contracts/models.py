@@ -92,7 +92,7 @@ class WeightsWant(WireModel):
 class WeightsOffer(WireModel):
     """A holder's answer to a ``WeightsWant``: where to read the file (``host:port`` of its
     lender) and a ticket that lets the asker, and no one else, read that one file there once,
-    within seconds (``libs/models/lending.py``)."""
+    within seconds (``libs/weights/lending.py``)."""
 
     device_id: DeviceId
     endpoint: Annotated[str, Field(min_length=3, max_length=300)]

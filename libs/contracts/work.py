@@ -66,7 +66,7 @@ class ModelDeployment(WireModel):
     kind: Literal["deployment"] = "deployment"
     deployment_id: DeploymentId
     model: ModelName
-    #: Tokens of context each request may use (None: the scheduler's default, 2,048 at most,
+    #: Tokens of context each request may use (None: ``DEFAULT_CONTEXT_TOKENS`` at most,
     #: lowered to what the model and its workers allow: docs/models.md).
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8

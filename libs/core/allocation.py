@@ -10,7 +10,7 @@ import numpy as np
 from libs.contracts import Mode
 from libs.core.balancers import Balancer
 from libs.core.capability import total_score
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Placement, Task, TaskKind
 from libs.core.policy import Chooser, in_input_order, place_in_order
 from libs.core.profiles import BUILTIN_PROFILES

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from libs.contracts import Mode
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.hashing import HashRing, stable_hash
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline

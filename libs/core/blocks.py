@@ -13,13 +13,10 @@ the expected completion) share a block and the blocks' bounds are tight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from libs.core.fleet import FleetState
 
 F64 = npt.NDArray[np.float64]
 Bool = npt.NDArray[np.bool_]
@@ -83,6 +80,35 @@ class Blocks:
         return np.asarray(grid.max(axis=1), dtype=np.float64)
 
 
+class FleetColumns(Protocol):
+    """What of a fleet the blocks read, one entry per device (``libs/core/fleet_state.FleetState``,
+    which builds its ``FleetBlocks`` over itself)."""
+
+    @property
+    def alive(self) -> Bool: ...
+    @property
+    def speed(self) -> F64: ...
+    @property
+    def prefill_tps(self) -> F64: ...
+    @property
+    def decode_tps(self) -> F64: ...
+    @property
+    def backlog_s(self) -> F64: ...
+    @property
+    def memory_free_gb(self) -> F64: ...
+    @property
+    def max_intensity_power(self) -> F64: ...
+    @property
+    def max_intensity_heat(self) -> F64: ...
+    @property
+    def capability_unit(self) -> F64:
+        """(devices, dimensions): each device's capability scaled to unit length."""
+
+    @property
+    def capability_unit_t(self) -> F64:
+        """The same, one row per dimension."""
+
+
 class FleetBlocks:
     """A fleet's values in block order (``table``: one row per quantity, each (blocks, size))
     and per block bounds over its live devices, kept current as devices change.
@@ -97,7 +123,7 @@ class FleetBlocks:
     CAPABILITY = slice(9, 14)
     LIVE_BACKLOG = 14
 
-    def __init__(self, fleet: FleetState, size: int = BLOCK_SIZE) -> None:
+    def __init__(self, fleet: FleetColumns, size: int = BLOCK_SIZE) -> None:
         self.blocks = blocks = Blocks(fleet.speed, size)
         alive = fleet.alive
         known = alive & (fleet.prefill_tps > 0) & (fleet.decode_tps > 0)
@@ -128,7 +154,7 @@ class FleetBlocks:
         self.table[self.LIVE_BACKLOG][blocks.padding] = np.inf
         self._flat = self.table.reshape(len(self.table), -1)
 
-    def changed(self, fleet: FleetState, i: int) -> None:
+    def changed(self, fleet: FleetColumns, i: int) -> None:
         """Device ``i``'s live state changed: copy it, and widen its block's bounds to cover
         it (a bound never tightens until the next build: loose is allowed, wrong is not).
         In plain floats: this runs once per placement, on one device."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from libs.contracts import Mode
 from libs.contracts.profiles import Profile
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
 from libs.core.policy import Observer, in_input_order, place_each

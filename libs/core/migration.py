@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from libs.core.catalogue import ModelSpec
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, Placement, Task
 from libs.core.partition import Preview, choose, previews
 from libs.core.policy import Policy

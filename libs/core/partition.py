@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate, pairwise
 
+from libs.contracts import DEFAULT_CONTEXT_TOKENS
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
 
@@ -152,7 +153,9 @@ def fit_ranges(
     return [*cuts, total - start]
 
 
-def plan(model: ModelSpec, devices: Sequence[Device], context_length: int = 2048) -> Preview:
+def plan(
+    model: ModelSpec, devices: Sequence[Device], context_length: int = DEFAULT_CONTEXT_TOKENS
+) -> Preview:
     """The shards of ``model`` over exactly ``devices`` (in pipeline order)."""
     counts, reason = split_layers(model, devices, context_length)
     if counts is None:
@@ -191,7 +194,7 @@ def step_ms(model: ModelSpec, devices: Sequence[Device], counts: Sequence[int]) 
 def previews(
     model: ModelSpec,
     devices: Sequence[Device],
-    context_length: int = 2048,
+    context_length: int = DEFAULT_CONTEXT_TOKENS,
     max_shards: int = 8,
 ) -> list[Preview]:
     """One candidate per k = 1..max_shards: the k most capable live devices."""
@@ -204,7 +207,7 @@ def previews(
 
 
 def memory_proportional(
-    model: ModelSpec, devices: Sequence[Device], context_length: int = 2048
+    model: ModelSpec, devices: Sequence[Device], context_length: int = DEFAULT_CONTEXT_TOKENS
 ) -> Preview:
     """exo's placement, as a baseline: the devices with the most free memory, as few as hold
     the model, with layers in proportion to memory alone (speed is not considered)."""

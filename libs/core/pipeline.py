@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libs.contracts.profiles import Profile
-from libs.core.fleet import F64, At, Bool, FleetState
+from libs.core.fleet_state import F64, At, Bool, FleetState
 from libs.core.model import Task
 from libs.core.plugins import resolve
 from libs.core.search import BlockSearch

@@ -21,7 +21,7 @@ import numpy as np
 from libs.contracts.profiles import Profile
 from libs.core import energy
 from libs.core.capability import total_score
-from libs.core.fleet import F64, At, Bool, FleetState, lowest
+from libs.core.fleet_state import F64, At, Bool, FleetState, lowest
 from libs.core.model import Task
 
 #: How much later than the earliest expected completion ``completion_slack`` lets a task end.

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
 

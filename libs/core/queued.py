@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from libs.core.balancers import LeastConnections
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Placement, Task
 from libs.core.policy import in_input_order, place_in_order
 from libs.core.queueing import QUEUES, TaskQueue

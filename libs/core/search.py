@@ -20,17 +20,16 @@ scores every device otherwise).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
+from libs.contracts.profiles import Profile
 from libs.core.blocks import FleetBlocks, Index
-from libs.core.fleet import F64, Bool, FleetState, service_seconds
+from libs.core.fleet_state import F64, Bool, FleetState, service_seconds
 from libs.core.model import Task
-from libs.core.plugins import COMPLETION_SLACK, best_over, unit, within_slack
-
-if TYPE_CHECKING:
-    from libs.core.pipeline import Pipeline
+from libs.core.plugins import COMPLETION_SLACK, Score, best_over, unit, within_slack
 
 #: Filters the search bounds per block (the static ones are folded into the static part).
 BOUNDED_FILTERS = {"alive", "battery_floor", "memory", "power", "thermal", "completion_slack"}
@@ -44,6 +43,29 @@ ROUNDING = 1e-9
 FIRST_BLOCKS = 4
 
 
+class PipelineView(Protocol):
+    """What of a profile's pipeline the search reads (``libs/core/pipeline.Pipeline``, which
+    builds a ``BlockSearch`` over itself once its static parts are prepared)."""
+
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def task_scores(self) -> Sequence[tuple[Score, float]]:
+        """The task-dependent scores the profile weighs (weight above 0)."""
+
+    @property
+    def static_mask(self) -> Bool:
+        """Per device: every fleet-only filter passes."""
+
+    @property
+    def static_scaled(self) -> F64:
+        """Per device: the fleet-only scores, weighted, times the multipliers."""
+
+    @property
+    def task_scale(self) -> Sequence[F64]:
+        """Per task-dependent score, per device: its weight times the multipliers."""
+
+
 class BlockSearch:
     """Per-block bounds of one pipeline's values over one fleet, in the fleet's blocks.
 
@@ -53,14 +75,14 @@ class BlockSearch:
     """
 
     @staticmethod
-    def supports(pipeline: Pipeline) -> bool:
+    def supports(pipeline: PipelineView) -> bool:
         """Whether every plugin of the pipeline's profile has a bound here. ``alive`` must be
         among the filters: the fleet's bounds cover live devices only."""
         filters = set(pipeline.profile.filters)
         scores = {s.name for s, _ in pipeline.task_scores}
         return "alive" in filters and filters <= BOUNDED_FILTERS and scores <= BOUNDED_SCORES
 
-    def __init__(self, pipeline: Pipeline, fleet: FleetState, blocks: FleetBlocks) -> None:
+    def __init__(self, pipeline: PipelineView, fleet: FleetState, blocks: FleetBlocks) -> None:
         self.pipeline, self.fleet, self.blocks = pipeline, fleet, blocks
         self.filters = set(pipeline.profile.filters)
         self.score_names = [s.name for s, _ in pipeline.task_scores]

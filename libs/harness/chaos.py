@@ -38,7 +38,7 @@ import httpx
 import redis
 from rich.console import Console
 
-from libs.cluster.engines import choose_cpu_engine
+from libs.cluster.engine_choice import choose_cpu_engine
 from libs.cluster.launcher import Cluster, UpOptions
 from libs.cluster.servers import NatsServer
 from libs.cluster.up import deploy_model

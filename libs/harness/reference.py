@@ -17,9 +17,9 @@ import numpy as np
 from libs.contracts import DeviceClass
 from libs.core.capability import log_scale
 from libs.core.exact import Job, Machine, Schedule, list_schedule, solve
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, Task
-from libs.core.registry import make_policy
+from libs.core.policies import make_policy
 
 SPEED_RANGE = (0.5, 8.0)
 

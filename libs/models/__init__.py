@@ -1,1 +1,5 @@
-"""The model files and the PyTorch pieces the CPU shard worker runs (I/O and torch live here)."""
+"""Model files: a GGUF's card (``gguf_info``), the cluster's model registry (``registry``), what
+each engine runs (``engine_support``), the shipped model (``shipped``), files downloaded from a
+URL or the Hugging Face hub (``hub``) and chat prompts (``chat``). Moving weights between hosts
+is ``libs/weights``. The torch engine's pieces (``shard``, ``kernels``, ``gguf_shard``,
+``decoding``) are here until they move beside the torch worker."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from libs.models.store import ModelMissing, prepare
+from libs.models.shipped import ModelMissing, prepare
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from libs.models.gguf_info import sha256_of
-from libs.models.weights import Progress
+from libs.models.gguf_info import Progress, sha256_of
 from libs.runtime.settings import model_cache_dir
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from libs.contracts.models import ModelCard
-from libs.models.engines import unserved_reason
+from libs.models.engine_support import unserved_reason
 
 log = logging.getLogger(__name__)
 

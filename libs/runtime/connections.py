@@ -9,8 +9,8 @@ from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.runtime.redis_client import connect_redis
 from libs.runtime.settings import ServiceSettings
-from libs.runtime.store import connect_redis
 
 
 @asynccontextmanager

@@ -12,7 +12,6 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import nats
@@ -20,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import ServiceUnavailableError
 
 from libs.contracts import STREAMS
+from libs.runtime.nats_private import server_info
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,7 @@ def copies(nc: NatsClient) -> int:
     """How many copies JetStream keeps of a stream or key-value bucket: three in a NATS
     cluster (any one server may go; a Tessera NATS cluster has three servers or more), one on
     a lone server."""
-    info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
-    return 3 if info.get("cluster") else 1
+    return 3 if server_info(nc).get("cluster") else 1
 
 
 async def ensure_streams(nc: NatsClient, timeout_s: float = 30.0) -> None:

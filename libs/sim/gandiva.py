@@ -53,8 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libs.core.elasticflow import SLOT_S, overhead_s
-from libs.sim.jobs import JobResult, JobState, Profile, TraceJob, curve
-from libs.sim.round_policies import RESTART_EVERY
+from libs.sim.jobs import RESTART_EVERY, JobResult, JobState, Profile, TraceJob, curve
 
 GPUS_PER_NODE = 8
 #: The GPU counts that have node sets, in the order their adjustment visits them (``node_g``).

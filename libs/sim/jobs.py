@@ -1,21 +1,10 @@
-"""Deep-learning jobs with deadlines on cloud GPUs and edge servers.
+"""Deep-learning jobs with deadlines on cloud GPUs and edge servers: what a job simulation
+reads and keeps (``libs/sim/job_simulation.py`` runs the policies on them).
 
 Reads ElasticFlow/ITP traces (``job_id, submission_time, num_iteration, model_name, deadline,
 batch_size, num_gpu, duration``) and the ElasticFlow throughput profiles (iterations/s by
 global batch size and GPU count). A job progresses at its allocation's measured throughput (an
 edge server runs at ``speed`` × one GPU).
-
-Policies, as the ElasticFlow paper and its simulator define them (``libs/sim/round_policies.py``,
-run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admission control,
-minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
-with the edge in admission and its three edge rules: ``libs/core/edgeflow.py``), ``edf``,
-``tiresias``, and ``gandiva`` (node sets by GPU class, packing and time-slicing, in its own
-loop: ``libs/sim/gandiva.py``). Also ``elasticflow-each``: ElasticFlow whose admission, when a
-slot's arrivals do not fit together, decides each on its own (EdgeFlow's admission without the
-edge: what of EdgeFlow's gain is not the edge's). And ``elasticflow-noadmit``: the earlier
-continuous variant without admission control (rounds at every arrival and completion, no slot,
-5 s per placement change: ``libs/core/edgeflow.allocate`` without the edge), kept to show what
-admission control is worth.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from libs.core.edgeflow import MIGRATE_EDGE_S, DlJob, EdgeServer, allocate
+from libs.core.edgeflow import EdgeServer
 from libs.sim.workloads import WorkloadError
 
 ITP_COLUMNS = (
@@ -50,7 +39,9 @@ MODEL_MEMORY_GB = {
     "inception3": 7.0,
     "deepspeech2": 8.0,
 }
-MIGRATE_CLOUD_S = 5.0
+#: Every this many rounds all trainers restart (ElasticFlow's simulation loops:
+#: ``schedule_count % scheduling_slot == 0``): the slotted policies and Gandiva both charge it.
+RESTART_EVERY = 240
 #: The cloud each shipped trace runs on in the ElasticFlow paper: 195job on its 16 × 8 A100
 #: testbed (figure 6), the ITP cluster traces on the 64 × 8 GPUs (``n64g8``) of its figures.
 PAPER_CLUSTER_GPUS = {"195job": 128, "cluster01": 512, "cluster03": 512, "cluster05": 512}
@@ -66,6 +57,11 @@ JOB_POLICIES = (
     "elasticflow-each",
     "elasticflow-noadmit",
 )
+
+
+def restarting(round_no: int) -> bool:
+    """Whether round ``round_no`` is one where every trainer restarts."""
+    return round_no > 0 and round_no % RESTART_EVERY == 0
 
 
 def bench_edge(count: int, rng: np.random.Generator) -> list[EdgeServer]:
@@ -225,85 +221,3 @@ class JobResult:
     def deadline_satisfaction_ratio(self) -> float:
         met = sum(1 for j in self.jobs if j.finished_s <= j.trace.deadline_s)
         return met / len(self.jobs) if self.jobs else 1.0
-
-
-@dataclass
-class JobSimulation:
-    """``policy`` on ``cloud_gpus`` GPUs and ``edge`` servers; the slotted policies schedule
-    every ``slot_s`` seconds at most (ElasticFlow's testbed: 240 s)."""
-
-    policy: str
-    cloud_gpus: int
-    edge: Sequence[EdgeServer] = ()
-    edge_speed: dict[str, float] = field(default_factory=dict)
-    slot_s: float = 240.0
-
-    def __post_init__(self) -> None:
-        if self.policy not in JOB_POLICIES:
-            raise ValueError(
-                f"unknown job policy {self.policy!r}; known: {', '.join(JOB_POLICIES)}"
-            )
-        self.edge_speed = {e.server_id: e.speed for e in self.edge}
-
-    def decide(self, active: list[JobState], now: float) -> dict[str, tuple[str, int]]:
-        """The continuous variant's round (``elasticflow-noadmit``)."""
-        jobs = [
-            DlJob(
-                s.trace.job_id,
-                s.trace.iterations - s.done,
-                s.trace.deadline_s,
-                s.curve,
-                MODEL_MEMORY_GB.get(s.trace.model, 8.0),
-                s.placement[0][5:] if s.placement[0].startswith("edge:") else None,
-            )
-            for s in active
-        ]
-        result = allocate(jobs, self.cloud_gpus, (), now, MIGRATE_EDGE_S)
-        return {j: ("cloud", g) for j, g in result.cloud_gpus.items()}
-
-    def run(self, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]) -> JobResult:
-        """Run ``trace`` to the end. Raises ``MissingProfile`` when a job's model has no
-        throughput profile in ``profiles``."""
-        missing = sorted({t.model for t in trace} - set(profiles))
-        if missing:
-            raise MissingProfile(missing, sorted(profiles))
-        if self.policy != "elasticflow-noadmit":
-            from libs.sim.round_policies import run_policy  # it imports this module
-
-            return run_policy(self, trace, profiles)
-        states = [JobState(t, curve(profiles[t.model], t.batch_size)) for t in trace]
-        pending = sorted(states, key=lambda s: s.trace.submit_s)
-        active: list[JobState] = []
-        now, migration_s, index = 0.0, 0.0, 0
-        while index < len(pending) or active:
-            while index < len(pending) and pending[index].trace.submit_s <= now + 1e-9:
-                active.append(pending[index])
-                index += 1
-            decision = self.decide(active, now)
-            for state in active:
-                new = decision.get(state.trace.job_id, ("none", 0))
-                if new != state.placement:
-                    if state.placement[0] != "none" and new[0] != "none":
-                        cost = MIGRATE_CLOUD_S if new[0] == state.placement[0] else MIGRATE_EDGE_S
-                        state.paused_until, state.migrations = now + cost, state.migrations + 1
-                        migration_s += cost
-                    state.placement = new
-            # Next event: an arrival or the earliest completion under this allocation.
-            next_at = pending[index].trace.submit_s if index < len(pending) else math.inf
-            for state in active:
-                rate = state.rate(self.edge_speed)
-                if rate > 0:
-                    start = max(now, state.paused_until)
-                    next_at = min(next_at, start + (state.trace.iterations - state.done) / rate)
-            if next_at == math.inf:
-                break  # nothing can run: the remaining jobs never finish
-            for state in active:
-                rate = state.rate(self.edge_speed)
-                run_s = max(0.0, next_at - max(now, state.paused_until))
-                state.done = min(state.trace.iterations, state.done + rate * run_s)
-                state.attained_gpu_s += run_s * state.placement[1]
-                if state.done >= state.trace.iterations - 1e-6:
-                    state.finished_s = next_at
-            active = [s for s in active if math.isnan(s.finished_s)]
-            now = next_at
-        return JobResult(states, migration_s, now)

@@ -14,7 +14,8 @@ define it:
   queues split at 3,250 and 7,200 GPU-seconds attained, FIFO within a queue, first fit, the
   trace's GPU count and duration, a start overhead when a job (re)starts.
 
-Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``.
+Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``; the continuous
+``elasticflow-noadmit`` runs in ``libs/sim/job_simulation.py``.
 """
 
 from __future__ import annotations
@@ -40,16 +41,15 @@ from libs.core.elasticflow import (
     plan_all,
     share_leftover,
 )
-from libs.sim.jobs import MODEL_MEMORY_GB, JobResult, JobSimulation, JobState, Profile, TraceJob
+from libs.sim.jobs import (
+    MODEL_MEMORY_GB,
+    JobResult,
+    JobState,
+    Profile,
+    TraceJob,
+    restarting,
+)
 from libs.sim.slotted import Decision, RoundPolicy, run_rounds
-
-#: Every this many rounds all trainers restart (their simulation loops: ``schedule_count %
-#: scheduling_slot == 0``).
-RESTART_EVERY = 240
-
-
-def restarting(round_no: int) -> bool:
-    return round_no > 0 and round_no % RESTART_EVERY == 0
 
 
 def plan_job(state: JobState, delay_s: float = 0.0, tail: EdgeServer | None = None) -> PlanJob:
@@ -357,24 +357,32 @@ class TiresiasRounds:
         return Decision(placements, set(), overhead, next_round)
 
 
+#: The policies run in slotted rounds here.
+ROUND_POLICIES = ("elasticflow", "edgeflow", "elasticflow-each", "edf", "tiresias")
+
+
 def run_policy(
-    sim: JobSimulation, trace: Sequence[TraceJob], profiles: Mapping[str, Profile]
+    name: str,
+    cloud_gpus: int,
+    edge: Sequence[EdgeServer],
+    slot_s: float,
+    trace: Sequence[TraceJob],
+    profiles: Mapping[str, Profile],
 ) -> JobResult:
-    """Run one of the slotted policies (``sim.policy``) on ``trace``."""
+    """Run the slotted policy ``name`` (one of ``ROUND_POLICIES``) on ``cloud_gpus`` GPUs and
+    ``edge`` servers (only EdgeFlow places jobs there), a round every ``slot_s`` at most."""
     policy: RoundPolicy
     rates = None
-    if sim.policy in ("elasticflow", "edgeflow", "elasticflow-each"):
-        edge = sim.edge if sim.policy == "edgeflow" else ()
-        each = sim.policy != "elasticflow"
-        policy = ElasticFlowRounds(sim.cloud_gpus, edge, each=each, slot_s=sim.slot_s)
-    elif sim.policy == "edf":
-        policy = EdfRounds(sim.cloud_gpus)
-    elif sim.policy == "gandiva":  # its own loop: no round at a job's end, as theirs
-        from libs.sim.gandiva import run_gandiva  # it imports this module
-
-        return run_gandiva(trace, profiles, sim.cloud_gpus, sim.slot_s)
-    else:
-        policy = TiresiasRounds(sim.cloud_gpus)
+    if name in ("elasticflow", "edgeflow", "elasticflow-each"):
+        servers = edge if name == "edgeflow" else ()
+        policy = ElasticFlowRounds(cloud_gpus, servers, each=name != "elasticflow", slot_s=slot_s)
+    elif name == "edf":
+        policy = EdfRounds(cloud_gpus)
+    elif name == "tiresias":
+        policy = TiresiasRounds(cloud_gpus)
         # Their Tiresias runs a job for its trace duration at the trace's GPU count.
         rates = {t.job_id: {t.gpus: t.iterations / t.duration_s} for t in trace if t.duration_s > 0}
-    return run_rounds(policy, trace, profiles, sim.edge_speed, sim.slot_s, rates)
+    else:
+        raise ValueError(f"{name!r} is not run in rounds; these are: {', '.join(ROUND_POLICIES)}")
+    edge_speed = {e.server_id: e.speed for e in edge}
+    return run_rounds(policy, trace, profiles, edge_speed, slot_s, rates)

@@ -30,7 +30,7 @@ from libs.core.capability import (
 )
 from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.energy import SLEEP_AFTER_S, WAKE_S
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, Task, TaskKind
 from libs.core.policy import Policy
 from libs.core.queueing import TaskQueue, fcfs_queue

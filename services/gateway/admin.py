@@ -15,12 +15,12 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from libs.contracts import DeploymentStatus, PlacementDecision
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeploymentStatus, PlacementDecision
 from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
 from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
-from libs.runtime.store import read_fleet
+from libs.runtime.redis_client import read_fleet
 from services.gateway.openai_api import ApiError, documented
 from services.gateway.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
@@ -119,7 +119,7 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     async def previews(
         request: Request,
         model: Annotated[str, Query(min_length=1, max_length=128)],
-        context_length: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
+        context_length: Annotated[int, Query(ge=1, le=1_048_576)] = DEFAULT_CONTEXT_TOKENS,
         max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
         precision: Precision | None = None,
     ) -> Response:

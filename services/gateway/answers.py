@@ -19,7 +19,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from libs.contracts import Prompt, Sampling, TokenChunk, TokenLogprob, ToolCall
+from libs.contracts import (
+    DEFAULT_CONTEXT_TOKENS,
+    Prompt,
+    Sampling,
+    TokenChunk,
+    TokenLogprob,
+    ToolCall,
+)
 from libs.contracts.prompts import MAX_BODY
 from libs.models.chat import encode_chat
 from services.gateway.completions import Completions, Slot
@@ -196,7 +203,7 @@ async def start(service: Completions, ask: Ask) -> Answer:
     deployment = await service.deployments.lookup(ask.model)
     ids = await prompt_ids(service, deployment, ask)
     if ask.fit:
-        room = service.deployments.context.get(deployment, 2048) - len(ids)
+        room = service.deployments.context.get(deployment, DEFAULT_CONTEXT_TOKENS) - len(ids)
         fitted = max(1, min(ask.sampling.max_tokens, room))
         ask.sampling = ask.sampling.model_copy(update={"max_tokens": fitted})
     if ids:

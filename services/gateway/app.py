@@ -26,7 +26,7 @@ from libs.contracts.keys import Keys
 from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import Background
 from libs.runtime.nats_client import close_nats, connect_nats
-from libs.runtime.store import connect_redis
+from libs.runtime.redis_client import connect_redis
 from services.gateway.admin import admin_router
 from services.gateway.anthropic_api import anthropic_router
 from services.gateway.completions import Completions, DeployedModels, GatewayMetrics

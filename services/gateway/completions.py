@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from libs.contracts import DeploymentStatus, Prompt, Sampling, TokenChunk
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeploymentStatus, Prompt, Sampling, TokenChunk
 from services.gateway.events import Ttfts
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.gateway.openai_api import ApiError, new_id
@@ -193,7 +193,7 @@ class Completions:
         return await self.tokenizers.get(self.deployments.models[deployment])
 
     def check(self, deployment: str, prompt_tokens: int, max_tokens: int) -> None:
-        context = self.deployments.context.get(deployment, 2048)
+        context = self.deployments.context.get(deployment, DEFAULT_CONTEXT_TOKENS)
         if prompt_tokens + max_tokens > context:
             raise ApiError(
                 400,

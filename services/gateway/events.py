@@ -48,7 +48,7 @@ from libs.contracts import (
 from libs.contracts.keys import Keys
 from libs.core.energy import cluster_rates
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
-from libs.runtime.store import ranked_devices, read_devices
+from libs.runtime.redis_client import ranked_devices, read_devices
 from services.gateway.openai_api import ApiError
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from libs.contracts import DEFAULT_CONTEXT_TOKENS
 from libs.contracts.models import ModelCard
 from libs.models.registry import ModelRegistry
 from services.gateway.error_shapes import OllamaError, documented_as
@@ -136,7 +137,7 @@ def ollama_models_router() -> APIRouter:
     async def show(body: ShowBody, request: Request) -> dict[str, Any]:
         deployments = request.app.state.deployments
         deployment = await deployments.lookup(model_name(body.model))
-        context = deployments.context.get(deployment, 2048)
+        context = deployments.context.get(deployment, DEFAULT_CONTEXT_TOKENS)
         card = await card_of(request, deployments.models.get(deployment, deployment))
         return {
             "modelfile": "",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
-from libs.models.store import ModelMissing, prepare
+from libs.models.shipped import ModelMissing, prepare
 from services.gateway.openai_api import ApiError
 
 log = logging.getLogger(__name__)

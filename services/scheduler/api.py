@@ -24,7 +24,7 @@ from libs.contracts import (
 )
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import Precision
-from libs.core.registry import POLICIES
+from libs.core.policies import POLICIES
 from libs.deployments import phases
 from services.scheduler.models_api import model_routes
 from services.scheduler.service import Scheduler

@@ -14,7 +14,7 @@ from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceAnnounce, ModelCard
 from libs.core.catalogue import ModelSpec, card_spec
 from libs.core.model import Device
 from libs.core.partition import Preview, plan, previews
-from libs.models.engines import unserved_reason
+from libs.models.engine_support import unserved_reason
 
 
 def spec_for(card: ModelCard, family: str, slots: int, precision: str | None) -> ModelSpec:
@@ -53,11 +53,11 @@ def left_out(
 def default_context(
     card: ModelCard, devices: Sequence[Device], announces: Mapping[str, DeviceAnnounce]
 ) -> int:
-    """The context of a deployment of ``card``'s model that names none: ``DEFAULT_CONTEXT_TOKENS``
-    tokens, no more than the model was trained on, and no more than the longest context that
-    a worker able to serve it announces (a worker that announces none, whose engine sizes its
-    cache to each deployment, sets no bound), so that the longest-context workers can hold it
-    and a shorter one is left out saying why."""
+    """The context of a deployment of ``card``'s model that names none:
+    ``DEFAULT_CONTEXT_TOKENS`` tokens, no more than the model was trained on, and no more than
+    the longest context that a worker able to serve it announces (a worker that announces none,
+    whose engine sizes its cache to each deployment, sets no bound), so that the longest-context
+    workers can hold it and a shorter one is left out saying why."""
     able = [d for d in devices if d.device_id not in left_out(card, [d], announces)]
     bounds = [
         a.context_length if a is not None else None

@@ -17,11 +17,11 @@ from libs.contracts import DVFS_HINT, MODE_CHANGE, DvfsHint, Mode, ModeChange
 from libs.contracts.keys import Keys
 from libs.contracts.profiles import DimensionWeights, Profile
 from libs.core.energy import dvfs_hint
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.modes import ModeSwitcher, cluster_busy
+from libs.core.policies import make_policy
 from libs.core.policy import Policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.core.registry import make_policy
 from libs.runtime.bus import Bus
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.view import ClusterView, Read

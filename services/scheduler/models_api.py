@@ -20,8 +20,8 @@ from fastapi import FastAPI, HTTPException
 from libs.contracts import ModelCard
 from libs.contracts.admin import AddModelBody
 from libs.models.gguf_info import ModelFileError, read_card
-from libs.models.local_files import mark_verified
 from libs.models.registry import ModelError, NameTaken
+from libs.weights.local_files import mark_verified
 from services.scheduler.service import Scheduler
 
 
@@ -82,7 +82,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
                 )
             except ModelFileError as exc:
                 raise HTTPException(400, str(exc)) from None
-            # Known to be the model's: a worker of this host lends it (libs/models/lending.py).
+            # Known to be the model's: a worker of this host lends it (libs/weights/lending.py).
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(mark_verified, Path(path), card.sha256)
         else:
@@ -118,7 +118,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
         return {"name": name, "weights": weights, "same_file": same}
 
     async def drop_weights(sha256: str) -> str:
-        from libs.models.weights import unpublish
+        from libs.weights.whole_files import unpublish
 
         nc = getattr(scheduler.bus, "nc", None)  # NatsBus: its connection (as the worker's)
         if nc is None:  # a bus with no NATS (in-memory): no object store either

@@ -17,7 +17,7 @@ import numpy as np
 
 from libs.contracts import DeploymentState, PlacementRequest
 from libs.core.catalogue import ModelSpec
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, TaskKind
 from libs.core.partition import step_ms
 from libs.core.policy import Policy

@@ -45,7 +45,7 @@ from libs.contracts import (
     ShardStatus,
 )
 from libs.contracts.keys import Keys
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.deployments import DeploymentBook
 from libs.models.registry import ModelRegistry
 from libs.runtime.bus import Bus, Delivery

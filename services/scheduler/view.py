@@ -16,7 +16,7 @@ from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState, TelemetrySa
 from libs.contracts.keys import DeviceRow, Keys
 from libs.core.energy import cluster_rates
 from libs.core.model import Device
-from libs.runtime.store import read_devices
+from libs.runtime.redis_client import read_devices
 
 #: Concurrent tasks a device of each class runs (its ``slots``) when its worker announces
 #: none (``DeviceAnnounce.slots``).

@@ -39,7 +39,7 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
     nc = await connect_nats(settings.nats_url, "telemetry", ca_file=settings.nats_ca)
     run: Callable[[asyncio.Event], Awaitable[None]]
     if settings.mode == "host":
-        from libs.agents.host import HostAgent
+        from libs.agents.host_agent import HostAgent
         from libs.devices.calibration import cached
 
         def progress(step: str, done: int, total: int) -> None:
@@ -56,7 +56,7 @@ async def main(stop: asyncio.Event, settings: TelemetrySettings) -> None:
         run = HostAgent(NatsBus(nc), calibration, settings.interval_s).run
         devices = 1
     else:
-        from libs.agents.fleet import FleetAgent
+        from libs.agents.emulated_fleet import FleetAgent
 
         spec = fleet_spec(settings)
         fleet = build(spec, now=time.time())  # scripted faults count from now

@@ -14,15 +14,15 @@ import numpy as np
 
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
-from libs.devices.host import HostDevice
-from libs.models.lending import Lender, lends
-from libs.models.store import prepare
+from libs.devices.host_device import HostDevice
+from libs.models.shipped import prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
 from libs.runtime.logs import configure_logging
 from libs.runtime.metrics import serve_metrics
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.tracing import configure_tracing
+from libs.weights.lending import Lender, lends
 from services.worker.base import DeviceWorker
 from services.worker.llama_server import RpcServer
 from services.worker.llamacpp import LlamaWorker
@@ -132,7 +132,7 @@ def make_worker(
 
 
 async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
-    from libs.agents.fleet import FleetAgent
+    from libs.agents.emulated_fleet import FleetAgent
 
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()
@@ -152,7 +152,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     bus = NatsBus(nc)
     worker = make_worker(bus, device, folder, settings, metrics, torch_thread)
     await worker.start()
-    # Model files this host holds, lent to devices that need them (libs/models/lending.py),
+    # Model files this host holds, lent to devices that need them (libs/weights/lending.py),
     # where the cluster's NATS is not encrypted (a lent file is not).
     lender = Lender(nc, device.device_id, settings.rpc_host, settings.weights_port)
     if lends(nc):

@@ -20,15 +20,16 @@ from typing import Any
 
 import httpx
 
-from libs.agents.fleet import shard_intensity, work_key
+from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.contracts.models import ModelCard
 from libs.devices.emulated import EmulatedDevice
-from libs.models.engines import unserved_reason
-from libs.models.local_files import cached_path
-from libs.models.store import MODEL_NAME, gguf_path, shipped_card
-from libs.models.weights import WeightsError, ensure_local
+from libs.models.engine_support import unserved_reason
+from libs.models.shipped import MODEL_NAME, gguf_path, shipped_card
 from libs.runtime.bus import Bus
+from libs.weights.local_files import cached_path
+from libs.weights.object_store import WeightsError
+from libs.weights.whole_files import ensure_local
 from services.worker.engine_server import EngineError, EngineServer
 from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.served import ServedWorker
@@ -189,7 +190,7 @@ def whole_task(deployment_id: str, device_id: str) -> ShardTask:
 
 def local_file(card: ModelCard) -> Path | None:
     """The model's file on this host: its source path, where it lies here with the size the
-    card gives (the weights' transport, ``libs/models/weights.ensure_local``, extends this
+    card gives (the weights' transport, ``libs/weights/whole_files.ensure_local``, extends this
     to files received from the cluster)."""
     for path in (Path(card.source).expanduser(), cached_path(card.sha256)):
         try:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from libs.agents.fleet import shard_intensity, work_key
+from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import (
     HIDDEN,
     TOKENS,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from libs.agents.fleet import shard_intensity, work_key
+from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import (
     CANCEL,
     HIDDEN,
@@ -45,11 +45,11 @@ from libs.contracts import (
     step_rows,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.ranges import fetch_layers
 from libs.models.shard import DEFAULT_PRECISION, ShardModel, shard_bytes
-from libs.models.store import MODEL_NAME
+from libs.models.shipped import MODEL_NAME
 from libs.runtime.bus import Bus, Delivery, Unsubscribe
 from libs.runtime.tracing import TRACEPARENT, carried, step
+from libs.weights.layer_ranges import fetch_layers
 from services.worker.actions import Action, Emit
 from services.worker.base import DeviceWorker, failure
 from services.worker.engine import ShardEngine
@@ -292,7 +292,7 @@ class Worker(DeviceWorker):
     async def _weights(self, task: ShardTask) -> Path | None:
         """Where the shard's weights come from: None where this host holds the model's file
         (the prepared folder, converted from it, loads fastest); else the sparse GGUF of the
-        shard's layer range, fetched from the cluster's object store (``libs/models/ranges``:
+        shard's layer range, fetched from the cluster's object store (``libs/weights/layer_ranges``:
         only the header, its layers and the embedding or head), its progress on the feed."""
         card, connection = task.card, self.weights_connection()
         if card is None or connection is None:

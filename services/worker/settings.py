@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from libs.contracts import DeviceClass
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceClass
 from libs.contracts.base import Precision
 from libs.runtime.pki import Credentials
 from libs.runtime.settings import ServiceSettings
@@ -63,7 +63,7 @@ class WorkerSettings(ServiceSettings):
     vllm_eager: bool = True
     vllm_start_s: float = Field(300.0, gt=0)
     #: Tokens of context vLLM gives each request (its ``--max-model-len``).
-    vllm_context: int = Field(2048, ge=128, le=1_048_576)
+    vllm_context: int = Field(DEFAULT_CONTEXT_TOKENS, ge=128, le=1_048_576)
     #: The llamacpp engine: its binaries (``make llama``), the address its RPC server listens
     #: on (reachable by the other devices: a joined host's own address), threads (default:
     #: every core), requests batched at once (more wait for a slot; the scheduler counts 8
@@ -72,7 +72,7 @@ class WorkerSettings(ServiceSettings):
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)
     #: The port, on ``rpc_host``, where this host lends the model files it holds to devices
-    #: that need them (``libs/models/lending.py``; 0: any free one, told in each offer).
+    #: that need them (``libs/weights/lending.py``; 0: any free one, told in each offer).
     weights_port: int = Field(0, ge=0, le=65535)
     #: This device's cluster certificate (PEM: the CA's, its own, its key; libs/runtime/pki.py):
     #: its RPC server is lent to other hosts, and other hosts' reached, only through mutual TLS.

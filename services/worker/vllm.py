@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from libs.contracts import ShardTask
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, ShardTask
 from services.worker.engine_server import EngineServer
 from services.worker.gpu import read_gpu
 from services.worker.served import ServedWorker
@@ -39,7 +39,13 @@ class VllmWorker(ServedWorker):
 
 
 def server_factory(
-    python: Path, folder: Path, *, dtype: str, kv_cache_gb: int, eager: bool, context: int = 2048
+    python: Path,
+    folder: Path,
+    *,
+    dtype: str,
+    kv_cache_gb: int,
+    eager: bool,
+    context: int = DEFAULT_CONTEXT_TOKENS,
 ) -> Callable[[ShardTask], EngineServer]:
     def make(task: ShardTask) -> EngineServer:
         return VllmServer(

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from libs.contracts import Sampling
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, Sampling
 from services.worker.engine_server import EngineError, EngineServer, Piece, engine_env
 
 VllmError = EngineError
@@ -29,7 +29,7 @@ class VllmServer(EngineServer):
         name: str,
         *,
         dtype: str = "auto",
-        max_model_len: int = 2048,
+        max_model_len: int = DEFAULT_CONTEXT_TOKENS,
         kv_cache_gb: int = 1,
         eager: bool = True,
     ) -> None:

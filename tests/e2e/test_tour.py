@@ -28,7 +28,7 @@ import httpx
 import openai
 import pytest
 
-from libs.devices.host import host_device_id
+from libs.devices.host_device import host_device_id
 from libs.runtime.procs import ServiceProcess
 from libs.runtime.settings import LauncherSettings
 from tests.e2e.cluster import RunningCluster

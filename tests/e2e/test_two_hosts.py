@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 from libs.models.chat import encode_chat
 from libs.models.shard import ShardModel, greedy
-from libs.models.store import prepare
+from libs.models.shipped import prepare
 from libs.runtime.procs import ServiceProcess
 from tests.certificates import write_certificates
 from tests.e2e.cluster import RunningCluster

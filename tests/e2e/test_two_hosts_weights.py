@@ -5,7 +5,7 @@ tmpfs) and receives its layers from the head's llama-server through RPC (over th
 mutual-TLS channel), which B's RPC server keeps in its file cache; a second placement of the
 model on B sends the cached tensors as hashes, not again. Placed with B at its head (which
 reads the file itself), B's worker receives the file lent by A's worker, which holds it
-(``libs/models/lending.py``; the cluster's object store, where ``tessera models add`` put it
+(``libs/weights/lending.py``; the cluster's object store, where ``tessera models add`` put it
 on A, is the fallback).
 
 llama.cpp sends a tensor by hash only from 10 MiB up (smaller ones are sent whole each time):

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from libs.cluster import runfile
-from libs.models.store import shipped_card
-from libs.models.weights import stored
+from libs.models.shipped import shipped_card
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.weights.object_store import stored
 from tests.e2e.cluster import RunningCluster, alive, descendants
 
 

@@ -1,4 +1,4 @@
-"""The bulk of a weights fetch (``libs/models/bulk_fetch.py``) on a second connection of the
+"""The bulk of a weights fetch (``libs/weights/bulk_fetch.py``) on a second connection of the
 worker's own user, against real nats-servers: over TLS where the server requires it, and
 refused to a user whose grant does not read the model store."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
-from libs.models import bulk_fetch, weights
-from libs.models.weights import ensure_local, publish
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.weights import bulk_fetch, object_store
+from libs.weights.whole_files import ensure_local, publish
 from tests.integration.test_weights import Card, model_file
 
 
@@ -50,13 +50,13 @@ async def test_a_user_whose_grant_does_not_read_the_store_is_refused(tmp_path: P
         try:
             path, card = model_file(tmp_path)
             await publish(admin, path, card.sha256)
-            info = await (await weights.bucket(admin.jetstream())).get_info(card.sha256)
+            info = await (await object_store.bucket(admin.jetstream())).get_info(card.sha256)
             part = tmp_path / "stolen.part"
             with open(part, "wb") as file, pytest.raises(bulk_fetch.BulkFetchError) as refused:
                 await bulk_fetch.receive(
                     gateway,
-                    weights.STREAM,
-                    f"$O.{weights.BUCKET}.C.{info.nuid}",
+                    object_store.STREAM,
+                    f"$O.{object_store.BUCKET}.C.{info.nuid}",
                     1,
                     file,
                     hashlib.sha256(),

@@ -8,7 +8,7 @@ from redis.asyncio import Redis
 
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.nats_client import close_nats, connect_nats
-from libs.runtime.store import connect_redis
+from libs.runtime.redis_client import connect_redis
 from tests.waiting import wait_until
 
 

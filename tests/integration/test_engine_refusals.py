@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.contracts import DEPLOYMENT_STATUS, DeploymentStatus, ShardProgress
 from libs.harness.workers import LocalWorkers, place, shard_tasks
-from libs.models.store import MODEL_NAME
+from libs.models.shipped import MODEL_NAME
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.runtime.procs import free_port

@@ -22,10 +22,10 @@ from libs.cluster.access import MODEL_STREAM, WORK_STREAM, AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import HIDDEN, SHARD_TASK, TOKENS, ShardTask, TokenChunk
 from libs.contracts.channels import MODEL_BUCKET, work_consumer
-from libs.models.local_files import cached_path
-from libs.models.weights import ensure_local, fetch, publish
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import connect_nats, ensure_streams
+from libs.weights.local_files import cached_path
+from libs.weights.whole_files import ensure_local, fetch, publish
 from tests.nats_users import REFUSED, Connection
 from tests.waiting import wait_until
 

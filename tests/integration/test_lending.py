@@ -1,4 +1,4 @@
-"""Model files lent from the device that holds them (``libs/models/lending.py``,
+"""Model files lent from the device that holds them (``libs/weights/lending.py``,
 ``borrowing.py``), against a real nats-server with the cluster's users: a device gets a file
 nobody put into the object store from the device that holds it; a lent copy cut halfway
 resumes; a lender that sends other bytes is caught and the store serves; a file the store
@@ -23,12 +23,13 @@ from nats.aio.client import Client as NatsClient
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
-from libs.models import lending
 from libs.models.gguf_info import sha256_of
-from libs.models.lending import TICKET_USES, Lender, lends
-from libs.models.local_files import mark_verified, read_json
-from libs.models.weights import CHUNK_BYTES, ensure_local, publish
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.weights import lending
+from libs.weights.lending import TICKET_USES, Lender, lends
+from libs.weights.local_files import mark_verified, read_json
+from libs.weights.object_store import CHUNK_BYTES
+from libs.weights.whole_files import ensure_local, publish
 from tests.integration.test_weights import SIZE, Card, Steps, model_file
 from tests.models import make_gguf
 

@@ -19,7 +19,7 @@ from libs.contracts import GenerationRequest, Sampling, TokenChunk, shard_ring
 from libs.core.catalogue import GB, card_spec
 from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
-from libs.models.store import MODEL_NAME, gguf_path, prepare, shipped_card
+from libs.models.shipped import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook

@@ -23,9 +23,10 @@ from libs.cluster.servers import NatsServer
 from libs.contracts import SHARD_TASK
 from libs.contracts.channels import MODEL_BUCKET
 from libs.models.gguf_info import read_card
-from libs.models.store import MODEL_NAME, shipped_card
-from libs.models.weights import publish, stored, unpublish
+from libs.models.shipped import MODEL_NAME, shipped_card
 from libs.runtime.nats_client import connect_nats, ensure_streams
+from libs.weights.object_store import stored
+from libs.weights.whole_files import publish, unpublish
 from tests.integration.test_models_registry import serving
 from tests.integration.test_scheduler_phases import Setup, api
 from tests.models import make_gguf

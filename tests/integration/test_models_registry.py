@@ -24,12 +24,14 @@ from libs.cluster.servers import NatsServer
 from libs.contracts import ModelCard
 from libs.contracts.keys import Keys
 from libs.models.gguf_info import read_card
-from libs.models.local_files import verified_path
 from libs.models.registry import ModelError, ModelRegistry, NameTaken
-from libs.models.store import MODEL_NAME, register_shipped, shipped_card
-from libs.models.weights import STREAM, stored, unpublish
+from libs.models.shipped import MODEL_NAME, shipped_card
 from libs.runtime.nats_client import ensure_streams
 from libs.runtime.procs import free_port
+from libs.weights.local_files import verified_path
+from libs.weights.object_store import STREAM, stored
+from libs.weights.registration import register_shipped
+from libs.weights.whole_files import unpublish
 from services.scheduler.api import create_api
 from services.scheduler.service import Scheduler
 from tests.integration.test_scheduler_phases import Setup, Workers, api, setup  # noqa: F401

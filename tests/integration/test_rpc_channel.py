@@ -20,7 +20,7 @@ import pytest
 
 from libs.contracts import Sampling, shard_ring
 from libs.harness.lan import UNAVAILABLE, Lan, lan, lender
-from libs.models.store import MODEL_NAME, gguf_path
+from libs.models.shipped import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials, accept, request
 from services.worker.llama_server import LlamaServer, RpcServer
 from services.worker.llamacpp import LAYERS, whole_task

@@ -31,7 +31,7 @@ from libs.contracts.keys import Keys
 from libs.core.catalogue import card_spec
 from libs.core.partition import choose, previews
 from libs.models.registry import register_sync
-from libs.models.store import shipped_card
+from libs.models.shipped import shipped_card
 from libs.runtime.bus import subscribe
 from libs.runtime.procs import free_port
 from services.scheduler.view import ClusterView

@@ -32,10 +32,10 @@ from libs.contracts import (
 from libs.contracts.keys import Keys
 from libs.deployments import DeploymentBook, phases
 from libs.models.registry import ModelRegistry
-from libs.models.store import register_shipped
 from libs.runtime.bus import NatsBus, subscribe
 from libs.runtime.following import BookFollower
 from libs.runtime.nats_client import ensure_streams
+from libs.weights.registration import register_shipped
 from services.scheduler.api import create_api
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.metrics import SchedulerMetrics

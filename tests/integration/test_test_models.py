@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from libs.models.gguf_info import read_card
-from libs.models.store import gguf_path
+from libs.models.shipped import gguf_path
 from tests.models import (
     ARCHS,
     QUANTIZED_TYPES,

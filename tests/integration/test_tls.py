@@ -12,9 +12,9 @@ import nats
 import pytest
 
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.models.lending import lends
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port
+from libs.weights.lending import lends
 from tests.processes import GATEWAY_STOPPED, ServiceProcess
 
 
@@ -33,7 +33,7 @@ async def test_nats_over_tls_with_the_ca_works_and_nothing_else_connects(
         await nc.publish("tls.check", b"over tls")
         assert (await sub.next_msg(timeout=5)).data == b"over tls"
         assert nc.connected_url is not None
-        # Model files are lent in the clear: a cluster on TLS lends none (libs/models/lending).
+        # Model files are lent in the clear: a cluster on TLS lends none (libs/weights/lending).
         assert not lends(nc)
     finally:
         await close_nats(nc)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from nats.js.api import ConsumerInfo
 
-from libs.agents.fleet import work_key
+from libs.agents.emulated_fleet import work_key
 from libs.cluster.servers import NatsServer
 from libs.contracts import (
     SHARD_STATUS,
@@ -30,7 +30,7 @@ from libs.contracts import (
     shard_ring,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.acks import Redelivery
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams

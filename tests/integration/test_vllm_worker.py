@@ -16,7 +16,7 @@ from libs.cluster.servers import NatsServer
 from libs.contracts import GenerationRequest, Sampling
 from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.worker.settings import WorkerSettings

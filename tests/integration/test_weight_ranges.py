@@ -17,11 +17,12 @@ from nats.aio.client import Client as NatsClient
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts.models import ModelCard
-from libs.models import ranges, weights
 from libs.models.shard import ShardModel
-from libs.models.store import gguf_path, shipped_card
-from libs.models.weights import CHUNK_BYTES, WeightsError, publish
+from libs.models.shipped import gguf_path, shipped_card
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.weights import layer_ranges, object_store
+from libs.weights.object_store import CHUNK_BYTES, WeightsError
+from libs.weights.whole_files import publish
 
 PROMPT = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 198]])
 
@@ -59,10 +60,10 @@ async def test_each_shard_receives_only_its_layers_and_computes_what_the_whole_d
     await publish(cluster["admin"], gguf_path(), card.sha256)
     half, layers = card.layers // 2, card.layers
     steps: list[tuple[int, int]] = []
-    first = await ranges.fetch_layers(
+    first = await layer_ranges.fetch_layers(
         cluster["dev-1"], card, 0, half, layers, lambda d, t: steps.append((d, t)), tmp_path / "a"
     )
-    last = await ranges.fetch_layers(
+    last = await layer_ranges.fetch_layers(
         cluster["dev-2"], card, half, layers, layers, None, tmp_path / "b"
     )
     size = card.size_bytes
@@ -87,13 +88,15 @@ async def test_a_second_shard_on_the_same_host_fetches_only_what_it_lacks(
     card = elsewhere()
     await publish(cluster["admin"], gguf_path(), card.sha256)
     half, layers = card.layers // 2, card.layers
-    first = await ranges.fetch_layers(cluster["dev-1"], card, 0, half, layers, None, tmp_path)
-    again = await ranges.fetch_layers(cluster["dev-1"], card, 0, half, layers, None, tmp_path)
+    first = await layer_ranges.fetch_layers(cluster["dev-1"], card, 0, half, layers, None, tmp_path)
+    again = await layer_ranges.fetch_layers(cluster["dev-1"], card, 0, half, layers, None, tmp_path)
     assert again.received_bytes == 0 and again.path == first.path
-    alone = await ranges.fetch_layers(
+    alone = await layer_ranges.fetch_layers(
         cluster["dev-2"], card, half, layers, layers, None, tmp_path / "other-host"
     )
-    rest = await ranges.fetch_layers(cluster["dev-1"], card, half, layers, layers, None, tmp_path)
+    rest = await layer_ranges.fetch_layers(
+        cluster["dev-1"], card, half, layers, layers, None, tmp_path
+    )
     # The header and the tied embedding were there already: the last shard's own layers came.
     assert 0 < rest.received_bytes < alone.received_bytes - 10 * CHUNK_BYTES
 
@@ -104,12 +107,12 @@ async def test_a_chunk_that_does_not_match_the_index_is_refused(
     card = elsewhere()
     admin = cluster["admin"]
     await publish(admin, gguf_path(), card.sha256)
-    store = await weights.bucket(admin.jetstream())
-    index = json.loads((await store.get(ranges.index_name(card.sha256))).data or b"{}")
+    store = await object_store.bucket(admin.jetstream())
+    index = json.loads((await store.get(object_store.index_name(card.sha256))).data or b"{}")
     index["digests"][0] = "00" * 32  # the header's chunk no longer matches
-    await store.put(ranges.index_name(card.sha256), json.dumps(index).encode())
+    await store.put(object_store.index_name(card.sha256), json.dumps(index).encode())
     with pytest.raises(WeightsError, match=r"chunk 0 .* does not match its index"):
-        await ranges.fetch_layers(cluster["dev-1"], card, 0, 1, card.layers, None, tmp_path)
+        await layer_ranges.fetch_layers(cluster["dev-1"], card, 0, 1, card.layers, None, tmp_path)
     held = tmp_path / "gguf" / f"{card.sha256}.sparse.json"
     assert not held.exists() or 0 not in json.loads(held.read_text())["chunks"]
 
@@ -118,5 +121,5 @@ async def test_a_host_that_holds_the_file_fetches_nothing(
     cluster: dict[str, NatsClient], tmp_path: Path
 ) -> None:
     card = shipped_card()  # its source is this host's own file
-    got = await ranges.fetch_layers(None, card, 0, 1, card.layers, None, tmp_path)
+    got = await layer_ranges.fetch_layers(None, card, 0, 1, card.layers, None, tmp_path)
     assert got.whole and got.received_bytes == 0 and got.path == gguf_path()

@@ -15,9 +15,10 @@ from nats.aio.client import Client as NatsClient
 
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
-from libs.models import weights
-from libs.models.weights import CHUNK_BYTES, WeightsError, ensure_local, publish
 from libs.runtime.nats_client import close_nats, connect_nats
+from libs.weights import object_store
+from libs.weights.object_store import CHUNK_BYTES, WeightsError
+from libs.weights.whole_files import ensure_local, publish
 
 SIZE = 40 * CHUNK_BYTES + 12345  # more chunks than one write takes, and a short last one
 
@@ -45,7 +46,7 @@ async def clean_bucket(nc: NatsClient) -> None:
     """Every test starts with no TESSERA_MODELS bucket (the server is shared by the session)."""
     js = nc.jetstream()
     with contextlib.suppress(Exception):  # absent is what we want
-        await js.delete_object_store(weights.BUCKET)
+        await js.delete_object_store(object_store.BUCKET)
 
 
 class Steps:

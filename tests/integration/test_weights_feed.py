@@ -33,10 +33,10 @@ from libs.contracts import (
 )
 from libs.contracts.keys import Keys
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME, gguf_path, prepare, shipped_card
-from libs.models.weights import publish
+from libs.models.shipped import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
+from libs.weights.whole_files import publish
 from services.gateway.events import EventHub, Ttfts
 from services.worker.service import Worker
 from tests.waiting import wait_until

@@ -7,7 +7,10 @@ The rooms, and who may use whom:
   and NVML);
 - ``libs/runtime`` (service plumbing) knows neither the local cluster nor the test harness;
 - ``libs/*`` never imports ``services``; a service never imports another service, the CLI,
-  the local cluster or the harness.
+  the local cluster or the harness;
+- no module of ``libs/`` or ``services/`` imports itself back through others (no import circle,
+  at the top of a file or inside a function), nor another module's private name;
+- nats-py's private attributes are read in ``libs/runtime/nats_private.py`` alone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,205 @@ def test_environment_is_read_only_by_settings() -> None:
             if path not in allowed and ("os.environ" in text or "os.getenv" in text):
                 hits.append(str(path.relative_to(ROOT)))
     assert hits == []
+
+
+# -- import circles ------------------------------------------------------------------------------
+def our_modules() -> dict[str, Path]:
+    """Every module of ``libs/`` and ``services/`` by its dotted name (a package by its
+    ``__init__.py``)."""
+    modules = {}
+    for top in ("libs", "services"):
+        for path in (ROOT / top).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports, wherever in the file:
+    ``import a.b.c`` and ``from a.b.c import x`` import ``a.b.c`` (the longest prefix that is a
+    module of ours), ``from a.b import c`` imports ``a.b.c`` where that is a module, else
+    ``a.b``; a relative import is resolved against the file's package."""
+    found: set[str] = set()
+
+    def known(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(m for a in node.names if (m := known(a.name)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                module = target if target in modules else known(base)
+                if module:
+                    found.add(module)
+    found.discard(name)
+    return found
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each group of modules that import one another, in a circle (strongly connected
+    components of more than one module, Tarjan's algorithm, without recursion)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in order:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in order:
+                    order[step] = low[step] = len(order)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], order[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_the_circle_finder_sees_each_kind_of_import(tmp_path: Path) -> None:
+    """It counts imports inside functions, ``from pkg import mod`` as ``pkg.mod``, relative
+    imports, and a circle through three modules."""
+    files = {
+        "p/__init__.py": "",
+        "p/a.py": "def late():\n    from p import b\n",
+        "p/b.py": "from .c import something\n",
+        "p/c.py": "import p.a\n",
+        "p/d.py": "from p import a\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = {
+        name.removesuffix(".py").replace("/__init__", "").replace("/", "."): tmp_path / name
+        for name in files
+    }
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    assert graph["p.a"] == {"p.b"} and graph["p.b"] == {"p.c"} and graph["p.d"] == {"p.a"}
+    assert import_circles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+def test_no_import_circles_in_libs_or_services() -> None:
+    modules = our_modules()
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    assert import_circles(graph) == []
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    offenders = []
+    for folder in ("libs", "services", "bench", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    offenders += [
+                        f"{path.relative_to(ROOT)}: {node.module}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_") and not alias.name.startswith("__")
+                    ]
+    assert offenders == []
+
+
+# -- nats-py's private attributes ----------------------------------------------------------------
+NATS_PRIVATE = ROOT / "libs" / "runtime" / "nats_private.py"
+
+
+def nats_private_names() -> set[str]:
+    """Every private attribute nats-py's own code sets on its objects or defines on its
+    classes (``_nc``, ``_nuid``, ``_server_info``, ``_connect_command``…), read from its
+    source."""
+    import nats
+
+    names = set()
+    for path in Path(nats.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "self" and is_private(node.attr):
+                    names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                names.update(
+                    item.name
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and is_private(item.name)
+                )
+    return names
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def is_ours(owner: ast.expr, ours: set[str]) -> bool:
+    """Whether an attribute's owner is this object (``self``, ``cls``, ``super()``) or a name
+    imported from our own packages."""
+    if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name):
+        return owner.func.id == "super"
+    return isinstance(owner, ast.Name) and owner.id in ours
+
+
+def test_nats_private_attributes_are_read_in_one_adapter_only() -> None:
+    """An attribute named as one of nats-py's private ones, reached on anything but ``self``,
+    ``cls``, ``super()`` or a name imported from our own packages, or by ``getattr``/
+    ``hasattr``/``setattr``, is refused outside ``libs/runtime/nats_private.py``."""
+    private = nats_private_names()
+    assert {"_nc", "_nuid", "_server_info", "_connect_command"} <= private
+    offenders = []
+    for folder in ("libs", "services", "bench", "tests", "deploy"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == NATS_PRIVATE:
+                continue
+            tree = ast.parse(path.read_text())
+            ours = {
+                alias.asname or alias.name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module
+                if node.module.split(".")[0] in ("libs", "services", "tests", "bench")
+                for alias in node.names
+            } | {"self", "cls"}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in private:
+                    if not is_ours(node.value, ours):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr", "setattr")
+                    and len(node.args) > 1
+                    and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in private
+                ):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []

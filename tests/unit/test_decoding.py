@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from libs.contracts import Sampling
 from libs.harness.workers import even_split
 from libs.models.decoding import TextStream, sample
-from libs.models.store import prepare
+from libs.models.shipped import prepare
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 from gguf import MODEL_ARCH_NAMES
 
 from libs.contracts.models import ModelCard
-from libs.models.engines import LLAMA_DIR, llamacpp_declared, unserved_reason
-from libs.models.store import shipped_card
+from libs.models.engine_support import LLAMA_DIR, llamacpp_declared, unserved_reason
+from libs.models.shipped import shipped_card
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -122,7 +122,7 @@ def test_a_failed_devices_tasks_move_to_the_best_alternatives() -> None:
     import numpy as np
 
     from libs.core.dwps import Dwps
-    from libs.core.fleet import FleetState
+    from libs.core.fleet_state import FleetState
     from libs.core.migration import replace_tasks
     from tests.builders import make_task
 

@@ -9,7 +9,7 @@ from libs.contracts import DeviceClass, Mode
 from libs.contracts.profiles import load_profile
 from libs.core.dwps import Dwps
 from libs.core.energy import dvfs_hint
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device
 from libs.core.pipeline import Pipeline
 from libs.core.profiles import BUILTIN_PROFILES

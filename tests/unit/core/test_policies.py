@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from libs.contracts.admin import POLICY_NAMES
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import TaskKind
+from libs.core.policies import POLICIES, make_policy
 from libs.core.queueing import MlfqQueue, RoundRobinQueue, fcfs_queue, priority_queue, sjf_queue
-from libs.core.registry import POLICIES, make_policy
 from tests.builders import make_device, make_task
 
 ISSUE_NAMES = {

@@ -19,7 +19,7 @@ from libs.contracts.profiles import Profile
 from libs.core import energy
 from libs.core.capability import total_score
 from libs.core.dwps import Dwps
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Device, Placement, Task
 from libs.core.profiles import BUILTIN_PROFILES
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from libs.agents.fleet import FleetAgent
+from libs.agents.emulated_fleet import FleetAgent
 from libs.contracts import (
     ANNOUNCE,
     ANNOUNCE_REQUEST,

@@ -10,7 +10,7 @@ import jinja2
 import pytest
 
 from libs.contracts import GenerationRequest, Prompt, Sampling
-from libs.models.store import gguf_path
+from libs.models.shipped import gguf_path
 from services.gateway.anthropic_api import MessagesRequest, openai_request
 from services.gateway.ollama_api import ChatBody, chat_request
 from services.gateway.openai_api import ApiError, ChatCompletionRequest, unsupported

@@ -41,8 +41,8 @@ from libs.contracts.profiles import DimensionWeights
 from libs.core.profiles import BUILTIN_PROFILES
 from libs.deployments import DeploymentBook, follow
 from libs.models.registry import ModelRegistry
-from libs.models.store import register_shipped
 from libs.runtime.memory_bus import MemoryBus
+from libs.weights.registration import register_shipped
 from services.scheduler.checkpoints import CheckpointStore
 from services.scheduler.decisions import plan_decision
 from services.scheduler.metrics import SchedulerMetrics

@@ -29,7 +29,7 @@ from libs.contracts import (
     shard_ring,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.memory_bus import MemoryBus
 from services.worker.service import Worker
 from tests.waiting import wait_until

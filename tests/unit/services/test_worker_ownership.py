@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from libs.agents.fleet import FleetAgent
+from libs.agents.emulated_fleet import FleetAgent
 from libs.contracts import (
     SHARD_STATUS,
     SHARD_TASK,
@@ -23,7 +23,7 @@ from libs.contracts import (
     shard_ring,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.store import MODEL_NAME, prepare
+from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.memory_bus import MemoryBus
 from services.worker.service import Worker
 from tests.waiting import wait_until

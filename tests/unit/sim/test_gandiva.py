@@ -15,7 +15,8 @@ import pytest
 
 from libs.sim.data import A100_PROFILES, ITP_TRACES
 from libs.sim.gandiva import GandivaCluster
-from libs.sim.jobs import JobSimulation, JobState, TraceJob, read_itp, read_profile, read_profiles
+from libs.sim.job_simulation import JobSimulation
+from libs.sim.jobs import JobState, TraceJob, read_itp, read_profile, read_profiles
 
 PROFILE = {"bert": read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))}
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"

@@ -12,9 +12,9 @@ import pytest
 
 from libs.core.edgeflow import EdgeServer
 from libs.sim.data import A100_PROFILES, AZURE_CODE, ITP_TRACES
+from libs.sim.job_simulation import JobSimulation
 from libs.sim.jobs import (
     JOB_POLICIES,
-    JobSimulation,
     MissingProfile,
     deadline_bound,
     read_itp,

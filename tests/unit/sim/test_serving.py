@@ -12,7 +12,7 @@ import pytest
 
 from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.energy import SLEEP_AFTER_S, WAKE_S
-from libs.core.registry import make_policy
+from libs.core.policies import make_policy
 from libs.devices.fleetfile import build, load_fleet
 from libs.sim.data import AZURE_CODE
 from libs.sim.fleets import BUILTIN, builtin

@@ -14,7 +14,8 @@ import pytest
 
 from libs.core.edgeflow import EdgeServer
 from libs.core.elasticflow import PlanJob, admissible
-from libs.sim.jobs import JobSimulation, JobState, curve, read_itp, read_profile
+from libs.sim.job_simulation import JobSimulation
+from libs.sim.jobs import JobState, curve, read_itp, read_profile
 from libs.sim.round_policies import ElasticFlowRounds, TiresiasRounds
 
 PROFILE = {"bert": read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))}

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from libs.contracts import WeightsOffer
-from libs.models.bulk_fetch import BulkFetchError
-from libs.models.lending import RECV_BYTES, REPORT_BYTES, LentFile, NotTheFile
-from libs.models.local_files import Card, read_json
+from libs.weights.bulk_fetch import BulkFetchError
+from libs.weights.lending import RECV_BYTES, REPORT_BYTES, LentFile, NotTheFile
+from libs.weights.local_files import Card, read_json
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ async def fetch(
             log.info("weights fetch resumed", extra={"sha256": card.sha256,
                                                     "bytes": chunks.held_bytes()})  # fmt: skip
         record = _recorder(chunks, offer.device_id, state_file, report)
-        jobs = [(offer, chunks, fd, share, record) for share in _shares(missing, streams)]
+        jobs = [(offer, chunks, fd, share, record) for share in split_shares(missing, streams)]
         await _run_all(chunks, jobs)
         if len(chunks.held) != len(chunks.digests):
             raise BulkFetchError(f"{offer.device_id} lent {len(chunks.held)} chunks of "
@@ -113,13 +113,13 @@ async def fetch(
         os.close(fd)
 
 
-def _shares(missing: list[int], streams: int) -> list[list[int]]:
+def split_shares(missing: list[int], streams: int) -> list[list[int]]:
     """``missing`` cut into up to ``streams`` contiguous shares of about equal length."""
     size = -(-len(missing) // max(1, streams)) if missing else 0
     return [missing[k : k + size] for k in range(0, len(missing), size)] if size else []
 
 
-def _runs(share: list[int]) -> list[tuple[int, int]]:
+def chunk_runs(share: list[int]) -> list[tuple[int, int]]:
     """Consecutive chunk numbers as ``(first, last + 1)`` runs."""
     runs: list[tuple[int, int]] = []
     for i in share:
@@ -168,7 +168,7 @@ def _pull_share(
     """One share's runs of chunks, one connection each (blocking: run on a thread): every
     piece hashed and written at its place as it arrives, every chunk checked as it ends."""
     view = memoryview(bytearray(RECV_BYTES))
-    runs = _runs(share)
+    runs = chunk_runs(share)
     if len(runs) > 2:  # a part with scattered holes: its held chunks in between come again
         runs = [(share[0], share[-1] + 1)]
     for first, stop in runs:

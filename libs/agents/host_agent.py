@@ -13,7 +13,7 @@ import numpy as np
 
 from libs.contracts import ANNOUNCE, ANNOUNCE_REQUEST, TELEMETRY, AnnounceRequest, TelemetrySample
 from libs.devices.calibration import Calibration
-from libs.devices.host import HostDevice, host_device_id
+from libs.devices.host_device import HostDevice, host_device_id
 from libs.runtime.bus import Bus, Delivery
 
 log = logging.getLogger(__name__)

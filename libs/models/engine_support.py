@@ -9,7 +9,7 @@ model only on devices whose engine serves it, and says why the others were left 
   is llama.cpp's own (``gguf-py``), but its release may differ from the build's.
 * ``torch``: what ``libs/models`` implements: the llama architecture (SmolLM2's), from the
   tensor types transformers dequantises; and, as its workers convert one folder
-  (``libs/models/store.prepare``), the shipped model only.
+  (``libs/models/shipped.prepare``), the shipped model only.
 * ``vllm``: the shipped model's folder only.
 
 Each host judges by its own lists: the scheduler by its host's build, and a llamacpp worker
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.contracts.models import ModelCard
+from libs.models.shipped import MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,8 @@ def serves(engine: str, llama_dir: Path = LLAMA_DIR) -> Declared | None:
 
 def unserved_reason(engine: str, card: ModelCard, llama_dir: Path = LLAMA_DIR) -> str | None:
     """Why ``engine`` cannot run ``card``'s model (None: it can), naming whose list says so."""
-    from libs.models.store import MODEL_NAME
-
     if engine in ("vllm", "torch") and card.name != MODEL_NAME:
-        # Their workers hold one converted folder, the shipped model's (store.prepare).
+        # Their workers hold one converted folder, the shipped model's (shipped.prepare).
         return f"{engine} serves only {MODEL_NAME} here"
     declared = serves(engine, llama_dir)
     if declared is None:

@@ -1,11 +1,11 @@
 """Model files lent from host to host: a device that needs a model's file receives it straight
 from a device that holds it, over TCP connections, sent by the kernel (``sendfile``). This is
-the lender and the wire (``Lender``, ``ask``, ``LentFile``); ``libs/models/borrowing.py``
-receives and checks a file, over one connection or in stripes (``libs/models/stripes.py``).
+the lender and the wire (``Lender``, ``ask``, ``LentFile``); ``libs/weights/borrowing.py``
+receives and checks a file, over one connection or in stripes (``libs/weights/stripes.py``).
 
-The object store (``libs/models/weights.py``) carries every chunk through nats-server, which on
-a small host costs about a CPU-second per gigabyte and shares the cores with the receiver's
-hashing and writing; a device holding the file sends it with the kernel's ``sendfile``,
+The object store (``libs/weights/object_store.py``) carries every chunk through nats-server,
+which on a small host costs about a CPU-second per gigabyte and shares the cores with the
+receiver's hashing and writing; a device holding the file sends it with the kernel's ``sendfile``,
 nothing in between (docs/models.md has both measured against a raw copy). The object store
 stays the fallback: where no device lends the file, or a lent copy fails, the fetch goes on
 from the store.
@@ -59,8 +59,9 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from libs.contracts import WEIGHTS_WANT, WeightsOffer, WeightsWant
-from libs.models.bulk_fetch import BulkFetchError
-from libs.models.local_files import verified_path
+from libs.runtime.nats_private import server_info
+from libs.weights.bulk_fetch import BulkFetchError
+from libs.weights.local_files import verified_path
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def lends(nc: NatsClient) -> bool:
     not encrypted (a lent file is not): no TLS context given, no ``tls://`` server, and a
     server that does not require TLS."""
     url = nc.connected_url
-    info = getattr(nc, "_server_info", None) or {}
+    info = server_info(nc)
     return not (nc.options.get("tls") or (url and url.scheme == "tls") or info.get("tls_required"))
 
 

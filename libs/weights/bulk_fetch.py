@@ -35,6 +35,8 @@ from typing import Any, BinaryIO
 
 from nats.aio.client import Client as NatsClient
 
+from libs.runtime.nats_private import connect_options
+
 #: Chunks asked of the stream per direct get (32 MiB of 512 KiB chunks: under nats-server's
 #: 64 MB of pending bytes per client, past which it would call the reader a slow consumer).
 BATCH = 64
@@ -168,9 +170,7 @@ class DirectGetReader:
 def _connect_line(nc: NatsClient, info: dict[str, Any]) -> bytes:
     """The CONNECT that ``nc`` sends (its credentials, whatever their kind), signing this
     connection's nonce where it signs one."""
-    options = json.loads(nc._connect_command().partition(b" ")[2])
-    if "sig" in options and nc._signature_cb is not None:
-        options["sig"] = nc._signature_cb(info["nonce"]).decode()
+    options = connect_options(nc, info.get("nonce"))
     options.update(verbose=False, pedantic=False, echo=False, headers=True, no_responders=True)
     options["name"] = f"{options.get('name') or 'tessera'}-weights"
     return b"CONNECT " + json.dumps(options).encode() + b"\r\n"

@@ -1,25 +1,25 @@
-"""How a striped fetch cuts the work (``libs/models/stripes.py``): shares are contiguous and
+"""How a striped fetch cuts the work (``libs/weights/stripes.py``): shares are contiguous and
 cover every missing chunk once; an index that does not describe the card's file is not used."""
 
 from __future__ import annotations
 
 import pytest
 
-from libs.models.stripes import _runs, _shares, index_chunks
+from libs.weights.stripes import chunk_runs, index_chunks, split_shares
 
 
 @pytest.mark.parametrize("streams", [1, 2, 3, 4, 7])
 def test_shares_cover_each_missing_chunk_once_in_contiguous_runs(streams: int) -> None:
     missing = [*range(0, 10), *range(14, 20), 31]  # a resumed fetch's holes
-    shares = _shares(missing, streams)
+    shares = split_shares(missing, streams)
     assert len(shares) <= streams
     assert [i for share in shares for i in share] == missing
     assert max(map(len, shares)) - min(map(len, shares)) <= len(missing) // streams + 1
-    assert _runs(shares[0] if streams == 1 else missing) == [(0, 10), (14, 20), (31, 32)]
+    assert chunk_runs(shares[0] if streams == 1 else missing) == [(0, 10), (14, 20), (31, 32)]
 
 
 def test_nothing_missing_opens_no_connection() -> None:
-    assert _shares([], 4) == []
+    assert split_shares([], 4) == []
 
 
 def test_an_index_is_used_only_when_it_describes_the_file() -> None:

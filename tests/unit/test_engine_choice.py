@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from libs.cluster.engines import choose_cpu_engine, choose_engines
+from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
 
 
 def machine(tmp_path: Path, gpus: int, vllm_build: str | None) -> tuple[Path, Path]:

@@ -9,7 +9,7 @@ import numpy as np
 import psutil
 
 from libs.devices.calibration import Calibration
-from libs.devices.host import GB, HostDevice, HostProbe, PowerMeter, discharge_w
+from libs.devices.host_device import GB, HostDevice, HostProbe, PowerMeter, discharge_w
 
 CALIBRATION = Calibration(
     fp32_gflops=50.0, int8_gops=100.0, memory_bandwidth_gbps=10.0, seconds=1.0, host="test"

@@ -1,13 +1,13 @@
-"""A model's file received from a device that lends it (``libs/models/lending.py`` is the lender
+"""A model's file received from a device that lends it (``libs/weights/lending.py`` is the lender
 and the wire): the asker's half.
 
 Two ways, by what the asker can check the bytes against:
 
 - **Striped**, where the object store holds the model's index (each 512 KiB chunk's sha256,
-  ``ranges.publish_index``; ``tessera models add`` puts one there): the file comes over
+  ``object_store.publish_index``; ``tessera models add`` puts one there): the file comes over
   ``streams`` connections at once (``default_streams``), each a run of whole chunks, and each
   chunk is checked against the index as its last byte arrives, on the thread that received
-  it (``libs/models/stripes.py``). So as many cores hash as connections run: one core hashes
+  it (``libs/weights/stripes.py``). So as many cores hash as connections run: one core hashes
   0.9–1.5 GB/s (SHA-256, on the hosts measured) and receiving and writing cost about as much
   again, less than a 10 Gbit/s link carries. The index is read from the store (its own digest
   checked, and it names the card's sha256), never from the lender.
@@ -36,10 +36,10 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 
 from libs.contracts import WeightsOffer
-from libs.models import stripes
-from libs.models.bulk_fetch import BulkFetchError, open_part, resume
-from libs.models.lending import IO_WAIT_S, LentFile, NotTheFile, ask
-from libs.models.local_files import Card, read_json
+from libs.weights import stripes
+from libs.weights.bulk_fetch import BulkFetchError, open_part, resume
+from libs.weights.lending import IO_WAIT_S, LentFile, NotTheFile, ask
+from libs.weights.local_files import Card, read_json
 
 log = logging.getLogger(__name__)
 

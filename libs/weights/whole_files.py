@@ -1,4 +1,5 @@
-"""Model weights carried by the cluster: a JetStream object store, fetched once per host.
+"""A model's whole file carried by the cluster: put into its object store once, fetched once
+per host (the store itself, its index and its locks: ``libs/weights/object_store.py``).
 
 Only the host where a model was added needs its file. ``publish`` puts the GGUF into the
 object store bucket ``TESSERA_MODELS`` (the object's name is the file's sha256, in chunks of
@@ -14,102 +15,55 @@ A fetch writes ``<sha256>.gguf.part`` and, beside it, how far it got (the stream
 the last chunk written): a fetch cut short (the worker stopped, the link went down) resumes
 from there. The whole file's sha256 is checked before the part is renamed into place, so a
 copy under its digest's name is always whole. A file once verified gets a marker, so the next
-check need not hash it again (``libs/models/local_files.py``: the cache's layout and markers).
-
-The object layout is the one every NATS client's object store reads (``$O.<bucket>.C.<nuid>``
-chunks, ``$O.<bucket>.M.<name>`` meta with a rollup header): ``nats object get`` works too.
+check need not hash it again (``libs/weights/local_files.py``: the cache's layout and markers).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext, api
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
-from nats.js.object_store import ObjectStore
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from libs.models import borrowing, bulk_fetch, lending
-from libs.models.local_files import (
-    Card,
-    cached_path,
-    holds,
-    is_path,
-    mark_verified,
-    read_json,
+from libs.models.gguf_info import Progress
+from libs.runtime.nats_private import client_of, next_nuid
+from libs.weights import borrowing, bulk_fetch, lending
+from libs.weights.local_files import Card, cached_path, holds, is_path, mark_verified, read_json
+from libs.weights.object_store import (
+    BUCKET,
+    CHUNK_BYTES,
+    CHUNK_WAIT_S,
+    STREAM,
+    WeightsError,
+    bucket,
+    chunk_subject,
+    host_lock,
+    index_name,
+    jetstream,
+    meta_subject,
+    object_digest,
+    publish_index,
+    read_index,
+    stored,
 )
 
 log = logging.getLogger(__name__)
 
-BUCKET = "TESSERA_MODELS"
-STREAM = f"OBJ_{BUCKET}"
-#: Bytes per object store chunk: under NATS's default 1 MB message limit with room for headers,
-#: and few enough acknowledgements per gigabyte (2,048) that they cost little.
-CHUNK_BYTES = 512 * 1024
 #: Chunk publishes in flight before the next waits for acknowledgements.
 IN_FLIGHT = 64
 #: Seconds to wait for JetStream's acknowledgements of the chunks in flight.
 ACK_WAIT_S = 30.0
-#: Seconds a fetch waits for the next chunk before it says the bucket stopped answering.
-CHUNK_WAIT_S = 30.0
-READ_BYTES = 4 * 1024 * 1024
-
-#: ``progress(bytes_done, bytes_total)``: called as weights move (hashing, sending, fetching).
-Progress = Callable[[int, int], None]
 
 
-class WeightsError(RuntimeError):
-    """The weights could not be delivered: the cause is in the message."""
-
-
-# -- the bucket ----------------------------------------------------------------------------------
-def _js(connection: NatsClient | JetStreamContext) -> JetStreamContext:
-    return connection.jetstream() if isinstance(connection, NatsClient) else connection
-
-
-def _digest(sha256: str) -> str:
-    """The object store's digest header for a sha256 given in hex."""
-    return "SHA-256=" + base64.urlsafe_b64encode(bytes.fromhex(sha256)).decode()
-
-
-def _meta_subject(name: str) -> str:
-    return f"$O.{BUCKET}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
-
-
-async def bucket(js: JetStreamContext, create: bool = False) -> ObjectStore:
-    """The ``TESSERA_MODELS`` object store (created when ``create`` and missing)."""
-    try:
-        return await js.object_store(BUCKET)
-    except (BucketNotFoundError, NotFoundError):
-        if not create:
-            raise WeightsError(
-                f"the cluster holds no model weights yet (no {BUCKET} bucket): "
-                "add the model with `tessera models add` on the host that has its file"
-            ) from None
-    config = api.ObjectStoreConfig(description="model weights by sha256")
-    return await js.create_object_store(BUCKET, config=config)
-
-
-async def stored(connection: NatsClient | JetStreamContext, sha256: str) -> api.ObjectInfo | None:
-    """The bucket's object of that digest, None when it holds none (or no bucket exists)."""
-    js = _js(connection)
-    try:
-        info = await (await bucket(js)).get_info(sha256)
-    except (WeightsError, ObjectNotFoundError, NotFoundError):
-        return None
-    return info if info.digest == _digest(sha256) else None
-
-
+# -- publishing ----------------------------------------------------------------------------------
 async def publish(
     connection: NatsClient | JetStreamContext,
     path: Path,
@@ -119,15 +73,15 @@ async def publish(
     """Put the file at ``path`` into the bucket under ``sha256`` (its digest, hex). False when
     the bucket holds it already (nothing sent); raises ``WeightsError`` when the file read now
     does not hash to ``sha256`` (changed since it was read), and then leaves nothing behind."""
-    js = _js(connection)
+    js = jetstream(connection)
     await bucket(js, create=True)
     if await stored(js, sha256) is not None:
         return False
-    nuid = js._nc._nuid.next().decode()  # the object store's own chunk naming
-    chunks_subject = f"$O.{BUCKET}.C.{nuid}"
+    nuid = next_nuid(client_of(js))  # the object store's own chunk naming
+    chunks_subject = chunk_subject(nuid)
     digest, size, count = hashlib.sha256(), path.stat().st_size, 0
     pending: list[asyncio.Future[api.PubAck]] = []
-    # Each chunk's stream sequence and sha256: the layer index (libs/models/ranges.py).
+    # Each chunk's stream sequence and sha256: the layer index (object_store.publish_index).
     seqs: list[int] = []
     chunk_digests: list[str] = []
     try:
@@ -149,8 +103,6 @@ async def publish(
             raise WeightsError(
                 f"{path} does not hash to {sha256} any more (it changed since it was read)"
             )
-        from libs.models.ranges import publish_index
-
         # Before the meta: a worker that finds the object finds its index too.
         await publish_index(js, path, sha256, seqs, chunk_digests)
         info = api.ObjectInfo(
@@ -159,13 +111,13 @@ async def publish(
             nuid=nuid,
             size=size,
             chunks=count,
-            digest=_digest(sha256),
+            digest=object_digest(sha256),
             mtime=datetime.now(UTC).isoformat(),
             description=path.name,
             options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
         )
         await js.publish(
-            _meta_subject(sha256),
+            meta_subject(sha256),
             json.dumps(info.as_dict()).encode(),
             headers={api.Header.ROLLUP: "sub"},
         )
@@ -197,10 +149,10 @@ async def unpublish(connection: NatsClient | JetStreamContext, sha256: str) -> b
     """Remove the model of that digest from the bucket (``models rm``); False when absent."""
     store = None
     with contextlib.suppress(WeightsError, ObjectNotFoundError, NotFoundError):
-        store = await bucket(_js(connection))
-        await store.delete(f"{sha256}.index")  # the layer index (libs/models/ranges.py)
+        store = await bucket(jetstream(connection))
+        await store.delete(index_name(sha256))
     try:
-        await (store or await bucket(_js(connection))).delete(sha256)
+        await (store or await bucket(jetstream(connection))).delete(sha256)
     except (WeightsError, ObjectNotFoundError, NotFoundError):
         return False
     return True
@@ -218,7 +170,7 @@ async def ensure_local(
     """This model's file on this host: the card's source path where this host holds it, else
     the verified copy in the cache, fetched first when missing (once per host: workers sharing
     the cache wait for one another's fetch) — lent by a device that holds it where one answers
-    ``device_id``'s want (``libs/models/lending.py``; not over TLS; over ``streams``
+    ``device_id``'s want (``libs/weights/lending.py``; not over TLS; over ``streams``
     connections where the bucket holds the file's index), else from the bucket.
     ``progress(bytes, total)`` follows a fetch. Raises ``WeightsError`` naming the cause (no
     connection, not in the bucket, a digest that does not match)."""
@@ -232,8 +184,7 @@ async def ensure_local(
     if connection is None:
         raise WeightsError(f"{card.name}'s file is not on this host and no cluster connection")
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock = await asyncio.to_thread(_lock, target.with_suffix(".lock"))
-    try:
+    async with host_lock(target.with_suffix(".lock")):
         if not await asyncio.to_thread(
             holds, target, card.sha256, card.size_bytes, None, cache_dir
         ):
@@ -243,10 +194,8 @@ async def ensure_local(
                 and lending.lends(connection)
                 and await _borrow(connection, device_id, card, target, progress, streams)
             ):
-                await fetch(_js(connection), card, target, progress)
+                await fetch(jetstream(connection), card, target, progress)
             mark_verified(target, card.sha256, cache_dir)
-    finally:
-        lock.close()
     return target
 
 
@@ -260,20 +209,12 @@ async def _borrow(
 ) -> bool:
     """The file lent by a device (``borrowing.borrow``), checked chunk by chunk against the
     bucket's index of it where the bucket holds one, else hashed whole."""
-    from libs.models.ranges import read_index
-
     try:
-        index = await read_index(_js(nc), card.sha256)
+        index = await read_index(jetstream(nc), card.sha256)
     except WeightsError as exc:  # an index that does not check out is not used
         log.warning("the weights index is not used: %s", exc)
         index = None
     return await borrowing.borrow(nc, device_id, card, target, progress, index, streams)
-
-
-def _lock(path: Path) -> BinaryIO:
-    file = open(path, "wb")  # noqa: SIM115 - held until the fetch ends
-    fcntl.flock(file, fcntl.LOCK_EX)
-    return file
 
 
 async def fetch(
@@ -288,7 +229,7 @@ async def fetch(
             f"{card.name} ({card.sha256[:12]}) is not in the cluster's {BUCKET} bucket: "
             "add it again on the host that has its file"
         ) from None
-    if info.digest != _digest(card.sha256) or info.size != card.size_bytes:
+    if info.digest != object_digest(card.sha256) or info.size != card.size_bytes:
         raise WeightsError(f"the bucket's {card.sha256[:12]} is not {card.name}'s file")
     part, state_file = target.with_suffix(".gguf.part"), target.with_suffix(".gguf.part.json")
     state = read_json(state_file)
@@ -335,9 +276,9 @@ async def _receive(
     on a thread of its own)."""
     try:
         await bulk_fetch.receive(
-            js._nc,
+            client_of(js),
             STREAM,
-            f"$O.{BUCKET}.C.{nuid}",
+            chunk_subject(nuid),
             start_seq,
             file,
             digest,

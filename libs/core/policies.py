@@ -12,7 +12,7 @@ from libs.contracts.profiles import Profile
 from libs.core import allocation, balancers
 from libs.core.dwps import Dwps
 from libs.core.exact import Job, Machine, solve
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.model import Placement, Task
 from libs.core.pipeline import Pipeline
 from libs.core.policy import Policy
