@@ -18,10 +18,10 @@ from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts.models import ModelCard
 from libs.models import ranges, weights
-from libs.models.shard import ShardModel
 from libs.models.store import gguf_path, shipped_card
 from libs.models.weights import CHUNK_BYTES, WeightsError, publish
 from libs.runtime.nats_client import close_nats, connect_nats
+from services.worker.torch.shard import ShardModel
 
 PROMPT = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 198]])
 
