@@ -46,8 +46,8 @@ def shard_engine_rates(prompts: list[str]) -> list[float]:
     from transformers import AutoTokenizer
 
     from libs.models.chat import encode_chat
-    from libs.models.shard import ShardModel, greedy
     from libs.models.shipped import prepare
+    from services.worker.torch.shard import ShardModel, greedy
 
     torch.set_num_threads(2)
     tokenizer = AutoTokenizer.from_pretrained(prepare())

@@ -25,10 +25,10 @@ from transformers import AutoTokenizer
 
 from libs.contracts import Sampling
 from libs.models.chat import encode_chat
-from libs.models.decoding import sample
-from libs.models.shard import ShardModel
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
+from services.worker.torch.decoding import sample
+from services.worker.torch.shard import ShardModel
 
 PROMPTS = (
     "Name three colours.",

@@ -359,7 +359,7 @@ def side_by_side(path: Path, levels: list[int], requests: int, rounds: int) -> d
     (the order swaps every round, so drift falls on both alike)."""
     from libs.contracts import shard_ring
     from libs.models.gguf_info import read_card
-    from services.worker.llamacpp import server_factory
+    from services.worker.served.llama_worker import server_factory
     from services.worker.settings import WorkerSettings
 
     card = read_card(path, name="bench-model")

@@ -7,7 +7,7 @@ with layers 0..14; a network namespace on the same bridge lends its RPC server f
 - ``plain``: ggml-rpc-server listening on host B's address, reached directly (as before the
   channel: no authentication, no encryption);
 - ``channel``: Tessera's ``RpcServer`` on host B (ggml-rpc-server on B's loopback behind a
-  socat TLS listener) reached through the head's tunnel (``services/worker/rpc_channel.py``),
+  socat TLS listener) reached through the head's tunnel (``services/worker/rpc/channel.py``),
   both ends presenting certificates of one cluster CA (``libs/runtime/pki.py``).
 
 Rounds alternate (plain, channel, plain, …) so both see the same machine; each round is one
@@ -35,9 +35,10 @@ from libs.harness.lan import UNAVAILABLE, Host, lan, lender
 from libs.models.shipped import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials
 from libs.runtime.procs import free_port
-from services.worker.engine_server import EngineServer
-from services.worker.llama_server import LlamaServer, llama_env
-from services.worker.llamacpp import LAYERS
+from services.worker.rpc.server import llama_env
+from services.worker.served.llama_server import LlamaServer
+from services.worker.served.llama_worker import LAYERS
+from services.worker.served.server import EngineServer
 from services.worker.settings import WorkerSettings
 
 BINARIES = WorkerSettings().llama_bin
@@ -64,7 +65,7 @@ def plain_lender(host: Host, threads: int) -> tuple[subprocess.Popen[bytes], str
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    probe = f"from services.worker.rpc_channel import listening; print(listening({port}))"
+    probe = f"from services.worker.rpc.channel import listening; print(listening({port}))"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         said = subprocess.run(

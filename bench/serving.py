@@ -41,10 +41,10 @@ from openai import AsyncOpenAI
 from libs.cluster.engine_choice import choose_cpu_engine
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.procs import ServiceProcess, free_port
-from services.worker.engine_server import EngineServer
-from services.worker.llamacpp import server_factory, whole_task
+from services.worker.served.llama_worker import server_factory, whole_task
+from services.worker.served.server import EngineServer
+from services.worker.served.vllm_server import VllmServer
 from services.worker.settings import WorkerSettings
-from services.worker.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = (

@@ -40,7 +40,7 @@ from gguf import GGMLQuantizationType as Q
 
 from libs.models.shipped import gguf_path
 from libs.runtime.procs import child_kwargs, free_port
-from services.worker.llama_server import llama_env
+from services.worker.rpc.server import llama_env
 from services.worker.settings import WorkerSettings
 
 ARCHS = ("llama", "qwen2", "gemma2", "phi3")

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from libs.models.shard import ShardModel
+from services.worker.torch.shard import ShardModel
 
 NEAR_TIE_ULPS = 2  #: bfloat16 steps (0.0625 at a logit of 8–16) within which the order may flip
 

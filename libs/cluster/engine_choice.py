@@ -17,7 +17,7 @@ def choose_cpu_engine(
     A cluster that others join (``--listen``) runs torch: a joined host's worker runs torch by
     default (its shards talk over the cluster's NATS, with its credentials and TLS), so both
     ends match unless asked; llama.cpp's RPC between hosts then goes through mutual TLS with
-    certificates the cluster issues (``services/worker/rpc_channel.py``)."""
+    certificates the cluster issues (``services/worker/rpc/channel.py``)."""
     if asked is not None:
         return asked, f"CPU workers run {asked}, as asked"
     if listening:

@@ -95,7 +95,7 @@ def lender(
     block ends."""
     folder = str(credentials_folder) if credentials_folder is not None else ""
     # The worker's own lender entry point (the harness only starts it: it imports no service).
-    argv = [sys.executable, "-m", "services.worker.lender", host.address, folder, str(binaries)]
+    argv = [sys.executable, "-m", "services.worker.rpc.lender", host.address, folder, str(binaries)]
     argv.append(str(threads))
     argv.append(",".join(heads))
     proc = subprocess.Popen(

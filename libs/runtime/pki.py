@@ -1,7 +1,7 @@
 """The cluster's certificate authority: who may speak llama.cpp's RPC between hosts.
 
 llama.cpp's RPC server takes no credentials, so between hosts it is reached only through a
-mutual-TLS channel (``services/worker/rpc_channel.py``) whose both ends present a certificate
+mutual-TLS channel (``services/worker/rpc/channel.py``) whose both ends present a certificate
 this CA signed. ``tessera up --listen`` makes the CA (an EC P-256 key and a self-signed
 certificate) beside its NATS config, which already holds the cluster's other secrets (every
 user's password); it lives as long as that cluster. ``tessera join`` makes the device's key on

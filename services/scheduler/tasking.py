@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libs.contracts import Mode, PlacementDecision
-from libs.core.fleet import FleetState
+from libs.core.fleet_state import FleetState
 from libs.core.policy import Policy
 from libs.deployments import DeploymentBook
 from services.scheduler.metrics import SchedulerMetrics

@@ -23,13 +23,13 @@ from libs.runtime.metrics import serve_metrics
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.tracing import configure_tracing
 from libs.weights.lending import Lender, lends
-from services.worker.base import DeviceWorker
-from services.worker.llama_server import RpcServer
-from services.worker.llamacpp import LlamaWorker
-from services.worker.llamacpp import server_factory as llama_servers
-from services.worker.metrics import WorkerMetrics
-from services.worker.service import Worker
+from services.worker.device.metrics import WorkerMetrics
+from services.worker.device.worker import DeviceWorker
+from services.worker.rpc.server import RpcServer
+from services.worker.served.llama_worker import LlamaWorker
+from services.worker.served.llama_worker import server_factory as llama_servers
 from services.worker.settings import WorkerSettings
+from services.worker.torch.worker import TorchWorker
 
 log = logging.getLogger("services.worker")
 
@@ -81,7 +81,7 @@ def make_worker(
 ) -> DeviceWorker:
     """The worker of the configured engine (each imports only what it needs)."""
     if settings.engine == "vllm":
-        from services.worker.vllm import VllmWorker, server_factory
+        from services.worker.served.vllm_worker import VllmWorker, server_factory
 
         make_server = server_factory(
             settings.vllm_python,
@@ -119,7 +119,7 @@ def make_worker(
             park_s=settings.park_s,
             metrics=metrics,
         )
-    return Worker(
+    return TorchWorker(
         bus,
         device,
         folder,
@@ -137,7 +137,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     configure_tracing("worker", settings.otlp_endpoint)
     metrics = WorkerMetrics()
     serve_metrics(metrics.registry, settings.metrics_port, settings.metrics_host)
-    # One thread runs every torch call of this process (see Worker.compute).
+    # One thread runs every torch call of this process (services/worker/torch/held.py).
     torch_thread = ThreadPoolExecutor(1, thread_name_prefix="torch")
     loop = asyncio.get_running_loop()
     folder = await loop.run_in_executor(torch_thread, lambda: prepare(cache_dir=settings.model_dir))
@@ -157,7 +157,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     lender = Lender(nc, device.device_id, settings.rpc_host, settings.weights_port)
     if lends(nc):
         await lender.start()
-    if settings.preload and isinstance(worker, (Worker, LlamaWorker)):
+    if settings.preload:
         await worker.preload()
     # The worker alone assigns its device's work, once a shard really loaded: the agent
     # only reports what the device does.

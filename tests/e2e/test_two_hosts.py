@@ -25,9 +25,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from libs.models.chat import encode_chat
-from libs.models.shard import ShardModel, greedy
 from libs.models.shipped import prepare
 from libs.runtime.procs import ServiceProcess
+from services.worker.torch.shard import ShardModel, greedy
 from tests.certificates import write_certificates
 from tests.e2e.cluster import RunningCluster
 

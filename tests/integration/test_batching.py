@@ -17,10 +17,10 @@ from transformers import AutoTokenizer
 
 from libs.contracts import GenerationRequest, Sampling, ShardTask, decode_frame, step_rows
 from libs.models.chat import encode_chat
-from libs.models.shard import ShardModel, greedy
 from libs.models.shipped import MODEL_NAME, prepare
-from services.worker.actions import Emit, Send
-from services.worker.engine import PREFILL_BUDGET, ShardEngine
+from services.worker.torch.actions import Emit, Send
+from services.worker.torch.shard import ShardModel, greedy
+from services.worker.torch.shard_engine import PREFILL_BUDGET, ShardEngine
 from tests.ties import assert_same_or_near_tie
 
 MAX_TOKENS = 20

@@ -15,7 +15,8 @@ from libs.core.catalogue import GB, card_spec
 from libs.core.partition import plan
 from libs.models.gguf_info import read_card
 from services.scheduler.replicas import ENGINE_SLOTS
-from services.worker.llama_server import LlamaServer, RpcServer
+from services.worker.rpc.server import RpcServer
+from services.worker.served.llama_server import LlamaServer
 from services.worker.settings import WorkerSettings
 from tests.builders import make_device
 from tests.models import make_gguf

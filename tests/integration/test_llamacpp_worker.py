@@ -24,8 +24,9 @@ from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
 from services.gateway.generation import GenerationClient, Route, RouteBook
 from services.scheduler.replicas import ENGINE_SLOTS
-from services.worker.llama_server import LlamaServer, RpcServer
-from services.worker.llamacpp import LAYERS, whole_task
+from services.worker.rpc.server import RpcServer
+from services.worker.served.llama_server import LlamaServer
+from services.worker.served.llama_worker import LAYERS, whole_task
 from services.worker.settings import WorkerSettings
 
 BINARIES = WorkerSettings().llama_bin

@@ -22,9 +22,10 @@ from libs.contracts import Sampling, shard_ring
 from libs.harness.lan import UNAVAILABLE, Lan, lan, lender
 from libs.models.shipped import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials, accept, request
-from services.worker.llama_server import LlamaServer, RpcServer
-from services.worker.llamacpp import LAYERS, whole_task
-from services.worker.rpc_channel import ChannelError, open_tunnels
+from services.worker.rpc.channel import ChannelError, open_tunnels
+from services.worker.rpc.server import RpcServer
+from services.worker.served.llama_server import LlamaServer
+from services.worker.served.llama_worker import LAYERS, whole_task
 from services.worker.settings import WorkerSettings
 
 BINARIES = WorkerSettings().llama_bin

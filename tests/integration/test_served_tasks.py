@@ -1,8 +1,9 @@
-"""A served worker's shard tasks while its engine starts: the real ``ServedWorker`` on a real
-nats-server, its engine a real process that answers its health check only once the test
-opens a gate (a start as slow as the test wants: vLLM's takes minutes, llama.cpp's seconds).
-An unload or a newer task is taken during the start, not after it, and a start longer than the
-consumer's ack wait keeps its task (nothing is delivered again mid-start)."""
+"""A served worker's shard tasks while its engine starts: the real ``ServedWorker`` (as the
+``VllmWorker`` kind, which takes any one-shard task) on a real nats-server, its engine a real
+process that answers its health check only once the test opens a gate (a start as slow as the
+test wants: vLLM's takes minutes, llama.cpp's seconds). An unload or a newer task is taken
+during the start, not after it, and a start longer than the consumer's ack wait keeps its task
+(nothing is delivered again mid-start)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ from libs.devices.emulated import EmulatedDevice
 from libs.runtime.acks import Redelivery
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
-from services.worker.engine_server import EngineServer, Piece, engine_env
-from services.worker.served import ServedWorker
+from services.worker.device.processes import engine_env
+from services.worker.served.server import EngineServer, Piece
+from services.worker.served.vllm_worker import VllmWorker
 from tests.waiting import wait_until, wait_until_async
 
 QUICK = Redelivery(ack_wait_s=1.0, max_deliver=3, retry_delay_s=0.05)
@@ -65,6 +67,12 @@ class GatedEngine(EngineServer):
         return [sys.executable, "-c", GATED, str(self.port), str(self.gate)], engine_env()
 
     def check(self) -> None:
+        return None
+
+    async def prepare(self) -> None:
+        return None
+
+    async def release(self) -> None:
         return None
 
     async def complete(
@@ -99,7 +107,7 @@ class Rig:
     """A served worker on the bus, what it started, and the final statuses it sent."""
 
     bus: NatsBus
-    served: ServedWorker
+    served: VllmWorker
     started: Started
     got: list[ShardStatus]
 
@@ -132,7 +140,7 @@ class Rig:
 async def rig(nats_bus: NatsBus, uid: str, tmp_path: Path) -> AsyncIterator[Rig]:
     device = EmulatedDevice.draw(uid, DeviceClass.WORKSTATION, np.random.default_rng(0))
     started = Started(tmp_path / "gate")
-    served = ServedWorker(nats_bus, device, started, start_s=600.0)
+    served = VllmWorker(nats_bus, device, started, start_s=600.0)
     served.redelivery = QUICK
     got: list[ShardStatus] = []
 

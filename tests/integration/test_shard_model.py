@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libs.core.catalogue import card_spec
 from libs.models.chat import encode_chat
-from libs.models.shard import DEFAULT_PRECISION, ShardModel, greedy, shard_bytes
 from libs.models.shipped import prepare, shipped_card
+from services.worker.torch.shard import DEFAULT_PRECISION, ShardModel, greedy, shard_bytes
 
 
 def test_float32_shards_give_the_reference_models_greedy_tokens() -> None:

@@ -1,4 +1,4 @@
-"""The torch worker's shard tasks while a shard loads: the real ``Worker`` with the real model
+"""The torch worker's shard tasks while a shard loads: the real ``TorchWorker`` with the real model
 on a real nats-server. Its torch thread (the executor passed in) is held by the test with a
 gate, as a long step or a big shard's load would hold it, so a load lasts as long as the test
 wants. An unload or a newer epoch is taken during the load, not after it; a load longer than
@@ -34,7 +34,7 @@ from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.acks import Redelivery
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
-from services.worker.service import Worker
+from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until, wait_until_async
 
 QUICK = Redelivery(ack_wait_s=1.0, max_deliver=3, retry_delay_s=0.05)
@@ -62,7 +62,7 @@ class Rig:
     """A torch worker on the bus whose torch thread waits for ``gate``, and what it reported."""
 
     bus: NatsBus
-    worker: Worker
+    worker: TorchWorker
     compute: ThreadPoolExecutor
     gate: threading.Event
     seen: list[ShardStatus]
@@ -103,8 +103,8 @@ def workstation(device_id: str) -> EmulatedDevice:
     return EmulatedDevice.draw(device_id, DeviceClass.WORKSTATION, np.random.default_rng(0))
 
 
-async def started(bus: NatsBus, device: EmulatedDevice, **kwargs: Any) -> Worker:
-    worker = Worker(bus, device, prepare(), **kwargs)
+async def started(bus: NatsBus, device: EmulatedDevice, **kwargs: Any) -> TorchWorker:
+    worker = TorchWorker(bus, device, prepare(), **kwargs)
     worker.redelivery = QUICK
     await worker.start()
     return worker

@@ -17,12 +17,12 @@ from nats.aio.client import Client as NatsClient
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts.models import ModelCard
-from libs.models.shard import ShardModel
 from libs.models.shipped import gguf_path, shipped_card
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.weights import layer_ranges, object_store
 from libs.weights.object_store import CHUNK_BYTES, WeightsError
 from libs.weights.whole_files import publish
+from services.worker.torch.shard import ShardModel
 
 PROMPT = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 198]])
 

@@ -38,7 +38,7 @@ from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.weights.whole_files import publish
 from services.gateway.events import EventHub, Ttfts
-from services.worker.service import Worker
+from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 
 ACCESS = AccessControl(["dev-1", "dev-2"])
@@ -78,7 +78,7 @@ async def test_a_torch_fetch_reports_its_progress_on_the_event_feed(
     assert await anext(stream) == ": connected\n\n"
 
     device = EmulatedDevice.draw("dev-1", DeviceClass.WORKSTATION, np.random.default_rng(0))
-    worker = Worker(NatsBus(users["dev-1"]), device, folder)
+    worker = TorchWorker(NatsBus(users["dev-1"]), device, folder)
     await worker.start()
     seen: list[ShardStatus] = []
 

@@ -346,4 +346,44 @@ def test_nats_private_attributes_are_read_in_one_adapter_only() -> None:
                     and node.args[1].value in private
                 ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+
+
+#: The worker's rooms, and the rooms each may import (``services/worker/__init__.py``).
+WORKER_ROOMS = {
+    "device": set(),
+    "torch": {"device"},
+    "rpc": {"device"},
+    "served": {"device", "rpc"},
+}
+
+
+def test_the_worker_rooms_import_one_way() -> None:
+    def allowed(path: Path, name: str) -> bool:
+        room = path.relative_to(ROOT / "services" / "worker").parts[0]
+        parts = name.split(".")
+        if parts[:2] != ["services", "worker"] or len(parts) < 3 or parts[2] not in WORKER_ROOMS:
+            return True
+        return parts[2] == room or parts[2] in WORKER_ROOMS[room]
+
+    assert {p.name for p in (ROOT / "services" / "worker").iterdir() if p.is_dir()} >= set(
+        WORKER_ROOMS
+    )
+    for room in WORKER_ROOMS:
+        assert wrong_way(f"services/worker/{room}", allowed) == []
+
+
+def test_no_worker_method_extends_its_parents() -> None:
+    """A hook is implemented at one level: an engine kind implements what its parent calls,
+    it does not wrap the parent's own (``super()`` only in ``__init__``)."""
+    offenders = []
+    for path in sorted((ROOT / "services" / "worker").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == "super"
+                and node.attr != "__init__"
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: super().{node.attr}")
     assert offenders == []

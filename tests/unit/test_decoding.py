@@ -8,8 +8,8 @@ from transformers import AutoTokenizer
 
 from libs.contracts import Sampling
 from libs.harness.workers import even_split
-from libs.models.decoding import TextStream, sample
 from libs.models.shipped import prepare
+from services.worker.torch.decoding import TextStream, sample
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from libs.runtime.pki import ClusterCA, Credentials, accept, request
-from services.worker.rpc_channel import (
+from services.worker.rpc.channel import (
     NOBODY,
     ChannelError,
     check_script,

@@ -15,7 +15,7 @@ from services.gateway.anthropic_api import stop_of
 from services.gateway.ollama_models import details, model_info, parameter_size, quantization
 from services.gateway.openai_api import MAX_TOKENS, ApiError, ChatCompletionRequest
 from services.gateway.openai_ask import chat_ask
-from services.worker.llama_prompts import request_body, stopping_word
+from services.worker.served.llama_prompts import request_body, stopping_word
 
 CHAT = Prompt(kind="chat", body=json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
 

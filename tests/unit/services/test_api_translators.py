@@ -15,9 +15,9 @@ from services.gateway.anthropic_api import MessagesRequest, openai_request
 from services.gateway.ollama_api import ChatBody, chat_request
 from services.gateway.openai_api import ApiError, ChatCompletionRequest, unsupported
 from services.gateway.openai_ask import chat_ask
-from services.worker.chat_templates import own_template, tool_template
-from services.worker.llama_prompts import Calls, request_body
-from services.worker.prompts import refusal
+from services.worker.device.prompts import refusal
+from services.worker.served.chat_templates import own_template, tool_template
+from services.worker.served.llama_prompts import Calls, request_body
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 OTHER = {"type": "function", "function": {"name": "other", "parameters": {}}}

@@ -12,7 +12,8 @@ from gguf import GGUFReader
 from libs.contracts import shard_ring
 from libs.core.catalogue import GB, card_spec
 from libs.models.shipped import gguf_path, shipped_card
-from services.worker.llama_server import SPIN_COUNT, LlamaServer, layer_split
+from services.worker.rpc.server import SPIN_COUNT
+from services.worker.served.llama_server import LlamaServer, layer_split
 
 ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services.worker.rpc_cache import trim
+from services.worker.rpc.cache import trim
 
 
 def tensor(folder: Path, name: str, size: int, used_s: float) -> Path:

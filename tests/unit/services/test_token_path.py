@@ -15,8 +15,8 @@ from libs.contracts import TOKENS, DeviceClass, GenerationRequest, Prompt, Sampl
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.memory_bus import MemoryBus
 from services.gateway.generation import Inbox, Moved, next_item
-from services.worker.engine_server import EngineServer
-from services.worker.served import ServedWorker
+from services.worker.served.server import EngineServer
+from services.worker.served.vllm_worker import VllmWorker
 
 
 def no_engine(task: Any) -> EngineServer:
@@ -26,7 +26,7 @@ def no_engine(task: Any) -> EngineServer:
 async def test_a_text_piece_written_as_json_is_the_chunk_the_model_writes() -> None:
     bus = MemoryBus()
     device = EmulatedDevice.draw("w-json", DeviceClass.WORKSTATION, np.random.default_rng(0))
-    worker = ServedWorker(bus, device, no_engine)
+    worker = VllmWorker(bus, device, no_engine)
     got: list[tuple[TokenChunk, str]] = []
 
     async def on_chunk(chunk: TokenChunk, delivery: Any) -> None:
@@ -44,11 +44,11 @@ async def test_a_text_piece_written_as_json_is_the_chunk_the_model_writes() -> N
     )
     texts = ['h\u00e9llo "x"\n', "", "\U0001f600 \\ </s>"]
     for index, text in enumerate(texts):
-        await worker._emit_text(request, index, text)
+        await worker.streams.emit_text(request, index, text)
     await asyncio.sleep(0)
     assert len(got) == len(texts)
     for index, ((chunk, subject), text) in enumerate(zip(got, texts, strict=True)):
-        expected = worker._piece(request, index, text=text)
+        expected = worker.streams.piece(request, index, text=text)
         assert chunk == expected.model_copy(update={"ts": chunk.ts})
         assert subject == TOKENS.subject(request_id="req-json", device_id=worker.device_id)
     await bus.close()

@@ -31,7 +31,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.memory_bus import MemoryBus
-from services.worker.service import Worker
+from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 
 LAYERS = 30
@@ -60,7 +60,7 @@ def request(i: int) -> GenerationRequest:
 
 async def test_cancels_and_expiries_during_steps_are_applied_between_them(bus: MemoryBus) -> None:
     drawn = EmulatedDevice.draw("ws-x", DeviceClass.WORKSTATION, np.random.default_rng(0))
-    worker = Worker(bus, dataclasses.replace(drawn, speed_factor=1.0), prepare(), max_active=8)
+    worker = TorchWorker(bus, dataclasses.replace(drawn, speed_factor=1.0), prepare(), max_active=8)
     await worker.start()
     [task] = shard_ring("load", "dep", MODEL_NAME, [("ws-x", 0, LAYERS)], 1, 0)
     await bus.publish_durable(SHARD_TASK, task, device_id="ws-x")
@@ -119,7 +119,7 @@ async def test_cancels_and_expiries_during_steps_are_applied_between_them(bus: M
 
     def settled() -> bool:
         ended = {r for r, c in chunks().items() if any(x.finished for x in c)}
-        idle = not engine.live and not engine.waiting and worker.queue.empty()
+        idle = not engine.live and not engine.waiting and worker.inbox.queue.empty()
         return idle and ended | cancelled | set(expired) >= {f"req-{i}" for i in range(REQUESTS)}
 
     await wait_until(settled, timeout_s=120)

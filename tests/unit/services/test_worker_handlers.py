@@ -26,7 +26,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.memory_bus import MemoryBus, matches
-from services.worker.service import Worker
+from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 
 LAYERS = 30
@@ -66,16 +66,16 @@ async def generate(bus: MemoryBus, deployment: str, first: str, epoch: int) -> l
 
 async def test_a_split_model_over_the_memory_bus_matches_the_whole_model(bus: MemoryBus) -> None:
     folder = prepare()
-    head = Worker(bus, device("ws-a"), folder)
+    head = TorchWorker(bus, device("ws-a"), folder)
     await head.start()
-    gone = Worker(bus, device("ws-b"), folder)
+    gone = TorchWorker(bus, device("ws-b"), folder)
     await gone.start()
     await gone.close()  # ws-b's process goes away; its durable consumer stays
     split = shard_ring("load", "split", MODEL_NAME, [("ws-a", 0, 12), ("ws-b", 12, LAYERS)], 1, 0)
     whole = shard_ring("load", "whole", MODEL_NAME, [("ws-a", 0, LAYERS)], 1, 0)
     for task in (*split, *whole):
         await bus.publish_durable(SHARD_TASK, task, device_id=task.device_id)
-    tail = Worker(bus, device("ws-b"), folder)
+    tail = TorchWorker(bus, device("ws-b"), folder)
     await tail.start()  # back: the task sent while it was away reaches it now
 
     want = {("split", "ws-a"), ("split", "ws-b"), ("whole", "ws-a")}
@@ -99,7 +99,7 @@ async def test_a_split_model_over_the_memory_bus_matches_the_whole_model(bus: Me
 
 
 async def test_what_breaks_a_contract_is_counted_and_the_worker_carries_on(bus: MemoryBus) -> None:
-    worker = Worker(bus, device("ws-c"), prepare())
+    worker = TorchWorker(bus, device("ws-c"), prepare())
     await worker.start()
     bus.send_raw(SHARD_TASK.subject(device_id="ws-c"), b'{"action": "explode"}')
     bus.send_raw(HIDDEN.subject(deployment_id="d", device_id="ws-c", sender_id="ws-x"), b"\x00bad")
@@ -118,20 +118,20 @@ async def test_what_breaks_a_contract_is_counted_and_the_worker_carries_on(bus: 
 
 
 async def test_a_shard_is_loaded_in_its_deployments_precision(bus: MemoryBus) -> None:
-    worker = Worker(bus, device("ws-p"), prepare())  # its own precision: int8
+    worker = TorchWorker(bus, device("ws-p"), prepare())  # its own precision: int8
     await worker.start()
     [task] = shard_ring("load", "wide", MODEL_NAME, [("ws-p", 0, 4)], 1, 0, "bfloat16")
     await bus.publish_durable(SHARD_TASK, task, device_id="ws-p")
     await wait_until(lambda: [s.state for s in bus.sent(SHARD_STATUS)][-1:] == ["loaded"], 60)
-    assert list(worker.models) == [(0, 4, "bfloat16")]
-    assert worker.models[(0, 4, "bfloat16")].precision == "bfloat16"
+    assert list(worker.held.loaded) == [(0, 4, "bfloat16")]
+    assert worker.held.loaded[(0, 4, "bfloat16")].precision == "bfloat16"
     await worker.close()
 
 
 async def test_a_load_task_sent_again_is_answered_loaded_again(bus: MemoryBus) -> None:
     """A scheduler that takes over re-sends the load tasks of the plans it found loading: a
     worker that already serves the shard says so again (its first answer may have been lost)."""
-    worker = Worker(bus, device("ws-r"), prepare())
+    worker = TorchWorker(bus, device("ws-r"), prepare())
     await worker.start()
     [task] = shard_ring("load", "again", MODEL_NAME, [("ws-r", 0, 4)], 1, 0)
 
@@ -145,7 +145,7 @@ async def test_a_load_task_sent_again_is_answered_loaded_again(bus: MemoryBus) -
     await bus.publish_durable(SHARD_TASK, task, device_id="ws-r")
     await wait_until(lambda: loaded() == 2, 60)
     assert list(worker.engines) == ["again"]  # answered, not loaded twice
-    assert len(worker.models) == 1
+    assert len(worker.held.loaded) == 1
     await worker.close()
 
 
@@ -153,7 +153,7 @@ async def test_a_load_delivered_after_its_unload_is_dropped(bus: MemoryBus) -> N
     """A worker back from a crash gets its consumer's news in an order of its own: the unload
     of a re-planned epoch first, the load it was killed in later. That load is stale; a load
     sent after the unload (the same id deployed again) is not."""
-    worker = Worker(bus, device("ws-s"), prepare())
+    worker = TorchWorker(bus, device("ws-s"), prepare())
     await worker.start()
     [load] = shard_ring("load", "late", MODEL_NAME, [("ws-s", 0, 4)], 1, 100.0)
     [unload] = shard_ring("unload", "late", MODEL_NAME, [("ws-s", 0, 4)], 1, 200.0)

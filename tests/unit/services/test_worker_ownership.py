@@ -25,7 +25,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.memory_bus import MemoryBus
-from services.worker.service import Worker
+from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 
 
@@ -44,9 +44,9 @@ async def bus() -> AsyncIterator[MemoryBus]:
     await memory.close()
 
 
-async def run_device(bus: MemoryBus, dev: EmulatedDevice) -> tuple[Worker, asyncio.Event]:
+async def run_device(bus: MemoryBus, dev: EmulatedDevice) -> tuple[TorchWorker, asyncio.Event]:
     """The worker process's parts: the torch worker and its device's agent."""
-    worker = Worker(bus, dev, prepare())
+    worker = TorchWorker(bus, dev, prepare())
     await worker.start()
     stop = asyncio.Event()
     agent = FleetAgent(bus, [dev], interval_s=0.2, follow_work=False)

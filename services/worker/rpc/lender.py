@@ -1,7 +1,7 @@
 """A device lending its CPU and nothing else: the worker's ``RpcServer`` on this host, lent to
 the heads named, until its standard input closes.
 
-    python -m services.worker.lender HOST CREDENTIALS_FOLDER BINARIES THREADS HEADS
+    python -m services.worker.rpc.lender HOST CREDENTIALS_FOLDER BINARIES THREADS HEADS
 
 ``CREDENTIALS_FOLDER`` empty: loopback only, no TLS; ``HEADS`` comma-separated device ids. It
 prints ``{"endpoint", "local_port"}`` as one JSON line once it listens (the two-host tests and
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from libs.runtime.pki import Credentials
-from services.worker.llama_server import RpcServer
+from services.worker.rpc.server import RpcServer
 
 
 async def main(argv: list[str]) -> None:

@@ -1,9 +1,16 @@
-"""What every worker engine shares: its device, the shard-task consumer, status and token replies.
+"""What every worker shares, whatever runs the model: its device, the shard-task consumer,
+status and token replies, and the hooks each engine kind implements.
 
-A worker stands in for one device. Whatever runs the model (layer shards in PyTorch, a vLLM
-server), it takes ``SHARD_TASK`` from its durable consumer on the ``Bus``, answers on
-``SHARD_STATUS``, takes new requests on ``GENERATION`` and cancels on ``CANCEL``, streams
-``TokenChunk``s on ``TOKENS``, and measures the tokens per second it really delivers.
+A worker stands in for one device. Whatever runs the model (layer shards in PyTorch, a server
+process of vLLM or llama.cpp), it takes ``SHARD_TASK`` from its durable consumer on the ``Bus``,
+answers on ``SHARD_STATUS``, takes new requests on ``GENERATION``, cancels on ``CANCEL`` and
+hidden-state frames on ``HIDDEN``, streams ``TokenChunk``s on ``TOKENS``, and measures the tokens
+per second it really delivers.
+
+``DeviceWorker`` runs all of that and calls the abstract hooks of its section "what an engine
+kind implements" (``on_task``, ``on_generate``, ``on_cancel``, ``on_hidden``, ``expire``,
+``tick``, ``preload``, ``open_engine``, ``close_engine``); an engine kind implements each once
+and calls no implementation of a parent (``services/worker/__init__.py``).
 
 A worker is the one owner of its device's work: it assigns a shard's work to the device once
 the shard really loaded and takes it away once unloaded, so the device's reported power and
@@ -27,6 +34,7 @@ from libs.contracts import (
     CANCEL,
     DEVICE_LEAVING,
     GENERATION,
+    HIDDEN,
     SHARD_STATUS,
     SHARD_TASK,
     TOKENS,
@@ -44,7 +52,7 @@ from libs.contracts.channels import work_consumer
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.acks import Received, Redelivery
 from libs.runtime.bus import SHARD_TASKS, Bus, Delivery, RateLimitedLog, Unsubscribe
-from services.worker.metrics import WorkerMetrics
+from services.worker.device.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +105,24 @@ class DeviceWorker(ABC):
         #: it), as (epoch, sent at): a load of that epoch or an older one, sent before it, is
         #: stale. One sent after it is a new deployment under the same id.
         self.unloaded: dict[str, tuple[int, float]] = {}
+        #: Shards whose engine waits for its model's file to arrive first (the llamacpp head
+        #: fetching it from the cluster), by (deployment, shard, epoch): the share fetched
+        #: (0..1), then None while the engine loads. Their loading reports count the fetch as
+        #: the first half (``load_progress``).
+        self.fetching: dict[tuple[str, int, int], float | None] = {}
         #: Weights progress messages being published.
         self._sending: set[asyncio.Task[None]] = set()
 
-    # -- what an engine provides ---------------------------------------------------------------
+    # -- what an engine kind implements ---------------------------------------------------------
+    @abstractmethod
+    async def open_engine(self) -> None:
+        """Start what the engine runs beside its subscriptions (the torch ring's compute loop,
+        llama.cpp's RPC server); called by ``start`` before any message is taken."""
+
+    @abstractmethod
+    async def close_engine(self) -> None:
+        """Stop the engine and the work in flight; called by ``close`` once no message comes."""
+
     @abstractmethod
     async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
         """Load or unload the shard a task names (on this device). Returns None once the task
@@ -117,23 +139,30 @@ class DeviceWorker(ABC):
     async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         """Drop a request."""
 
+    @abstractmethod
+    async def on_hidden(self, delivery: Delivery) -> None:
+        """A binary hidden-state frame sent to this device (the torch ring's; an engine that
+        runs no torch shard refuses it with ``refuse``)."""
+
+    @abstractmethod
     async def expire(self, idle_s: float) -> None:
-        """Drop work that has waited too long (an engine that keeps such state overrides it)."""
-        return None
+        """Drop work that has waited too long (called every few seconds)."""
 
+    @abstractmethod
     async def tick(self) -> None:
-        """Readings an engine takes once per telemetry interval (the vLLM one reads NVML)."""
-        return None
+        """Readings the engine takes once per telemetry interval (the vLLM one reads NVML)."""
 
-    async def subscribe_more(self) -> list[Unsubscribe]:
-        """Extra subscriptions of an engine (the torch one takes hidden-state frames)."""
-        return []
+    @abstractmethod
+    async def preload(self) -> None:
+        """Before any work, when the worker is told to (``TESSERA_WORKER_PRELOAD``): measure
+        this device on the model, and hold what it can, so moved work starts at once."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Take this device's shard tasks (a durable consumer: tasks sent while the process
-        was away arrive when it is back), new requests and cancels. The task stream must exist
-        (``ensure_streams``)."""
+        """Start the engine (``open_engine``), then take this device's shard tasks (a durable
+        consumer: tasks sent while the process was away arrive when it is back), new requests,
+        cancels and hidden-state frames. The task stream must exist (``ensure_streams``)."""
+        await self.open_engine()
         me = self.device_id
         self._subs = [
             await self.bus.consume(
@@ -151,7 +180,7 @@ class DeviceWorker(ABC):
                 rejected=self.on_rejected,
             ),
             await self.bus.subscribe(CANCEL, self.on_cancel, rejected=self.on_rejected),
-            *await self.subscribe_more(),
+            await self.bus.subscribe_bytes(HIDDEN.pattern(device_id=me), self.on_hidden),
         ]
 
     async def leave(self, timeout_s: float = 20.0) -> bool:
@@ -170,11 +199,13 @@ class DeviceWorker(ABC):
         return moved
 
     async def close(self) -> None:
+        """Take no more messages, end the loading reports, then stop the engine."""
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         for key in list(self.loading):
             self._loaded(key)
+        await self.close_engine()
 
     async def _on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
         if delivery.reply:
@@ -295,8 +326,17 @@ class DeviceWorker(ABC):
         task.add_done_callback(self._sending.discard)
 
     def load_progress(self, loading: Loading) -> float:
+        """The share of ``loading`` reported done: the expected load time gone by, at most
+        ``PROGRESS_CAP``; for a shard in ``fetching``, the fetch's share as the first half and
+        the engine's load as the second."""
         elapsed = time.monotonic() - loading.began
-        return min(PROGRESS_CAP, elapsed / max(self.expected_load_s, 1e-3))
+        engine = min(PROGRESS_CAP, elapsed / max(self.expected_load_s, 1e-3))
+        task = loading.task
+        key = (task.deployment_id, task.shard_index, task.epoch)
+        if key not in self.fetching:
+            return engine
+        share = self.fetching[key]
+        return 0.5 * (share if share is not None else 1.0 + engine)
 
     async def _report(self, key: tuple[str, int, int], loading: Loading) -> None:
         while self.loading.get(key) is loading:

@@ -29,9 +29,9 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from libs.contracts.base import Precision
-from libs.models.kernels import KVCache, Linear, Segment, StepPlan, nbytes, rms, rope
-from libs.models.store import WEIGHTS
+from libs.models.shipped import WEIGHTS
 from libs.runtime.settings import hub_offline
+from services.worker.torch.kernels import KVCache, Linear, Segment, StepPlan, nbytes, rms, rope
 
 LAYER_PREFIX = "model.layers."
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -245,9 +245,9 @@ def _wanted(spec: ShardSpec, tied: bool) -> Callable[[str], list[str]]:
 
 def _config(folder: Path) -> PretrainedConfig:
     """The model's configuration: from a Hugging Face ``folder``, or from a GGUF file (whole,
-    or the sparse copy of a layer range: ``libs/models/ranges.py``)."""
+    or the sparse copy of a layer range: ``libs/weights/layer_ranges.py``)."""
     if folder.suffix == ".gguf":
-        from libs.models.gguf_shard import gguf_config
+        from services.worker.torch.gguf_shard import gguf_config
 
         return gguf_config(folder)
     config: PretrainedConfig = AutoConfig.from_pretrained(folder)
@@ -257,7 +257,7 @@ def _config(folder: Path) -> PretrainedConfig:
 def _read(folder: Path, spec: ShardSpec, config: PretrainedConfig) -> dict[str, torch.Tensor]:
     wanted = _wanted(spec, bool(config.tie_word_embeddings))
     if folder.suffix == ".gguf":
-        from libs.models.gguf_shard import read_tensors
+        from services.worker.torch.gguf_shard import read_tensors
 
         return read_tensors(folder, config, wanted)
     state: dict[str, torch.Tensor] = {}

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from libs.contracts import Prompt, Sampling, TokenLogprob, ToolCall, TopLogprob
-from services.worker.engine_server import EngineError
+from services.worker.device.processes import EngineError
 
 #: Where each kind of prompt goes.
 PATHS = {"chat": "/v1/chat/completions", "text": "/v1/completions"}

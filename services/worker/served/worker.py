@@ -2,51 +2,36 @@
 
 A ``load`` task of a deployment's first shard starts (or keeps) the engine's server for it,
 beside the shard-task consumer (its message is kept until the start ends), so an unload or a
-newer task taken meanwhile supersedes the start instead of waiting behind it;
-each request streams from the server token by token into ``TokenChunk``s, from index
-``len(generated_token_ids)`` on, so a request re-run after a migration continues where the
-user's stream stopped. Requests of every epoch wait while the server starts (up to ``park_s``).
-A server that dies is started again for the same task, and the requests it was running carry
-on from their last token once it is back; a newer placement (the owner re-sends its requests
-there) ends them instead.
+newer task taken meanwhile supersedes the start instead of waiting behind it. Requests of every
+epoch wait while the server starts (up to ``park_s``), then stream from it (``streams.py``). A
+server that dies is started again for the same task.
+
+``ServedWorker`` implements the device's hooks that every served engine shares and calls its own
+abstract hooks, which each engine kind implements once (``VllmWorker``, ``LlamaWorker``):
+``refusal``, ``same_server``, ``hold_weights`` and ``on_lent_task``, beside the device's
+``open_engine``, ``close_engine``, ``tick`` and ``preload``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
+from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
 
 from libs.agents.emulated_fleet import shard_intensity, work_key
-from libs.contracts import (
-    HIDDEN,
-    TOKENS,
-    ContractError,
-    GenerationCancel,
-    GenerationRequest,
-    ShardTask,
-    TokenChunk,
-)
+from libs.contracts import HIDDEN, ContractError, GenerationCancel, GenerationRequest, ShardTask
 from libs.devices.emulated import EmulatedDevice
-from libs.runtime.bus import Bus, Delivery, Unsubscribe
-from libs.runtime.tracing import carried
-from services.worker.base import DeviceWorker, failure
-from services.worker.engine_server import EngineError, EngineServer
-from services.worker.llama_prompts import PromptRefused, Reply
-from services.worker.llama_server import LlamaServer
-from services.worker.metrics import WorkerMetrics
-from services.worker.prompts import refusal
+from libs.runtime.bus import Bus, Delivery
+from services.worker.device.metrics import WorkerMetrics
+from services.worker.device.processes import EngineError
+from services.worker.device.worker import DeviceWorker, failure
+from services.worker.served.server import EngineServer
+from services.worker.served.streams import Streams
 
 log = logging.getLogger(__name__)
 
-FINISH = {"stop": "stop", "length": "length"}
-FINISH_PROMPT = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
-#: The most characters of text a ``TokenChunk`` carries.
-TEXT_MAX = 4096
 #: Seconds between attempts to start a server again after it died.
 RESTART_S = 1.0
 
@@ -71,31 +56,43 @@ class ServedWorker(DeviceWorker):
         self.server: EngineServer | None = None
         self.ready = asyncio.Event()
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.streams = Streams(self)
         self.watcher: asyncio.Task[None] | None = None
         #: The engine's start in flight (``_load``), off the shard-task consumer's callback.
         self.starting: asyncio.Task[None] | None = None
 
-    # -- what an engine decides ----------------------------------------------------------------
+    # -- what a served engine kind implements ---------------------------------------------------
+    @abstractmethod
     def refusal(self, task: ShardTask) -> str | None:
         """Why this worker cannot run the first shard ``task`` names (None: it can)."""
-        return None
 
+    @abstractmethod
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         """Whether the server started for ``current`` serves ``task`` too (a newer epoch)."""
-        return True
 
-    async def subscribe_more(self) -> list[Unsubscribe]:
-        """Hidden-state frames are the torch ring's: one sent here is refused and counted."""
-        return [
-            await self.bus.subscribe_bytes(HIDDEN.pattern(device_id=self.device_id), self.on_hidden)
-        ]
+    @abstractmethod
+    async def hold_weights(self, task: ShardTask) -> None:
+        """Before ``task``'s server starts (and each time it starts again): make sure this
+        host holds the model's file it reads, reporting a fetch as the first half of loading
+        (``fetching``); raise ``EngineError`` when it cannot."""
 
+    @abstractmethod
+    async def on_lent_task(self, task: ShardTask) -> bool:
+        """Take ``task`` when it names layers that another device's server runs on this one
+        (llama.cpp's RPC server lends them) and return True; False: it is a task for a server
+        of this worker's own, which ``on_task`` takes."""
+
+    # -- the device's hooks, as every served engine implements them -----------------------------
     async def on_hidden(self, delivery: Delivery) -> None:
+        """Hidden-state frames are the torch ring's: one sent here is refused and counted."""
         detail = f"{self.device_id} runs no torch shard: hidden-state frames do not belong here"
         self.refuse(HIDDEN.name, ContractError("not_served", detail))
 
-    async def close(self) -> None:
-        await super().close()
+    async def expire(self, idle_s: float) -> None:
+        """Nothing waits here to expire: a request's job ends with its stream, or its cancel."""
+
+    async def stop_serving(self) -> None:
+        """Stop every request's job and the engine (the engine kinds' ``close_engine``)."""
         for job in list(self.running.values()):
             job.cancel()
         await self._stop_server()
@@ -104,7 +101,10 @@ class ServedWorker(DeviceWorker):
     async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
         """Take a shard task at once: a load that needs an engine started returns the start
         (``_load``), which runs off the consumer's callback, so an unload or a newer task
-        arriving meanwhile is taken without waiting and supersedes it."""
+        arriving meanwhile is taken without waiting and supersedes it. A task for layers lent
+        to another device's server is the engine kind's (``on_lent_task``)."""
+        if await self.on_lent_task(task):
+            return None
         current = self.task
         same = current is not None and current.deployment_id == task.deployment_id
         if task.action == "unload":
@@ -168,8 +168,16 @@ class ServedWorker(DeviceWorker):
         await self.status(task, "loaded", load_s=load_s)
 
     async def _start(self, task: ShardTask) -> float:
-        """Start a server for ``task`` (it stops itself when it fails) and watch it; the
-        shard is reported loading meanwhile (its caller reports how it ended)."""
+        """Start a server for ``task`` (it stops itself when it fails) and watch it, once this
+        host holds what it reads (``hold_weights``); the shard is reported loading meanwhile
+        (its caller reports how it ended)."""
+        try:
+            await self.hold_weights(task)
+            return await self._start_server(task)
+        finally:
+            self.fetching.pop((task.deployment_id, task.shard_index, task.epoch), None)
+
+    async def _start_server(self, task: ShardTask) -> float:
         await self.begin_loading(task)
         server = self.server = self.make_server(task)
         try:
@@ -242,7 +250,7 @@ class ServedWorker(DeviceWorker):
         earlier = self.running.get(request.request_id)
         if earlier is not None:
             earlier.cancel()  # sent again by its owner: this run replaces that one
-        job = asyncio.create_task(self._serve(request))
+        job = asyncio.create_task(self.streams.serve(request))
         self.running[request.request_id] = job
         job.add_done_callback(lambda _: self._finished(request.request_id, job))
 
@@ -255,61 +263,9 @@ class ServedWorker(DeviceWorker):
     def _finished(self, request_id: str, job: asyncio.Task[None]) -> None:
         if self.running.get(request_id) is job:
             del self.running[request_id]
-        self._update_gauges()
+        self.update_gauges()
 
-    async def _serve(self, request: GenerationRequest) -> None:
-        if request.prompt is not None:
-            await self._serve_prompt(request)
-            return
-        index = len(request.generated_token_ids)
-        generated = list(request.generated_token_ids)
-        last = TokenChunk(
-            request_id=request.request_id,
-            index=index,
-            finished=True,
-            finish_reason="length",
-            prompt_tokens=len(request.prompt_token_ids),
-            completion_tokens=index,
-            device_id=self.device_id,
-            epoch=request.epoch,
-            ts=self.clock(),
-        )
-        while True:
-            engine = await self._engine_for(request)
-            if engine is None:
-                return
-            task, server = engine
-            left = request.sampling.max_tokens - len(generated)
-            try:
-                if left > 0:
-                    prompt = [*request.prompt_token_ids, *generated]
-                    async for piece in server.complete(prompt, request.sampling, left):
-                        for i, token in enumerate(piece.token_ids):
-                            text = piece.text if i == len(piece.token_ids) - 1 else ""
-                            await self.emit(self._token(request, len(generated), token, text))
-                            generated.append(token)
-                        self._update_gauges()
-                        if piece.finish_reason is not None:
-                            reason = FINISH.get(piece.finish_reason, "error")
-                            update = {"finish_reason": reason, "stop_sequence": piece.stop_sequence}
-                            last = last.model_copy(update=update)
-                done = {"completion_tokens": len(generated), "index": len(generated)}
-                await self.emit(last.model_copy(update={**done, "ts": time.time()}))
-                return
-            except Exception as exc:  # the engine refused it, or went away
-                if await alive(server):
-                    log.warning("request failed", extra={"request_id": request.request_id})
-                    with contextlib.suppress(Exception):
-                        await self.emit(failure(request, f"{type(exc).__name__}: {exc}"))
-                    return
-                if self.task is not task:
-                    return  # stopped for a newer placement: the owner re-runs it there
-                # The server died under it: carry on from the last token once it is back.
-                await asyncio.sleep(0.1)
-
-    async def _engine_for(
-        self, request: GenerationRequest
-    ) -> tuple[ShardTask, EngineServer] | None:
+    async def engine_for(self, request: GenerationRequest) -> tuple[ShardTask, EngineServer] | None:
         """This request's engine once it is up; None when none will come here (the request's
         failure is sent) or the request belongs to an older placement (its owner re-runs it
         on the newer one)."""
@@ -326,122 +282,8 @@ class ServedWorker(DeviceWorker):
             return None
         return task, server
 
-    async def _serve_prompt(self, request: GenerationRequest) -> None:
-        """A request as OpenAI's fields: its answer's pieces from the engine, the first
-        ``delivered`` skipped (a re-run with the same seed: the user has them). An engine of
-        token ids runs ``prompt_token_ids`` instead, or refuses a field it cannot honour."""
-        prompt = request.prompt
-        assert prompt is not None
-        while True:
-            engine = await self._engine_for(request)
-            if engine is None:
-                return
-            task, server = engine
-            if not isinstance(server, LlamaServer):
-                refused = refusal(request, server.engine)
-                if refused is not None:
-                    await self.emit(refused.model_copy(update={"device_id": self.device_id}))
-                    return
-                bare = request.model_copy(update={"prompt": None})
-                await self._serve(bare)
-                return
-            index = 0
-            try:
-                async for reply in server.answer(prompt, request.sampling):
-                    if reply.finish_reason is not None:
-                        done = {
-                            "finish_reason": FINISH_PROMPT.get(reply.finish_reason, "stop"),
-                            "prompt_tokens": reply.prompt_tokens,
-                            "completion_tokens": reply.completion_tokens,
-                            "stop_sequence": reply.stop_sequence,
-                        }
-                        await self.emit(
-                            self._piece(
-                                request, max(index, request.delivered), **done, finished=True
-                            )
-                        )
-                        return
-                    if index >= request.delivered and plain(reply):
-                        await self._emit_text(request, index, reply.text)
-                    elif index >= request.delivered:
-                        fields = {
-                            "text": reply.text,
-                            "tool_calls": reply.tool_calls,
-                            "embedding": reply.embedding,
-                        }
-                        await self.emit(
-                            self._piece(request, index, **fields, logprobs=reply.logprobs)
-                        )
-                    index += 1
-                    if index % 16 == 1:  # a piece changes no gauge: refreshed now and then
-                        self._update_gauges()
-                return
-            except PromptRefused as exc:
-                refused = failure(request, str(exc)).model_copy(
-                    update={"invalid": exc.field, "index": request.delivered}
-                )
-                await self.emit(refused)
-                return
-            except Exception as exc:  # the engine went away
-                if await alive(server):
-                    log.warning("request failed", extra={"request_id": request.request_id})
-                    with contextlib.suppress(Exception):
-                        await self.emit(failure(request, f"{type(exc).__name__}: {exc}"))
-                    return
-                if self.task is not task:
-                    return  # stopped for a newer placement: the owner re-runs it there
-                # The server died under it: run it again once it is back, skipping what went.
-                request = request.model_copy(update={"delivered": max(index, request.delivered)})
-                await asyncio.sleep(0.1)
-
-    async def _emit_text(self, request: GenerationRequest, index: int, text: str) -> None:
-        """A piece of text alone (the hot path, once per token): its ``TokenChunk`` as JSON of
-        the fields it sets, written here rather than a model built and dumped (the gateway
-        validates it as a ``TokenChunk`` all the same)."""
-        fields = {"request_id": request.request_id, "index": index, "text": text}
-        fields.update(device_id=self.device_id, epoch=request.epoch, ts=time.time())
-        subject = TOKENS.subject(request_id=request.request_id, device_id=self.device_id)
-        await self.bus.publish_bytes(subject, json.dumps(fields).encode())
-
-    def _piece(self, request: GenerationRequest, index: int, **fields: Any) -> TokenChunk:
-        return TokenChunk(
-            request_id=request.request_id,
-            index=index,
-            device_id=self.device_id,
-            epoch=request.epoch,
-            ts=time.time(),
-            **fields,
-        )
-
-    def _token(self, request: GenerationRequest, index: int, token: int, text: str) -> TokenChunk:
-        return TokenChunk(
-            request_id=request.request_id,
-            index=index,
-            token_id=token,
-            text=text,
-            device_id=self.device_id,
-            epoch=request.epoch,
-            ts=time.time(),
-        )
-
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         self.device.queue_depth = len(self.running)
         self.device.measured_tokens_per_s = self.tokens_per_s()
         self.metrics.active.set(len(self.running))
         self.metrics.queue_depth.set(0 if self.ready.is_set() else len(self.running))
-
-
-def plain(reply: Reply) -> bool:
-    """Whether ``reply`` is text alone, sent outside a trace (``_emit_text``)."""
-    short = len(reply.text) <= TEXT_MAX
-    return short and not (reply.tool_calls or reply.logprobs or reply.embedding) and not carried()
-
-
-async def alive(server: EngineServer, wait_s: float = 1.0) -> bool:
-    """Whether ``server``'s process still runs ``wait_s`` after a request to it failed."""
-    proc = server.proc
-    if proc is None:
-        return False
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), wait_s)
-    return proc.returncode is None

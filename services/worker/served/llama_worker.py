@@ -11,7 +11,6 @@ newer epoch, the head starts its server on the new route, and the owner re-sends
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -30,9 +29,11 @@ from libs.runtime.bus import Bus
 from libs.weights.local_files import cached_path
 from libs.weights.object_store import WeightsError
 from libs.weights.whole_files import ensure_local
-from services.worker.engine_server import EngineError, EngineServer
-from services.worker.llama_server import LlamaServer, RpcServer
-from services.worker.served import ServedWorker
+from services.worker.device.processes import EngineError
+from services.worker.rpc.server import RpcServer
+from services.worker.served.llama_server import LlamaServer
+from services.worker.served.server import EngineServer
+from services.worker.served.worker import ServedWorker
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -54,17 +55,14 @@ class LlamaWorker(ServedWorker):
         self.rpc = rpc
         #: Shards of other heads' placements that this device's RPC server runs.
         self.lent: dict[str, ShardTask] = {}
-        #: Heads fetching their model's file from the cluster: the share fetched (0..1),
-        #: then None while the engine loads (its progress counted from half way).
-        self.fetching: dict[tuple[str, int, int], float | None] = {}
 
-    async def _start(self, task: ShardTask) -> float:
+    async def hold_weights(self, task: ShardTask) -> None:
         """The head of a placement holds its model's file first (``ensure_local``: its own,
         or fetched from the cluster's object store, reported as the first half of loading);
         only the head reads the file: the other devices get their layers through RPC."""
         card = task.card
         if card is None or task.shard_index != 0:
-            return await super()._start(task)
+            return
         key = (task.deployment_id, task.shard_index, task.epoch)
         await self.begin_loading(task)
         self.fetching[key] = 0.0
@@ -77,29 +75,22 @@ class LlamaWorker(ServedWorker):
 
         try:
             await ensure_local(self.weights_connection(), card, fetched, device_id=self.device_id)
-            self.fetching[key] = None
-            return await super()._start(task)
         except WeightsError as exc:
             raise EngineError(str(exc)) from exc
-        finally:
-            self.fetching.pop(key, None)
+        self.fetching[key] = None
 
-    def load_progress(self, loading: Any) -> float:
-        task = loading.task
-        key = (task.deployment_id, task.shard_index, task.epoch)
-        if key not in self.fetching:
-            return super().load_progress(loading)
-        share = self.fetching[key]
-        return 0.5 * (share if share is not None else 1.0 + super().load_progress(loading))
-
-    async def start(self) -> None:
+    async def open_engine(self) -> None:
+        """This device's RPC server, lent to placements' heads for as long as the worker
+        runs, and its address announced."""
         await self.rpc.start()
         self.device.rpc_endpoint = self.rpc.endpoint
-        await super().start()
 
-    async def close(self) -> None:
-        await super().close()
+    async def close_engine(self) -> None:
+        await self.stop_serving()
         await self.rpc.stop()
+
+    async def tick(self) -> None:
+        """Nothing read per interval: the device's readings are its host's (the agent's)."""
 
     async def preload(self, new_tokens: int = 16) -> None:
         """Measure this device on the model before any work: the whole model's greedy decode
@@ -151,9 +142,11 @@ class LlamaWorker(ServedWorker):
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         return (current.spans, current.endpoints) == (task.spans, task.endpoints)
 
-    async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
+    async def on_lent_task(self, task: ShardTask) -> bool:
+        """A task of a shard other than the first: its layers run on this device's RPC
+        server, which only the placement's head may reach from now on (until its unload)."""
         if task.shard_index == 0:
-            return await super().on_task(task)
+            return False
         current = self.lent.get(task.deployment_id)
         if task.action == "unload":
             if current is not None and current.epoch <= task.epoch:
@@ -161,22 +154,22 @@ class LlamaWorker(ServedWorker):
                 del self.lent[task.deployment_id]
                 await self.rpc.lend_to(lent.route[0] for lent in self.lent.values())
                 await self.status(task, "unloaded")
-            return None
+            return True
         if current is not None and current.epoch >= task.epoch:
             if current.epoch == task.epoch:
                 await self.status(task, "loaded")  # a repeat: its first answer may be lost
-            return None
+            return True
         reason = self.refusal(task)
         if reason is not None:
             await self.status(task, "refused", reason)
-            return None
+            return True
         if current is not None:
             self.device.unassign(work_key(current))
         self.lent[task.deployment_id] = task
         self.device.assign(work_key(task), shard_intensity(task))
         await self.rpc.lend_to(lent.route[0] for lent in self.lent.values())  # only its heads
         await self.status(task, "loaded")  # the head's llama-server loads our layers
-        return None
+        return True
 
 
 def whole_task(deployment_id: str, device_id: str) -> ShardTask:

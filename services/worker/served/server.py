@@ -3,7 +3,8 @@
 ``EngineServer`` starts the process on a free port with its output in a log file, waits until
 its health endpoint answers and then until it answers a first one-token request (up is not
 serving: the first forward pass takes from a second to a minute), and stops it. Each engine
-names its command and streams a completion of token ids as ``Piece``s.
+implements its hooks once: the command, what it readies before the process starts and releases
+after it stopped, a check that it can run here, and a completion of token ids as ``Piece``s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 
 from libs.contracts import Sampling
 from libs.runtime.procs import child_kwargs, free_port
-from libs.runtime.settings import child_env
+from services.worker.device.processes import EngineError, stop_process
 
 log = logging.getLogger(__name__)
 #: How often a starting server is asked whether it is up. A re-placed deployment serves, and
@@ -42,28 +43,6 @@ class Piece:
     finish_reason: str | None
     #: The stop sequence that ended it, where the engine names one.
     stop_sequence: str | None = None
-
-
-class EngineError(RuntimeError):
-    pass
-
-
-async def stop_process(proc: asyncio.subprocess.Process | None, timeout_s: float) -> None:
-    """SIGTERM, and SIGKILL if it has not exited after ``timeout_s``."""
-    if proc is None or proc.returncode is not None:
-        return
-    proc.terminate()
-    try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-
-
-def engine_env(**extra: str) -> dict[str, str]:
-    """An engine process's environment: this one's without Tessera's settings (an engine
-    needs none, and a process carrying ``TESSERA_WORKER_DEVICE_ID`` looks like the worker)."""
-    return {k: v for k, v in child_env(**extra).items() if not k.startswith("TESSERA_")}
 
 
 class EngineServer(ABC):
@@ -100,17 +79,28 @@ class EngineServer(ABC):
     def check(self) -> None:
         """Raise ``EngineError`` when the engine cannot start here (its build is missing)."""
 
+    @abstractmethod
+    async def prepare(self) -> None:
+        """Ready what the process needs before it starts (not counted in its start time);
+        raise ``EngineError`` when it cannot. Undone by ``release``."""
+
+    @abstractmethod
+    async def release(self) -> None:
+        """Release what ``prepare`` readied, once the process stopped (called by ``stop``,
+        also after a start that failed, so whatever part of it was readied)."""
+
     async def start(self, timeout_s: float = 300.0) -> float:
         """Start the server and wait until it answers a request; returns the seconds it took
         (on failure, it is stopped and ``EngineError`` says why)."""
         self.check()
         try:
-            return await self._start(timeout_s)
+            await self.prepare()
+            return await self._launch(timeout_s)
         except BaseException:
             await self.stop()
             raise
 
-    async def _start(self, timeout_s: float) -> float:
+    async def _launch(self, timeout_s: float) -> float:
         started = time.monotonic()
         self.port = free_port()
         command, env = self.command()
@@ -166,3 +156,4 @@ class EngineServer(ABC):
             self.http = None
         proc, self.proc = self.proc, None
         await stop_process(proc, 20.0)
+        await self.release()

@@ -1,105 +1,59 @@
-"""The CPU shard worker: loads the shards the scheduler sends it and runs them over NATS.
+"""The torch ring's worker: layer shards of the prepared model, run in PyTorch on this host.
 
-One process stands in for one device. It listens on its device's subjects, through the ``Bus``:
-
-- ``SHARD_TASK`` (a durable consumer): load or unload a shard; answers on ``SHARD_STATUS``.
-  A load runs beside the consumer (its message kept until it ends), so an unload or a newer
-  epoch of the same deployment is taken at once and supersedes it.
-- ``GENERATION``: a new request, when this device holds a deployment's first shard.
-- ``HIDDEN``: binary frames from the previous shard (or sampled tokens from the last).
-- ``CANCEL``: drop a request everywhere.
-
-Work for a shard that is still loading (a newer epoch) is parked, not lost; work for an older
-epoch is dropped. Compute runs on one thread: each step takes everything that arrived since
-the last and runs all of a shard's active requests as one batch (continuous batching, see
-engine.py). A slower emulated class sleeps in proportion to each step's compute. The device's
-telemetry (its announce and samples; a sample is its heartbeat) comes from the same process, so
-killing the worker is a device failure the scheduler sees.
+One process stands in for one device. Beside what every worker takes (``DeviceWorker``), it
+loads and unloads shards as ``SHARD_TASK`` says: a load runs beside the consumer (its message
+kept until it ends), so an unload or a newer epoch of the same deployment is taken at once and
+supersedes it; the layers come from the prepared folder, or as the shard's own layers fetched
+from the cluster's object store, and stay held for a later placement (``held.py``). New
+requests (``GENERATION``, on a first shard), hidden-state frames (``HIDDEN``) and cancels wait
+in the ``Inbox`` (parked while their shard loads, ``inbox.py``). Compute runs on one thread:
+each step takes everything that arrived since the last and runs all of a shard's active
+requests as one batch (continuous batching, ``shard_engine.py``). A slower emulated class
+sleeps in proportion to each step's compute. The device's telemetry (its announce and samples;
+a sample is its heartbeat) comes from the same process, so killing the worker is a device
+failure the scheduler sees.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import (
     CANCEL,
     HIDDEN,
     ContractError,
-    Frame,
     GenerationCancel,
     GenerationRequest,
     ShardTask,
-    StepRow,
     decode_frame,
     step_rows,
 )
 from libs.devices.emulated import EmulatedDevice
-from libs.models.shard import DEFAULT_PRECISION, ShardModel, shard_bytes
 from libs.models.shipped import MODEL_NAME
-from libs.runtime.bus import Bus, Delivery, Unsubscribe
+from libs.runtime.bus import Bus, Delivery
 from libs.runtime.tracing import TRACEPARENT, carried, step
-from libs.weights.layer_ranges import fetch_layers
-from services.worker.actions import Action, Emit
-from services.worker.base import DeviceWorker, failure
-from services.worker.engine import ShardEngine
-from services.worker.metrics import WorkerMetrics
-from services.worker.prompts import refusal
+from services.worker.device.metrics import WorkerMetrics
+from services.worker.device.prompts import refusal
+from services.worker.device.worker import DeviceWorker, failure
+from services.worker.torch.actions import Action, Emit
+from services.worker.torch.held import HeldModels
+from services.worker.torch.inbox import Cancel, Expire, Inbox, Item
+from services.worker.torch.shard import DEFAULT_PRECISION
+from services.worker.torch.shard_engine import ShardEngine
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-#: Share of a device's memory a shard may use (the rest: OS, KV caches, activations).
-MEMORY_SHARE = 0.8
-#: Layer ranges kept loaded (the current shard and standbys).
-MODELS_KEPT = 2
-#: Steps the measured speed is averaged over.
-STEPS_KEPT = 64
 
 
-@dataclass(frozen=True)
-class Item:
-    """One step of work for a deployment's shard at one epoch."""
-
-    deployment_id: str
-    epoch: int
-    request: GenerationRequest | None = None
-    frame: Frame | None = None
-    rows: list[StepRow] = dataclasses.field(default_factory=list)  #: the frame's
-    parked_at: float = 0.0
-    #: The trace context it came with (a new request, a prefill frame); None when untraced.
-    headers: dict[str, str] | None = None
-    #: The device a frame came from (None: this worker's own work): taken only when it is a
-    #: device of the deployment's route at the frame's epoch.
-    sender: str | None = None
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Drop a request from a deployment's engine (queued: applied between steps)."""
-
-    deployment_id: str
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Expire:
-    """Drop the requests idle for ``idle_s`` from every engine (queued like ``Cancel``)."""
-
-    idle_s: float
-
-
-class Worker(DeviceWorker):
+class TorchWorker(DeviceWorker):
     """The torch engine: layer shards of the prepared model in ``folder``."""
 
     def __init__(
@@ -116,6 +70,7 @@ class Worker(DeviceWorker):
         clock: Callable[[], float] = time.time,
         compute: ThreadPoolExecutor | None = None,
     ) -> None:
+        """``compute``: the one thread of every torch call of this process (``held.py``)."""
         from transformers import AutoTokenizer, GenerationConfig
 
         super().__init__(bus, device, metrics, clock)
@@ -124,42 +79,29 @@ class Worker(DeviceWorker):
         self.folder = folder
         self.precision = precision
         self.max_active = max_active
-        self.park_s = park_s
         self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
         eos = GenerationConfig.from_pretrained(folder).eos_token_id
         eos_ids = eos if isinstance(eos, list) else [eos]
         self.stop_ids = frozenset(int(e) for e in eos_ids if e is not None)
         self.engines: dict[str, ShardEngine] = {}
-        self.models: dict[tuple[int, int, str], ShardModel] = {}  #: (start, end, precision)
+        self.held = HeldModels(folder, precision, device, compute)
         #: Loads in flight (``_load``), by deployment: they run off the shard-task consumer's
         #: callback, so an unload or a newer task is taken while one runs.
         self.loads: dict[str, tuple[ShardTask, asyncio.Task[None]]] = {}
-        self.parked: list[Item] = []
-        self.cancelled: dict[str, float] = {}
         #: What the compute loop applies to the engines, in arrival order. An engine's state
         #: is changed only there, and on the torch thread: steps, cancels and expiries run on
         #: it, so a cancel never lands in the middle of a step.
-        self.queue: asyncio.Queue[Item | Cancel | Expire] = asyncio.Queue()
+        self.inbox = Inbox(park_s, self.refuse)
         #: The trace context of a traced request's first item, until its step runs.
         self.traced: dict[str, dict[str, str]] = {}
         self._task: asyncio.Task[None] | None = None
-        #: Every torch call (loading, warm-up, steps) runs on this one thread. Torch's OpenMP
-        #: keeps a team of threads per calling thread; a second team (a model loaded on another
-        #: thread) makes libgomp, seeing more threads than cores, stop spinning between parallel
-        #: regions: steps at 2 threads ran 35 % slower, at 1 thread's speed (measured here).
-        self.compute = compute or ThreadPoolExecutor(1, thread_name_prefix="torch")
-        #: (floating-point operations, seconds) of the last steps: the speed this device
-        #: measures, which the scorer trusts over what it announced.
-        self.steps: collections.deque[tuple[int, float]] = collections.deque(maxlen=STEPS_KEPT)
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def subscribe_more(self) -> list[Unsubscribe]:
+    async def open_engine(self) -> None:
+        """The compute loop, waiting for the first work."""
         self._task = asyncio.create_task(self._run())
-        subject = HIDDEN.pattern(device_id=self.device_id)
-        return [await self.bus.subscribe_bytes(subject, self.on_hidden)]
 
-    async def close(self) -> None:
-        await super().close()
+    async def close_engine(self) -> None:
         loads = [load for _, load in self.loads.values()]
         for load in loads:
             load.cancel()  # kept in `loads`: each sees it was not superseded (and re-raises)
@@ -170,7 +112,14 @@ class Worker(DeviceWorker):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.compute.shutdown(wait=False, cancel_futures=True)
+        self.held.close()
+
+    async def tick(self) -> None:
+        """Nothing read per interval: the steps measure this device as they run."""
+
+    async def preload(self) -> None:
+        """Load the whole model now if it fits, and measure this device's speed on it."""
+        await self.held.preload()
 
     # -- shard tasks ------------------------------------------------------------------------
     async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
@@ -235,7 +184,9 @@ class Worker(DeviceWorker):
         precision = task.precision or self.precision  # the deployment's, else this worker's
         try:
             await self.begin_loading(task)
-            loaded = await self._shard_model(task, precision)
+            loaded = await self.held.shard(
+                task, precision, self.weights_connection(), self.weights_progress(task)
+            )
         except asyncio.CancelledError:
             if self._loading(task):
                 raise  # the worker closes: the task is not acknowledged
@@ -260,7 +211,8 @@ class Worker(DeviceWorker):
         )
         # Only now the device works: a refused or failed shard leaves its power and load be.
         self.device.assign(work_key(task), shard_intensity(task))
-        self._unpark(task.deployment_id)  # before the report: an unload may come meanwhile
+        # Before the report: an unload may come meanwhile.
+        self.inbox.unpark(task.deployment_id, self.engines[task.deployment_id])
         self._update_gauges()
         load_s = time.monotonic() - started
         log.info(
@@ -274,95 +226,6 @@ class Worker(DeviceWorker):
             },
         )
         await self.status(task, "loaded", load_s=load_s)
-
-    async def _shard_model(self, task: ShardTask, precision: str) -> ShardModel | str:
-        """The model of ``task``'s shard in ``precision``, or why it does not fit this device."""
-        need = await self._torch(
-            shard_bytes, self.folder, task.layer_start, task.layer_end, precision
-        )
-        room = self.device.memory_limit_gb * MEMORY_SHARE * 1e9
-        if need > room:
-            return (
-                f"shard of {need / 1e9:.2f} GB does not fit {self.device.device_class} "
-                f"{self.device_id} ({room / 1e9:.2f} GB usable)"
-            )
-        source = await self._weights(task)
-        return await self.model(task.layer_start, task.layer_end, precision, source)
-
-    async def _weights(self, task: ShardTask) -> Path | None:
-        """Where the shard's weights come from: None where this host holds the model's file
-        (the prepared folder, converted from it, loads fastest); else the sparse GGUF of the
-        shard's layer range, fetched from the cluster's object store (``libs/weights/layer_ranges``:
-        only the header, its layers and the embedding or head), its progress on the feed."""
-        card, connection = task.card, self.weights_connection()
-        if card is None or connection is None:
-            return None
-        fetched = await fetch_layers(
-            connection,
-            card,
-            task.layer_start,
-            task.layer_end,
-            card.layers,
-            self.weights_progress(task),
-        )
-        return None if fetched.whole else fetched.path
-
-    async def _torch(self, function: Callable[..., T], *args: object) -> T:
-        """``function(*args)`` on the torch thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.compute, function, *args)
-
-    async def model(
-        self, start: int, end: int, precision: str | None = None, source: Path | None = None
-    ) -> ShardModel:
-        """The layers ``[start, end)`` in ``precision`` (default: this worker's), loaded once
-        from ``source`` (default: the prepared folder; else a GGUF): a shard this worker held
-        before (or the whole model it preloaded) is ready at once when the scheduler moves
-        work here."""
-        precision = precision or self.precision
-        key = (start, end, precision)
-        if key not in self.models:
-            folder = source or self.folder
-            self.models[key] = await self._torch(ShardModel, folder, start, end, precision)
-            while len(self.models) > MODELS_KEPT:
-                self.models.pop(next(iter(self.models)))  # the least recently used
-        self.models[key] = self.models.pop(key)  # most recently used last
-        return self.models[key]
-
-    async def preload(self) -> None:
-        """Load the whole model now if it fits (a warm standby for a failed device's work)."""
-        from transformers import AutoConfig
-
-        layers = int(AutoConfig.from_pretrained(self.folder).num_hidden_layers)
-        need = await self._torch(shard_bytes, self.folder, 0, layers, self.precision)
-        if need <= self.device.memory_limit_gb * MEMORY_SHARE * 1e9:
-            model = await self.model(0, layers)
-            await self._torch(self._warm_up, model)
-            log.info(
-                "preloaded the whole model",
-                extra={"layers": layers, "gflops": round(self.device.measured_gflops or 0, 2)},
-            )
-
-    def _warm_up(self, model: ShardModel) -> None:
-        """Two short generations (a 24-token prompt, 8 tokens: a chat request's shape) on
-        ``model``: the first warms it (real work then runs at full speed at once), the second
-        measures the device's speed on its one-row decode steps before any real work does."""
-        import torch
-
-        for measure in (False, True):
-            cache = model.new_cache()
-            logits = model.forward(torch.arange(1, 25).unsqueeze(0), cache)
-            for _ in range(8):
-                before, started = model.flops, time.perf_counter()
-                logits = model.forward(logits.argmax(-1, keepdim=True), cache)
-                if measure:
-                    self._measured(model.flops - before, time.perf_counter() - started)
-
-    def _measured(self, flops: int, busy_s: float) -> None:
-        """Record a step's work; the emulated class's slowdown counts as its time."""
-        if flops > 0 and busy_s > 0:
-            self.steps.append((flops, busy_s / self.device.speed_factor))
-            total_s = sum(s for _, s in self.steps)
-            self.device.measured_gflops = sum(f for f, _ in self.steps) / total_s / 1e9
 
     # -- incoming work ----------------------------------------------------------------------
     async def on_generate(self, request: GenerationRequest, delivery: Delivery) -> None:
@@ -396,50 +259,23 @@ class Worker(DeviceWorker):
 
     async def on_cancel(self, cancel: GenerationCancel, delivery: Delivery) -> None:
         deployment_id = CANCEL.token_of(delivery.subject, "deployment_id")
-        self.cancelled[cancel.request_id] = time.monotonic()
+        self.inbox.cancel(cancel.request_id)
         if deployment_id in self.engines:
-            self.queue.put_nowait(Cancel(deployment_id, cancel.request_id))
+            self.inbox.queue.put_nowait(Cancel(deployment_id, cancel.request_id))
 
     def _accept(self, item: Item) -> None:
-        engine = self.engines.get(item.deployment_id)
-        if engine is None or item.epoch > engine.epoch:
-            self.parked.append(dataclasses.replace(item, parked_at=time.monotonic()))
-        elif item.epoch == engine.epoch and self._from_route(item, engine.route):
-            self.queue.put_nowait(item)
+        self.inbox.accept(item, self.engines.get(item.deployment_id))
         self._update_gauges()  # an older epoch's work is dropped: its owner re-runs it
-
-    def _unpark(self, deployment_id: str) -> None:
-        engine = self.engines[deployment_id]
-        keep: list[Item] = []
-        for item in self.parked:
-            if item.deployment_id != deployment_id or item.epoch > engine.epoch:
-                keep.append(item)
-            elif item.epoch == engine.epoch and self._from_route(item, engine.route):
-                self.queue.put_nowait(item)
-        self.parked = keep
-
-    def _from_route(self, item: Item, route: tuple[str, ...]) -> bool:
-        """Whether a frame came from a device of the deployment's route (a device that serves
-        nothing of it cannot write into its pipeline); this worker's own work always does."""
-        if item.sender is None or item.sender in route:
-            return True
-        detail = f"a frame from {item.sender}, not a device of {item.deployment_id}"
-        self.refuse(HIDDEN.name, ContractError("not_routed", detail))
-        return False
 
     async def expire(self, idle_s: float) -> None:
         """Drop parked work nobody loaded a shard for, and requests whose END was lost."""
-        now = time.monotonic()
-        stale = [i for i in self.parked if now - i.parked_at > self.park_s]
-        self.parked = [i for i in self.parked if now - i.parked_at <= self.park_s]
-        for item in stale:
+        for item in self.inbox.expire(idle_s):
             if item.request is not None:
                 await self.emit(
                     failure(item.request, f"no shard of {item.deployment_id} loaded on here")
                 )
         if self.engines:
-            self.queue.put_nowait(Expire(idle_s))
-        self.cancelled = {r: t for r, t in self.cancelled.items() if now - t < idle_s}
+            self.inbox.queue.put_nowait(Expire(idle_s))
         self._update_gauges()
 
     # -- the compute loop -------------------------------------------------------------------
@@ -448,9 +284,9 @@ class Worker(DeviceWorker):
         one batch. Whatever arrives during a step joins the next one."""
         while True:
             if not any(e.ready for e in self.engines.values()):
-                await self._take(await self.queue.get())
-            while not self.queue.empty():
-                await self._take(self.queue.get_nowait())
+                await self._take(await self.inbox.queue.get())
+            while not self.inbox.queue.empty():
+                await self._take(self.inbox.queue.get_nowait())
             for deployment_id, engine in list(self.engines.items()):
                 if engine.ready:
                     await self._step(deployment_id, engine)
@@ -466,21 +302,21 @@ class Worker(DeviceWorker):
         if item.headers and TRACEPARENT in item.headers:
             self.traced.setdefault(item.deployment_id, item.headers)
         if item.request is not None:
-            if item.request.request_id not in self.cancelled:
+            if item.request.request_id not in self.inbox.cancelled:
                 await self._dispatch(item.deployment_id, engine.admit(item.request))
         else:
             assert item.frame is not None
-            engine.receive(item.frame, item.rows, self.cancelled)
+            engine.receive(item.frame, item.rows, self.inbox.cancelled)
 
     async def _control(self, item: Cancel | Expire) -> None:
         """A cancel or an expiry, applied on the torch thread between steps."""
         if isinstance(item, Cancel):
             engine = self.engines.get(item.deployment_id)
-            if engine is not None and await self._torch(engine.cancel, item.request_id):
+            if engine is not None and await self.held.run(engine.cancel, item.request_id):
                 log.info("cancelled", extra={"request_id": item.request_id})
             return
         for deployment_id, engine in list(self.engines.items()):
-            for request_id in await self._torch(engine.expire, item.idle_s):
+            for request_id in await self.held.run(engine.expire, item.idle_s):
                 log.warning(
                     "dropped an idle request (its end was lost)",
                     extra={"request_id": request_id, "deployment_id": deployment_id},
@@ -500,11 +336,11 @@ class Worker(DeviceWorker):
             f"shard {task.shard_index} step", self.traced.pop(deployment_id, None), **attributes
         ):
             started, flops = time.monotonic(), engine.model.flops
-            actions = await self._torch(engine.step)
+            actions = await self.held.run(engine.step)
             busy = time.monotonic() - started
             self.metrics.step_seconds.observe(busy)
             if engine.rows == 1:  # like for like: one-row steps, as in the warm-up
-                self._measured(engine.model.flops - flops, busy)
+                self.held.measured(engine.model.flops - flops, busy)
             if self.device.speed_factor < 1.0:  # emulate a slower device class
                 await asyncio.sleep(busy * (1.0 / self.device.speed_factor - 1.0))
             await self._dispatch(deployment_id, actions)
@@ -527,7 +363,7 @@ class Worker(DeviceWorker):
                 await self.bus.publish_bytes(subject, action.frame.encode(), headers)
 
     def _update_gauges(self) -> None:
-        depth = self.queue.qsize() + len(self.parked)
+        depth = self.inbox.depth
         self.device.queue_depth = depth
         self.device.measured_tokens_per_s = self.tokens_per_s()
         self.metrics.queue_depth.set(depth)

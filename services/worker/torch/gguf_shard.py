@@ -1,5 +1,5 @@
 """A torch shard's tensors read straight from a GGUF file (whole, or the sparse copy of a layer
-range that ``libs/models/ranges.py`` fetched): only the shard's own tensors are touched.
+range that ``libs/weights/layer_ranges.py`` fetched): only the shard's own tensors are touched.
 
 Tensors are dequantised to float32 with the ``gguf`` package (the same routine transformers'
 GGUF loader uses) and named as ``shard._read`` names them. llama.cpp's converter stores the

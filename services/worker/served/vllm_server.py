@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS, Sampling
-from services.worker.engine_server import EngineError, EngineServer, Piece, engine_env
-
-VllmError = EngineError
+from services.worker.device.processes import EngineError, engine_env
+from services.worker.served.server import EngineServer, Piece
 
 
 class VllmServer(EngineServer):
@@ -43,6 +42,12 @@ class VllmServer(EngineServer):
             raise EngineError(
                 f"{self.python} not found: build the vLLM virtualenv with `make vllm`"
             )
+
+    async def prepare(self) -> None:
+        """Nothing: the model's folder is on this host already."""
+
+    async def release(self) -> None:
+        """Nothing: ``prepare`` readied nothing."""
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         command = [

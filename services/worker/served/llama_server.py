@@ -1,11 +1,10 @@
-"""llama.cpp as an engine: ``llama-server`` runs a deployment, ``ggml-rpc-server`` lends a device.
+"""llama.cpp's ``llama-server`` as an engine: it runs a deployment, on the placement's devices.
 
 A split across devices is llama.cpp's RPC backend driven by Tessera's placement: the first
 shard's worker runs ``llama-server`` on the GGUF as shipped, keeps its own layers on its CPU, and
-offloads the rest to the RPC servers of the other shards' devices, each given exactly the layers
-the placement chose (``--n-gpu-layers`` counts the offloaded layers, which llama.cpp takes from
-the end; ``--tensor-split`` divides them in route order). Every llamacpp worker runs one
-``ggml-rpc-server`` for as long as it lives and announces its address (``rpc_endpoint``).
+offloads the rest to the RPC servers of the other shards' devices (``services/worker/rpc/``),
+each given exactly the layers the placement chose (``--n-gpu-layers`` counts the offloaded
+layers, which llama.cpp takes from the end; ``--tensor-split`` divides them in route order).
 
 The binaries come from ``make llama`` (``deploy/build_llama.sh``) in ``.llama/``.
 """
@@ -16,53 +15,21 @@ import asyncio
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from libs.contracts import Prompt, Sampling, ShardTask
 from libs.runtime.pki import Credentials
-from libs.runtime.procs import child_kwargs, free_port, port_free
-from services.worker.chat_templates import tool_template
-from services.worker.engine_server import (
-    EngineError,
-    EngineServer,
-    Piece,
-    engine_env,
-    stop_process,
-)
-from services.worker.llama_prompts import PromptRefused, Reply, replies
-from services.worker.rpc_cache import rpc_cache_dir, trim
-from services.worker.rpc_channel import (
-    LOOPBACK,
-    ChannelError,
-    Listener,
-    Relay,
-    close_all,
-    is_loopback,
-    listener,
-    listening,
-    open_tunnels,
-)
+from services.worker.device.processes import EngineError
+from services.worker.rpc.channel import ChannelError, Relay, close_all, open_tunnels
+from services.worker.rpc.server import llama_env
+from services.worker.served.chat_templates import tool_template
+from services.worker.served.llama_prompts import PromptRefused, Reply, replies
+from services.worker.served.server import EngineServer, Piece
 
 log = logging.getLogger(__name__)
 
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
-
-#: How long (spin iterations) an OpenMP thread of llama.cpp busy-waits for the next work before
-#: it sleeps. libgomp's default, 300,000, keeps an idle thread spinning for milliseconds after
-#: every graph: a split's stages then spin on the cores the stage at work needs (on one host),
-#: and so do the worker, gateway and NATS beside them. 10,000 still spans the barriers inside a
-#: graph (OMP_WAIT_POLICY=passive, which sleeps at each, cut one stream to a third). On 2
-#: cores, 8 streams, llama-server direct split in 2: 130–145 → 170–183 tokens/s; through
-#: Tessera, 0.63 → 0.84 × the whole model (bench/results/serving.md).
-SPIN_COUNT = "10000"
-
-
-def llama_env() -> dict[str, str]:
-    """The environment of llama.cpp's processes (a ``GOMP_SPINCOUNT`` already set is kept)."""
-    env = engine_env()
-    env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
-    return env
 
 
 def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
@@ -103,17 +70,18 @@ class LlamaServer(EngineServer):
         credentials: Credentials | None = None,
     ) -> None:
         """``credentials``: this device's cluster certificate, to reach other hosts' RPC
-        servers through TLS tunnels (``rpc_channel``); without them only loopback ones."""
+        servers through TLS tunnels (``services/worker/rpc/channel.py``); without them only
+        loopback ones."""
         super().__init__()
         self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
         self.threads, self.slots, self.context = threads, slots, context
         #: Whether the server honours ``tools`` (the chat template has a tool-call format),
-        #: and the template file it is given (None: the GGUF's own), read in ``_start``.
+        #: and the template file it is given (None: the GGUF's own), read in ``prepare``.
         self.tools = False
         self.template: tuple[Path | None, bool] = (None, False)
         self.credentials = credentials
         #: What ``--rpc`` names for the other shards' RPC servers: a tunnel's loopback address
-        #: for each on another host (opened in ``_start``), the endpoint itself on this one.
+        #: for each on another host (opened in ``prepare``), the endpoint itself on this one.
         self.rpc_addresses: list[str] = list(task.endpoints[1:])
         self.tunnels: list[Relay] = []
 
@@ -158,8 +126,9 @@ class LlamaServer(EngineServer):
             command += ["-ngl", "0", "--device", "none"]
         return command, llama_env()
 
-    async def _start(self, timeout_s: float) -> float:
-        """The tunnels to the other hosts' RPC servers first, then llama-server on them."""
+    async def prepare(self) -> None:
+        """The GGUF's chat template read, and the tunnels to the other hosts' RPC servers
+        opened: llama-server starts on them."""
         # Reading the GGUF's template takes seconds on a busy host: not on the event loop.
         self.template = await asyncio.to_thread(tool_template, self.gguf)
         if self.task.shard_count > 1:
@@ -169,10 +138,9 @@ class LlamaServer(EngineServer):
                 )
             except ChannelError as exc:
                 raise EngineError(str(exc)) from exc
-        return await super()._start(timeout_s)
 
-    async def stop(self) -> None:
-        await super().stop()
+    async def release(self) -> None:
+        """The tunnels closed (llama-server, their one user, has stopped)."""
         tunnels, self.tunnels = self.tunnels, []
         await close_all(tunnels)
 
@@ -218,100 +186,3 @@ class LlamaServer(EngineServer):
             reason = "tools: this model's chat template has no tool-call format"
             raise PromptRefused(reason, field="tools")
         return replies(self.http, prompt, sampling)
-
-
-#: What this host's RPC tensor cache may hold (``TESSERA_WORKER_RPC_CACHE_GB``).
-DEFAULT_CACHE_BYTES = 20 * 10**9
-
-
-class RpcServer:
-    """This device's ``ggml-rpc-server``: its CPU, lent to the llama-server of a placement.
-
-    The server itself listens on 127.0.0.1 only. Lent to other hosts (``host`` not loopback),
-    it is reached through a mutual-TLS listener on ``host:port`` that lets in only peers with
-    a certificate of the cluster's CA naming a head it lends to (``lend_to``; none at first:
-    ``services/worker/rpc_channel.py``): ``credentials``, this device's own, are then
-    required. The announced ``endpoint`` is that listener's."""
-
-    def __init__(
-        self,
-        binaries: Path,
-        host: str,
-        port: int = 0,
-        threads: int = 1,
-        credentials: Credentials | None = None,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-    ) -> None:
-        self.binaries, self.host, self.threads = binaries, host, threads
-        self.credentials, self.cache_bytes = credentials, cache_bytes
-        self.port = port or free_port(host)
-        while not port and not is_loopback(host) and not port_free(LOOPBACK, self.port):
-            self.port = free_port(host)
-        #: The server's own port, on loopback: the TLS listener's number, so that a head on
-        #: this same host reaches it there directly (``rpc_channel.open_tunnels``).
-        self.local_port = self.port
-        self.proc: asyncio.subprocess.Process | None = None
-        self.listener: Listener | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    async def start(self, timeout_s: float = 10.0) -> None:
-        binary = self.binaries / "ggml-rpc-server"
-        if not binary.exists():
-            raise EngineError(f"{binary} not found: build it with `make llama`")
-        if not is_loopback(self.host) and self.credentials is None:
-            raise EngineError(
-                f"llama.cpp's RPC server would be reachable on {self.host} without "
-                "authentication: it needs this device's cluster certificate (tessera join)"
-            )
-        await asyncio.to_thread(trim, rpc_cache_dir(), self.cache_bytes)
-        command = [
-            *(str(binary), "-H", LOOPBACK, "-p", str(self.local_port), "-t", str(self.threads)),
-            # Keep received tensors in a file cache by hash (under LLAMA_CACHE): a head that
-            # places the same model here again sends hashes, not weights (tensors over 10 MiB);
-            # the least recently used are removed before a start beyond ``cache_bytes``.
-            "-c",
-        ]
-        self.proc = await asyncio.create_subprocess_exec(
-            *command,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            env={**llama_env(), "LLAMA_CACHE": str(rpc_cache_dir())},
-            **child_kwargs(signal.SIGKILL),
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
-            if self.proc.returncode is not None:
-                raise EngineError(f"ggml-rpc-server exited with {self.proc.returncode}")
-            if listening(self.local_port):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            await self.stop()
-            raise EngineError(
-                f"ggml-rpc-server did not listen on {self.local_port} in {timeout_s} s"
-            )
-        if self.credentials is not None and not is_loopback(self.host):
-            try:
-                relay = listener(self.credentials, self.host, self.port, self.local_port)
-                self.listener = await relay.start(timeout_s)
-            except ChannelError as exc:
-                await self.stop()
-                raise EngineError(f"the RPC server's TLS listener: {exc}") from exc
-        log.info("rpc server up", extra={"endpoint": self.endpoint, "tls": bool(self.listener)})
-
-    async def lend_to(self, heads: Iterable[str]) -> None:
-        """Let only these devices (the heads of the placements it lends to) through the TLS
-        listener from now on; a head no longer named loses its connections."""
-        if self.listener is not None:
-            await self.listener.admit(heads)
-
-    async def stop(self) -> None:
-        relay, self.listener = self.listener, None
-        if relay is not None:
-            await relay.stop()
-        proc, self.proc = self.proc, None
-        await stop_process(proc, 5.0)

@@ -2,7 +2,7 @@
 
 ``ShardEngine`` turns what arrives (a ``GenerationRequest`` on the first shard, ``STEP`` frames
 on the others, sampled tokens coming back to the first) into ``Send`` and ``Emit`` actions; the
-worker service (service.py) does the publishing and decides when to step. The pipeline is a ring:
+torch worker (worker.py) does the publishing and decides when to step. The pipeline is a ring:
 the first shard embeds the prompt and sends hidden states on, each shard runs its layers, the
 last samples a token, streams it to the user and sends it back to the first shard for the next
 step. A one-shard placement runs the ring inside one engine.
@@ -36,10 +36,10 @@ from libs.contracts import (
     TokenChunk,
     step_frame,
 )
-from libs.models.decoding import Decoder, TextStream, sample
-from libs.models.kernels import Segment
-from libs.models.shard import ShardModel
-from services.worker.actions import Action, Emit, Send, frame_states, states_frames
+from services.worker.torch.actions import Action, Emit, Send, frame_states, states_frames
+from services.worker.torch.decoding import Decoder, TextStream, sample
+from services.worker.torch.kernels import Segment
+from services.worker.torch.shard import ShardModel
 
 log = logging.getLogger(__name__)
 

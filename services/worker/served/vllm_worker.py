@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS, ShardTask
-from services.worker.engine_server import EngineServer
-from services.worker.gpu import read_gpu
-from services.worker.served import ServedWorker
-from services.worker.vllm_server import VllmServer
+from services.worker.device.gpu import read_gpu
+from services.worker.served.server import EngineServer
+from services.worker.served.vllm_server import VllmServer
+from services.worker.served.worker import ServedWorker
 
 
 class VllmWorker(ServedWorker):
@@ -26,6 +26,26 @@ class VllmWorker(ServedWorker):
             f"{self.device_id} runs vLLM, which serves whole models: shard "
             f"{task.shard_index + 1} of {task.shard_count} belongs on a torch worker"
         )
+
+    def same_server(self, current: ShardTask, task: ShardTask) -> bool:
+        """A whole model's server serves every epoch of its deployment."""
+        return True
+
+    async def hold_weights(self, task: ShardTask) -> None:
+        """Nothing to fetch: vLLM serves the prepared folder this host holds."""
+
+    async def on_lent_task(self, task: ShardTask) -> bool:
+        """vLLM lends no layers: every task is for a server of its own."""
+        return False
+
+    async def open_engine(self) -> None:
+        """Nothing runs before the first task: its server starts with it."""
+
+    async def close_engine(self) -> None:
+        await self.stop_serving()
+
+    async def preload(self) -> None:
+        """Nothing measured ahead: the device's speed is its GPU's, as its class says."""
 
     async def tick(self) -> None:
         """NVML's power, temperature and memory, into the metrics and the device's telemetry."""
