@@ -17,7 +17,8 @@ from libs.models.chat import encode_chat
 from libs.models.shard import ShardModel, greedy
 from libs.models.store import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus, subscribe
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from tests.ties import assert_same_or_near_tie
 from tests.waiting import wait_until
 

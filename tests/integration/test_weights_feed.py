@@ -37,7 +37,8 @@ from libs.models.store import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.models.weights import publish
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
-from services.gateway.events import EventHub, Ttfts
+from services.gateway.admin.events import EventHub
+from services.gateway.core.metrics import Ttfts
 from services.worker.service import Worker
 from tests.waiting import wait_until
 

@@ -1,12 +1,11 @@
 """The owner's side of a generation: send it to a deployment, stream its tokens, survive moves.
 
-``RouteBook`` knows where each deployment runs now (its epoch and devices in shard order),
-from the scheduler's answer to each request and the status of deployments that serve.
-``GenerationClient.stream`` sends a request to the first shard and yields its ``TokenChunk``s
-in order. When the deployment moves (a device
-failed and the scheduler re-placed it under a new epoch) it sends the request again to the
-new placement with the tokens already streamed, so the model continues after them; chunks of
-the old epoch and repeats are dropped, so the caller sees one complete stream.
+``RouteBook`` (``deployed``) knows where each deployment runs now (its epoch and devices in
+shard order). ``GenerationClient.stream`` sends a request to the first shard and yields its
+``TokenChunk``s in order. When the deployment moves (a device failed and the scheduler
+re-placed it under a new epoch) it sends the request again to the new placement with the
+tokens already streamed, so the model continues after them; chunks of the old epoch and
+repeats are dropped, so the caller sees one complete stream.
 """
 
 from __future__ import annotations
@@ -15,22 +14,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 
 from libs.contracts import (
     CANCEL,
-    DEPLOYMENT_STATUS,
-    DEVICE_FAILED,
-    DEVICE_RECOVERED,
     GENERATION,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     TOKENS,
     ContractError,
-    DeploymentStatus,
-    DeviceFailed,
-    DeviceRecovered,
     GenerationCancel,
     GenerationRequest,
     InferenceRequest,
@@ -38,150 +30,12 @@ from libs.contracts import (
     PlacementRequest,
     Prompt,
     Sampling,
-    ShardTask,
     TokenChunk,
 )
-from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
+from libs.runtime.bus import Bus, Delivery, Rejected
+from services.gateway.core.deployed import Inbox, Moved, Resend, Route, RouteBook
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Route:
-    deployment_id: str
-    epoch: int
-    devices: tuple[str, ...]
-
-    @property
-    def first(self) -> str:
-        return self.devices[0]
-
-    @classmethod
-    def of(cls, decision: PlacementDecision, deployment_id: str) -> Route:
-        """The route of a placed decision for ``deployment_id`` (its ``deployment_id``: the
-        deployment, or the replica a request was routed to)."""
-        ordered = sorted(decision.assignments, key=lambda a: a.shard_index)
-        return cls(deployment_id, decision.epoch, tuple(a.device_id for a in ordered))
-
-    @classmethod
-    def serving(cls, status: DeploymentStatus) -> Route:
-        """The route of a deployment its status says serves."""
-        ordered = sorted(status.shards, key=lambda s: s.shard_index)
-        return cls(status.deployment_id, status.epoch, tuple(s.device_id for s in ordered))
-
-    @classmethod
-    def of_tasks(cls, tasks: Sequence[ShardTask]) -> Route:
-        """The route of a pipeline placed by hand (``libs.harness.workers``)."""
-        return cls(tasks[0].deployment_id, tasks[0].epoch, tuple(t.device_id for t in tasks))
-
-
-class Moved:
-    """Put in a stream's queue when its deployment's route changes."""
-
-
-class Resend:
-    """Put in a stream's queue when messages may have been lost (NATS reconnected)."""
-
-
-#: What a stream waits on: its chunks, and news of its deployment.
-Inbox = asyncio.Queue[TokenChunk | Moved | Resend]
-
-
-class RouteBook:
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
-        #: Devices the scorer reported failed and not recovered since.
-        self.down: set[str] = set()
-        #: Deployments whose current plan is still loading (re-placed after a failure: the
-        #: streams on them wait for it to serve rather than ``move_s``).
-        self.loading: set[str] = set()
-        self._listeners: dict[str, set[Inbox]] = {}
-
-    def get(self, deployment_id: str) -> Route | None:
-        return self.routes.get(deployment_id)
-
-    def set(self, route: Route) -> None:
-        """Record ``route`` if it is newer than the one known; wake the streams that use it."""
-        known = self.routes.get(route.deployment_id)
-        if known is not None and known.epoch >= route.epoch:
-            return
-        self.routes[route.deployment_id] = route
-        for queue in self._listeners.get(route.deployment_id, ()):
-            queue.put_nowait(Moved())
-
-    def down_in(self, route: Route) -> list[str]:
-        return [d for d in route.devices if d in self.down]
-
-    def failed(self, device_id: str) -> None:
-        """A device failed: streams on it wait a little for the re-placement, or give up."""
-        self.down.add(device_id)
-        self._wake(device_id)
-
-    def recovered(self, device_id: str) -> None:
-        self.down.discard(device_id)
-        self._wake(device_id)
-
-    def _wake(self, device_id: str) -> None:
-        for route in self.routes.values():
-            if device_id in route.devices:
-                for queue in self._listeners.get(route.deployment_id, ()):
-                    queue.put_nowait(Moved())
-
-    def forget(self, deployment_id: str) -> None:
-        self.routes.pop(deployment_id, None)
-
-    def resend_all(self) -> None:
-        """Every stream asks again for what it has not received (after a reconnect)."""
-        for queues in self._listeners.values():
-            for queue in queues:
-                queue.put_nowait(Resend())
-
-    def listen(self, deployment_id: str, queue: Inbox) -> None:
-        self._listeners.setdefault(deployment_id, set()).add(queue)
-
-    def unlisten(self, deployment_id: str, queue: Inbox) -> None:
-        self._listeners.get(deployment_id, set()).discard(queue)
-
-    async def watch(
-        self,
-        bus: Bus,
-        rejected: Rejected | None = None,
-        on_status: Callable[[DeploymentStatus], None] | None = None,
-    ) -> list[Unsubscribe]:
-        """Follow deployments' status (a serving one's route: where it moved) and device
-        failures; ``on_status`` sees every status too. Returns the subscriptions.
-
-        Routes come from two places only: the scheduler's answer to each request's placement
-        (``GenerationClient.place``) and the status of a deployment that serves; the
-        scheduler's broadcast decisions are not read."""
-
-        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
-            deployment = status.deployment_id
-            if status.phase in ("pending", "loading"):
-                self.loading.add(deployment)
-            else:
-                self.loading.discard(deployment)
-            if status.phase == "serving" and status.shards:
-                self.set(Route.serving(status))
-            elif status.phase == "removed":
-                self.forget(deployment)
-            else:  # its streams look again at how long to wait
-                for queue in self._listeners.get(deployment, ()):
-                    queue.put_nowait(Moved())
-            if on_status is not None:
-                on_status(status)
-
-        async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
-            self.failed(event.device_id)
-
-        async def on_recovered(event: DeviceRecovered, msg: Delivery) -> None:
-            self.recovered(event.device_id)
-
-        return [
-            await bus.subscribe(DEPLOYMENT_STATUS, on_deployment, rejected=rejected),
-            await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
-            await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
-        ]
 
 
 def loading(reason: str | None) -> bool:
