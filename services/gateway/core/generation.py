@@ -1,11 +1,12 @@
 """The owner's side of a generation: send it to a deployment, stream its tokens, survive moves.
 
-``RouteBook`` (``deployed``) knows where each deployment runs now (its epoch and devices in
-shard order). ``GenerationClient.stream`` sends a request to the first shard and yields its
-``TokenChunk``s in order. When the deployment moves (a device failed and the scheduler
-re-placed it under a new epoch) it sends the request again to the new placement with the
-tokens already streamed, so the model continues after them; chunks of the old epoch and
-repeats are dropped, so the caller sees one complete stream.
+``GenerationClient.stream`` sends a request to the first shard of its deployment's route (the
+``RouteBook`` knows where each deployment runs now) and yields its ``TokenChunk``s in order.
+When the deployment moves (a device failed and the scheduler re-placed it under a new epoch)
+it sends the request again to the new placement with the tokens already streamed, so the model
+continues after them; chunks of the old epoch and repeats are dropped, so the caller sees one
+complete stream. What to do at each turn is decided by ``StreamState`` (no I/O); ``stream`` is
+the I/O around it: the bus, the inbox, the clock and the log.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ from libs.contracts import (
 )
 from libs.runtime.bus import Bus, Delivery, Rejected
 from services.gateway.core.deployed import Inbox, Moved, Resend, Route, RouteBook
+from services.gateway.core.stream_state import (
+    ACK_S,
+    Arrived,
+    AskAgain,
+    Emit,
+    End,
+    Event,
+    Fail,
+    Follow,
+    Reconnected,
+    RouteNews,
+    Send,
+    StreamState,
+    TimedOut,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +70,6 @@ async def next_item(queue: Inbox, wait: float) -> TokenChunk | Moved | Resend:
         return queue.get_nowait()
     async with asyncio.timeout(wait):
         return await queue.get()
-
-
-#: How often a request is sent again when its tokens go missing, before it fails.
-RESENDS = 2
-#: The first shard acknowledges a request within this long, or it is sent again (until the
-#: stall timeout).
-ACK_S = 0.5
 
 
 class GenerationError(RuntimeError):
@@ -113,13 +122,14 @@ class GenerationClient:
         if route is None:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
         queue: Inbox = asyncio.Queue()
+        state = StreamState(route, self.stall_s, self.move_s, pieces=prompt is not None)
 
         async def on_chunk(chunk: TokenChunk, msg: Delivery) -> None:
             # Only a device of the request's route (as this stream follows it, or as the book
             # has it already) may write into its answer: another device's chunk is refused.
             sender = TOKENS.token_of(msg.subject, "device_id")
             current = self.routes.get(deployment_id)
-            routed = [r.devices for r in (route, current) if r is not None]
+            routed = [r.devices for r in (state.route, current) if r is not None]
             if any(sender in devices for devices in routed):
                 queue.put_nowait(chunk)
             elif self.rejected is not None:
@@ -132,104 +142,57 @@ class GenerationClient:
             rejected=self.rejected,
         )
         self.routes.listen(deployment_id, queue)
-        generated: list[int] = []
-        finished = False
         try:
-            sent = -1  # the epoch the request was last sent to (-1: send it again)
-            resent = 0  # times it was sent again because tokens went missing on the way
-            unacked: float | None = None  # since when no first shard has taken it
-            down_since: float | None = None  # since when a device of its route is down
-            while not finished:
-                down = self.routes.down_in(route)
-                # Since when its devices are down: news of other deployments or devices, or
-                # of this one's phase, must not keep restarting the wait for a new route.
-                down_since = (down_since or time.monotonic()) if down else None
-                if not down and sent != route.epoch:
-                    taken = await self._send(
-                        route, request_id, prompt_token_ids, generated, sampling, prompt
-                    )
-                    sent = route.epoch
-                    unacked = None if taken else (unacked or time.monotonic())
-                if down and deployment_id in self.routes.loading:
-                    wait = self.stall_s  # re-placed: its new plan loads, then it moves
-                elif down:
-                    wait = self.move_s
-                else:
-                    wait = ACK_S if unacked is not None else self.stall_s
-                if down_since is not None:
-                    wait = max(0.0, down_since + wait - time.monotonic())
+            while True:
+                loading = deployment_id in self.routes.loading
+                action = state.step(time.monotonic(), self.routes.down, loading)
+                if isinstance(action, Send):
+                    taken = await self._send(action, request_id, prompt_token_ids, sampling, prompt)
+                    loading = deployment_id in self.routes.loading
+                    action = state.sent(taken, time.monotonic(), loading)
+                event: Event
                 try:
-                    item = await next_item(queue, wait)
+                    item = await next_item(queue, action.seconds)
                 except TimeoutError:
-                    waited = time.monotonic() - (unacked or 0.0)
-                    if not down and unacked is not None and waited < self.stall_s:
-                        sent = -1  # nobody took it yet (a worker reconnecting): ask again
-                        continue
-                    if not down and resent < RESENDS:  # its chunks were lost: ask again
-                        resent, sent = resent + 1, -1
-                        continue
-                    message = (
-                        f"no capacity: {', '.join(down)} failed and {deployment_id} could not be "
-                        "placed elsewhere"
-                        if down
-                        else f"no token from {deployment_id} (epoch {route.epoch}) "
-                        f"for {self.stall_s:.0f} s"
-                    )
+                    event = TimedOut()
+                else:
+                    if isinstance(item, Moved):
+                        event = RouteNews(self.routes.get(deployment_id))
+                    elif isinstance(item, Resend):
+                        event = Reconnected()
+                    else:
+                        event = Arrived(item)
+                outcome = state.handle(event, time.monotonic())
+                if isinstance(outcome, Emit | End):
+                    yield outcome.chunk
+                    if isinstance(outcome, End):
+                        return
+                elif isinstance(outcome, Fail):
                     yield TokenChunk.failure(
-                        request_id, len(generated), route.epoch, message, time.time()
+                        request_id, outcome.index, outcome.epoch, outcome.message, time.time()
                     )
                     return
-                if isinstance(item, Resend):
-                    sent = -1  # its request or tokens may be gone: send it again
-                    continue
-                if isinstance(item, Moved):
-                    newer = self.routes.get(deployment_id)
-                    if newer is not None and newer.epoch > route.epoch:
-                        route = newer
-                        log.warning(
-                            "following the deployment to its new placement",
-                            extra={
-                                "request_id": request_id,
-                                "epoch": route.epoch,
-                                "devices": list(route.devices),
-                                "resume_after": len(generated),
-                            },
-                        )
-                    continue  # sent to the new placement at the top of the loop
-                if item.epoch != route.epoch:
-                    continue  # from the placement before the move
-                unacked = None  # the placement is working on it
-                if item.finished:
-                    sent_n = item.index if prompt is not None else item.completion_tokens
-                    missing = (sent_n or 0) > len(generated)
-                    if missing and item.finish_reason != "error" and resent < RESENDS:
-                        # A token was lost in transit (a server restart): run it again after
-                        # the tokens that did arrive, rather than end the stream with a hole.
-                        log.warning(
-                            "tokens lost on the way; asking again",
-                            extra={"request_id": request_id, "resume_after": len(generated)},
-                        )
-                        resent, sent = resent + 1, -1
-                        continue
-                    finished = True
-                    if missing and item.finish_reason != "error":  # never a stream with a hole
-                        message = f"tokens after {len(generated)} were lost on the way"
-                        item = TokenChunk.failure(
-                            request_id, len(generated), item.epoch, message, time.time()
-                        )
-                    yield item
-                elif item.index == len(generated) and item.token_id is not None:
-                    generated.append(item.token_id)
-                    yield item
-                elif item.index == len(generated) and prompt is not None:
-                    generated.append(0)  # a piece: counted, its text is the user's already
-                    yield item
+                elif isinstance(outcome, Follow):
+                    log.warning(
+                        "following the deployment to its new placement",
+                        extra={
+                            "request_id": request_id,
+                            "epoch": outcome.route.epoch,
+                            "devices": list(outcome.route.devices),
+                            "resume_after": len(state.generated),
+                        },
+                    )
+                elif isinstance(outcome, AskAgain) and outcome.reason == "lost":
+                    log.warning(
+                        "tokens lost on the way; asking again",
+                        extra={"request_id": request_id, "resume_after": len(state.generated)},
+                    )
         finally:
             self.routes.unlisten(deployment_id, queue)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-            if not finished:
-                await self.cancel(route.deployment_id, request_id)
+            if not state.finished:
+                await self.cancel(state.route.deployment_id, request_id)
 
     async def place_serving(
         self, deployment_id: str, request_id: str, prompt_tokens: int, sampling: Sampling
@@ -288,25 +251,25 @@ class GenerationClient:
 
     async def _send(
         self,
-        route: Route,
+        send: Send,
         request_id: str,
         prompt_token_ids: Sequence[int],
-        generated: list[int],
         sampling: Sampling,
         prompt: Prompt | None = None,
     ) -> bool:
         """Send the request to the route's first shard; True once that shard took it."""
+        route = send.route
         request = GenerationRequest(
             request_id=request_id,
             deployment_id=route.deployment_id,
             epoch=route.epoch,
             prompt_token_ids=tuple(prompt_token_ids),
             # A prompt's pieces are not tokens: its re-run skips them (``delivered``).
-            generated_token_ids=() if prompt is not None else tuple(generated),
+            generated_token_ids=send.generated,
             sampling=sampling,
             ts=time.time(),
             prompt=prompt,
-            delivered=len(generated) if prompt is not None else 0,
+            delivered=send.delivered,
         )
         # The first shard acknowledges at once. Without an answer (its worker is reconnecting
         # after a NATS restart, or gone) the stream asks again shortly; a duplicate only
