@@ -29,7 +29,8 @@ from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 
 PROMPTS = (
     "Name three colours.",

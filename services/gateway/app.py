@@ -1,4 +1,5 @@
-"""The gateway's FastAPI application: the OpenAI API, the admin proxy, health and metrics.
+"""The gateway's FastAPI application, wired: OpenAI's, Anthropic's and Ollama's APIs over the
+request core, the admin API and dashboard, health and metrics.
 
 Connections are opened in the lifespan and kept on ``app.state``; handlers read them from
 there, so nothing is created at import time. Every error leaves in OpenAI's error shape.
@@ -27,21 +28,22 @@ from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import Background
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.redis_client import connect_redis
-from services.gateway.admin import admin_router
-from services.gateway.anthropic_api import anthropic_router
-from services.gateway.completions import Completions, DeployedModels, GatewayMetrics
-from services.gateway.dashboard import dashboard_router
-from services.gateway.error_shapes import ErrorShapes
-from services.gateway.events import EventHub
-from services.gateway.generation import GenerationClient, RouteBook
-from services.gateway.guards import install_errors, install_limits
-from services.gateway.metrics import RequestMetrics
-from services.gateway.ollama_api import ollama_router
-from services.gateway.ollama_models import ollama_models_router
-from services.gateway.routes import openai_router
-from services.gateway.schedulers import split_urls
+from services.gateway.admin.dashboard import dashboard_router
+from services.gateway.admin.events import EventHub
+from services.gateway.admin.router import admin_router
+from services.gateway.anthropic.router import anthropic_router
+from services.gateway.core.completions import Completions
+from services.gateway.core.deployed import DeployedModels, RouteBook
+from services.gateway.core.error_shapes import ErrorShapes
+from services.gateway.core.generation import GenerationClient
+from services.gateway.core.guards import install_errors, install_limits
+from services.gateway.core.metrics import GatewayMetrics, RequestMetrics
+from services.gateway.core.schedulers import split_urls
+from services.gateway.core.tokenizers import Tokenizers
+from services.gateway.ollama.model_router import ollama_models_router
+from services.gateway.ollama.router import ollama_router
+from services.gateway.openai.router import openai_router
 from services.gateway.settings import GatewaySettings
-from services.gateway.tokenizers import Tokenizers
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:

@@ -18,8 +18,7 @@ from libs.contracts import (
     ShardProgress,
 )
 from libs.runtime.bus import NatsBus
-from services.gateway.completions import DeployedModels
-from services.gateway.generation import Route, RouteBook
+from services.gateway.core.deployed import DeployedModels, Route, RouteBook
 from tests.waiting import wait_until
 
 MODEL = "smollm2-135m-instruct"

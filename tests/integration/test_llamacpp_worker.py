@@ -22,7 +22,8 @@ from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from services.scheduler.replicas import ENGINE_SLOTS
 from services.worker.rpc.server import RpcServer
 from services.worker.served.llama_server import LlamaServer

@@ -16,7 +16,8 @@ from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus, subscribe
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from services.worker.torch.shard import ShardModel, greedy
 from tests.ties import assert_same_or_near_tie
 from tests.waiting import wait_until

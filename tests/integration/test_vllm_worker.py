@@ -18,7 +18,8 @@ from libs.harness.workers import LocalWorkers, even_split, generate_direct, plac
 from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from services.worker.settings import WorkerSettings
 
 VLLM_PYTHON = WorkerSettings().vllm_python

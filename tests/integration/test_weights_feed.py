@@ -37,7 +37,8 @@ from libs.models.shipped import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.weights.whole_files import publish
-from services.gateway.events import EventHub, Ttfts
+from services.gateway.admin.events import EventHub
+from services.gateway.core.metrics import Ttfts
 from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 

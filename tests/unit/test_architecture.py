@@ -70,6 +70,23 @@ def test_no_service_imports_another_or_the_tools_above_it() -> None:
     assert wrong_way("services", allowed) == []
 
 
+def test_the_gateways_apis_stand_on_its_core() -> None:
+    """The gateway's core imports none of its APIs; an API imports no other, except OpenAI's,
+    onto whose path Anthropic's and Ollama's requests are translated."""
+    gateway = "services.gateway."
+
+    def allowed(path: Path, name: str) -> bool:
+        parts = path.relative_to(ROOT / "services" / "gateway").parts
+        if not name.startswith(gateway) or len(parts) == 1:
+            return True  # the wiring (app.py) and the entry point use every room
+        room, used = parts[0], name.removeprefix(gateway).split(".")[0]
+        return used in (room, "core", "settings") or (
+            used == "openai" and room in ("anthropic", "ollama")
+        )
+
+    assert wrong_way("services/gateway", allowed) == []
+
+
 def test_contracts_import_no_other_package_of_ours() -> None:
     assert wrong_way("libs/contracts", lambda p, name: name.startswith("libs.contracts")) == []
 

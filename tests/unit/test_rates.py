@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.rates import RateLimiter
+from services.gateway.core.rates import RateLimiter
 
 
 class Clock:

@@ -11,10 +11,12 @@ import pytest
 
 from libs.contracts import Prompt, Sampling
 from libs.contracts.models import ModelCard
-from services.gateway.anthropic_api import stop_of
-from services.gateway.ollama_models import details, model_info, parameter_size, quantization
-from services.gateway.openai_api import MAX_TOKENS, ApiError, ChatCompletionRequest
-from services.gateway.openai_ask import chat_ask
+from services.gateway.anthropic.serving import stop_of
+from services.gateway.core.answers import MAX_TOKENS
+from services.gateway.core.errors import ApiError
+from services.gateway.ollama.cards import details, model_info, parameter_size, quantization
+from services.gateway.openai.protocol import ChatCompletionRequest
+from services.gateway.openai.serving import chat_ask
 from services.worker.served.llama_prompts import request_body, stopping_word
 
 CHAT = Prompt(kind="chat", body=json.dumps({"messages": [{"role": "user", "content": "hi"}]}))

@@ -11,10 +11,13 @@ import pytest
 
 from libs.contracts import GenerationRequest, Prompt, Sampling
 from libs.models.shipped import gguf_path
-from services.gateway.anthropic_api import MessagesRequest, openai_request
-from services.gateway.ollama_api import ChatBody, chat_request
-from services.gateway.openai_api import ApiError, ChatCompletionRequest, unsupported
-from services.gateway.openai_ask import chat_ask
+from services.gateway.anthropic.protocol import MessagesRequest
+from services.gateway.anthropic.serving import openai_request
+from services.gateway.core.errors import ApiError
+from services.gateway.ollama.protocol import ChatBody
+from services.gateway.ollama.serving import chat_request
+from services.gateway.openai.protocol import ChatCompletionRequest, unsupported
+from services.gateway.openai.serving import chat_ask
 from services.worker.device.prompts import refusal
 from services.worker.served.chat_templates import own_template, tool_template
 from services.worker.served.llama_prompts import Calls, request_body

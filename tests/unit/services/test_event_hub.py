@@ -11,8 +11,9 @@ import pytest
 from libs.contracts import DEVICE_FAILED, DeviceFailed
 from libs.contracts.keys import Keys
 from libs.runtime.memory_bus import MemoryBus
-from services.gateway.events import EventHub, Ttfts
-from services.gateway.openai_api import ApiError
+from services.gateway.admin.events import EventHub
+from services.gateway.core.errors import ApiError
+from services.gateway.core.metrics import Ttfts
 
 
 def hub(**limits: int) -> EventHub:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.completions import DeployedModels
-from services.gateway.generation import Route, RouteBook
-from services.gateway.openai_api import ApiError
+from services.gateway.core.deployed import DeployedModels, Route, RouteBook
+from services.gateway.core.errors import ApiError
 
 
 def book(**phases: tuple[str, str, str | None]) -> DeployedModels:

@@ -31,7 +31,8 @@ from libs.contracts import (
     TokenChunk,
 )
 from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from tests.waiting import wait_until
 
 #: What the model would answer, whole.

@@ -14,7 +14,8 @@ import pytest
 from libs.contracts import TOKENS, DeviceClass, GenerationRequest, Prompt, Sampling, TokenChunk
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.memory_bus import MemoryBus
-from services.gateway.generation import Inbox, Moved, next_item
+from services.gateway.core.deployed import Inbox, Moved
+from services.gateway.core.generation import next_item
 from services.worker.served.server import EngineServer
 from services.worker.served.vllm_worker import VllmWorker
 

@@ -9,7 +9,8 @@ import time
 
 from libs.contracts import TOKENS, GenerationRequest, Sampling, TokenChunk
 from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
-from services.gateway.generation import GenerationClient, Route, RouteBook
+from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.generation import GenerationClient
 from tests.unit.services.test_generation_client import ANSWER, Shard
 from tests.waiting import wait_until
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.openai_api import documented
+from services.gateway.core.errors import documented
 
 #: Anthropic's error types by status.
 ANTHROPIC = {

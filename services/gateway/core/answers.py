@@ -29,10 +29,12 @@ from libs.contracts import (
 )
 from libs.contracts.prompts import MAX_BODY
 from libs.models.chat import encode_chat
-from services.gateway.completions import Completions, Slot
-from services.gateway.openai_api import MAX_TOKENS, ApiError
+from services.gateway.core.completions import Completions, Slot
+from services.gateway.core.errors import ApiError
 
 log = logging.getLogger(__name__)
+#: The most tokens one request may ask to generate, in every API.
+MAX_TOKENS = 4096
 
 
 @dataclass

@@ -21,8 +21,8 @@ from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
 from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
 from libs.runtime.redis_client import read_fleet
-from services.gateway.openai_api import ApiError, documented
-from services.gateway.schedulers import ask_scheduler, split_urls
+from services.gateway.core.errors import ApiError, documented
+from services.gateway.core.schedulers import ask_scheduler, split_urls
 from services.gateway.settings import GatewaySettings
 
 ERRORS = documented(400, 401, 413, 429, 503)

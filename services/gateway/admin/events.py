@@ -20,9 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import statistics
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,25 +47,10 @@ from libs.contracts.keys import Keys
 from libs.core.energy import cluster_rates
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
 from libs.runtime.redis_client import ranked_devices, read_devices
-from services.gateway.openai_api import ApiError
+from services.gateway.core.errors import ApiError
+from services.gateway.core.metrics import Ttfts
 
 log = logging.getLogger(__name__)
-
-
-class Ttfts:
-    """Times to first token of the last ``window_s`` seconds."""
-
-    def __init__(self, window_s: float = 60.0) -> None:
-        self.window_s = window_s
-        self.seen: deque[tuple[float, float]] = deque(maxlen=10_000)
-
-    def add(self, seconds: float) -> None:
-        self.seen.append((time.monotonic(), seconds))
-
-    def median(self) -> float | None:
-        since = time.monotonic() - self.window_s
-        recent = [s for at, s in self.seen if at >= since]
-        return statistics.median(recent) if recent else None
 
 
 #: Seconds after its last progress a fetch's bar is no longer shown to a dashboard that opens.
@@ -181,7 +164,7 @@ class EventHub:
             await bus.subscribe(DEVICE_RECOVERED, on_recovered),
             # Counted here: the route book follows statuses, not this broadcast.
             await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
-            # Counted by the route book, which subscribes to it too (generation.py).
+            # Counted by the route book, which subscribes to it too (core/deployed.py).
             await bus.subscribe(DEPLOYMENT_STATUS, on_deployment),
             await bus.subscribe(WEIGHTS_PROGRESS, on_weights, rejected=rejected),
         ]

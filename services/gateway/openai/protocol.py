@@ -1,81 +1,17 @@
-"""OpenAI's request shapes (the subset Tessera serves) and its error shape; the answers' shapes
-are in ``openai_out``."""
+"""OpenAI's request shapes (the subset Tessera serves) and the fields no engine here honours;
+the answers' shapes are in ``responses``, the error shape in ``core.errors``."""
 
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_TOKENS = 4096
+from services.gateway.core.answers import MAX_TOKENS
+
 #: Choices one request may ask for (``n``): each is a generation of its own.
 MAX_CHOICES = 8
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-        self.code, self.param, self.headers = code, param, headers
-
-    def response(self) -> JSONResponse:
-        return error_response(
-            self.status, self.message, self.kind, self.code, self.param, self.headers
-        )
-
-
-def error_response(
-    status: int,
-    message: str,
-    kind: str = "invalid_request_error",
-    code: str | None = None,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-_MEANINGS = {
-    400: "Bad request: invalid JSON, a field out of range, or the context length exceeded",
-    401: "Missing or invalid API key",
-    404: "Not found: the model is not deployed, or no such deployment",
-    409: "Conflict: the model cannot be placed on the devices there are",
-    413: "Request body too large",
-    429: "Too many requests (in flight, or from this client per second); retry after "
-    "Retry-After seconds",
-    503: "No capacity: the generation could not run, or a service is unreachable",
-}
-
-
-def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for these error statuses, each with OpenAI's error body."""
-    return {c: {"description": _MEANINGS[c], "model": ErrorBody} for c in codes}
-
 
 Text = Annotated[str, Field(max_length=200_000)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -199,7 +135,7 @@ class _Common(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     #: Token ids (digits) to biases in [-100, 100], checked once the model is known
-    #: (``openai_ask``): JSON Schema's key patterns are not kept by every client generator.
+    #: (``serving``): JSON Schema's key patterns are not kept by every client generator.
     logit_bias: Annotated[dict[str, Any], Field(max_length=300)] | None = None
     metadata: Annotated[dict[str, Any], Field(max_length=16)] | None = None
     store: bool | None = None
@@ -278,10 +214,6 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
                 if isinstance(part, OtherPart):
                     return f"messages[{i}].content", f"{part.type} parts are not supported"
     return None
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def now_s() -> int:

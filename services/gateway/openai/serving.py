@@ -1,18 +1,16 @@
-"""OpenAI's requests as an ``Ask``, and an answer's pieces in OpenAI's shapes.
+"""OpenAI's requests as the request core's ``Ask`` (its answers' shapes are in ``responses``).
 
-The other APIs (``anthropic_api``, ``ollama_api``) build an OpenAI request and come through
-here too, so every API reaches the engines the same way.
+The other APIs (``anthropic``, ``ollama``) build an OpenAI request and come through here too,
+so every API reaches the engines the same way.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from libs.contracts import TokenLogprob, ToolCall
-from services.gateway.answers import Ask, sampling_for
-from services.gateway.openai_api import (
-    MAX_TOKENS,
-    ApiError,
+from services.gateway.core.answers import MAX_TOKENS, Ask, sampling_for
+from services.gateway.core.errors import ApiError
+from services.gateway.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     NamedToolChoice,
@@ -138,57 +136,3 @@ def text_ask(body: CompletionRequest) -> Ask:
         n=body.n,
         plain=body.text(),
     )
-
-
-def tool_call_delta(
-    calls: tuple[ToolCall, ...] | list[ToolCall], first: int
-) -> list[dict[str, Any]]:
-    """Tool calls as OpenAI's stream sends them (each whole, numbered from ``first``)."""
-    return [
-        {
-            "index": first + i,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
-        for i, call in enumerate(calls)
-    ]
-
-
-def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
-    return {
-        "content": [
-            {
-                "token": lp.token,
-                "logprob": lp.logprob,
-                "bytes": list(lp.bytes) if lp.bytes is not None else None,
-                "top_logprobs": [
-                    {
-                        "token": t.token,
-                        "logprob": t.logprob,
-                        "bytes": list(t.bytes) if t.bytes is not None else None,
-                    }
-                    for t in lp.top
-                ],
-            }
-            for lp in logprobs
-        ],
-        "refusal": None,
-    }
-
-
-def text_logprobs(
-    logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0
-) -> dict[str, Any]:
-    """The legacy completions' log-probabilities: parallel lists per token."""
-    tokens, offsets = [], []
-    for lp in logprobs:
-        offsets.append(offset)
-        tokens.append(lp.token)
-        offset += len(lp.token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
-        "text_offset": offsets,
-    }

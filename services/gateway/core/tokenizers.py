@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from libs.models.shipped import ModelMissing, prepare
-from services.gateway.openai_api import ApiError
+from services.gateway.core.errors import ApiError
 
 log = logging.getLogger(__name__)
 

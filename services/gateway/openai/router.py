@@ -11,26 +11,18 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from libs.contracts import TokenChunk
-from services.gateway.answers import Answer, Choice, start, usage_of
-from services.gateway.completions import Completions
-from services.gateway.embeddings import EmbeddingList, EmbeddingRequest, embed
-from services.gateway.openai_api import (
+from services.gateway.core.answers import Answer, Choice, start, usage_of
+from services.gateway.core.completions import Completions
+from services.gateway.core.errors import documented
+from services.gateway.core.ids import new_id
+from services.gateway.openai.embeddings import EmbeddingList, EmbeddingRequest, embed
+from services.gateway.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     FunctionCall,
-    documented,
-    new_id,
     now_s,
 )
-from services.gateway.openai_ask import (
-    chat_ask,
-    chat_logprobs,
-    refuse_unsupported,
-    text_ask,
-    text_logprobs,
-    tool_call_delta,
-)
-from services.gateway.openai_out import (
+from services.gateway.openai.responses import (
     ChatChoice,
     ChatCompletion,
     ChatMessageOut,
@@ -43,8 +35,12 @@ from services.gateway.openai_out import (
     ToolCallOut,
     Usage,
     chat_chunk,
+    chat_logprobs,
     text_chunk,
+    text_logprobs,
+    tool_call_delta,
 )
+from services.gateway.openai.serving import chat_ask, refuse_unsupported, text_ask
 from services.gateway.settings import GatewaySettings
 
 ERRORS = documented(400, 401, 404, 413, 429, 503)

@@ -1,4 +1,5 @@
-"""OpenAI's answer shapes: completions, chat completions, their stream chunks, models."""
+"""OpenAI's answer shapes: completions, chat completions, their stream chunks, models; and an
+answer's pieces (tool calls, log-probabilities) in those shapes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from services.gateway.openai_api import FunctionCall
+from libs.contracts import TokenLogprob, ToolCall
+from services.gateway.openai.protocol import FunctionCall
 
 
 class Usage(BaseModel):
@@ -132,4 +134,58 @@ def text_chunk(
         "created": created,
         "model": model,
         "choices": [choice],
+    }
+
+
+def tool_call_delta(
+    calls: tuple[ToolCall, ...] | list[ToolCall], first: int
+) -> list[dict[str, Any]]:
+    """Tool calls as OpenAI's stream sends them (each whole, numbered from ``first``)."""
+    return [
+        {
+            "index": first + i,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": list(lp.bytes) if lp.bytes is not None else None,
+                "top_logprobs": [
+                    {
+                        "token": t.token,
+                        "logprob": t.logprob,
+                        "bytes": list(t.bytes) if t.bytes is not None else None,
+                    }
+                    for t in lp.top
+                ],
+            }
+            for lp in logprobs
+        ],
+        "refusal": None,
+    }
+
+
+def text_logprobs(
+    logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0
+) -> dict[str, Any]:
+    """The legacy completions' log-probabilities: parallel lists per token."""
+    tokens, offsets = [], []
+    for lp in logprobs:
+        offsets.append(offset)
+        tokens.append(lp.token)
+        offset += len(lp.token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
     }

@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.contracts import Prompt, Sampling
-from services.gateway.answers import Answer, Choice
-from services.gateway.completions import Completions
-from services.gateway.openai_api import ApiError
+from services.gateway.core.answers import Answer, Choice
+from services.gateway.core.completions import Completions
+from services.gateway.core.errors import ApiError
 
 Input = Annotated[str, Field(min_length=1, max_length=100_000)]
 

@@ -17,8 +17,8 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.openai_api import ApiError, error_response
-from services.gateway.rates import RateLimiter
+from services.gateway.core.errors import ApiError, error_response
+from services.gateway.core.rates import RateLimiter
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)

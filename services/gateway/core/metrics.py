@@ -1,0 +1,96 @@
+"""The gateway's metrics: per request, a count by route and status and a duration that ends
+with the response's last byte (a streamed completion counts to its end, not to its headers);
+per generation, the time to first token, between tokens, tokens served and errors; the last
+minute's times to first token (the dashboard's latency chart); messages refused."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class RequestMetrics:
+    """ASGI middleware counting ``requests`` (labels: route, status) and observing
+    ``duration`` (label: route), by the route template: labels stay bounded whatever paths
+    clients send. The duration is observed once the application has sent its last byte, or
+    failed, or its client left; a request that fails before answering counts as 500 (what
+    the error handler outside answers)."""
+
+    def __init__(self, app: ASGIApp, requests: Counter, duration: Histogram) -> None:
+        self.app, self.requests, self.duration = app, requests, duration
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.requests.labels(route, str(status)).inc()
+            self.duration.labels(route).observe(time.perf_counter() - started)
+
+
+class Ttfts:
+    """Times to first token of the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self.seen: deque[tuple[float, float]] = deque(maxlen=10_000)
+
+    def add(self, seconds: float) -> None:
+        self.seen.append((time.monotonic(), seconds))
+
+    def median(self) -> float | None:
+        since = time.monotonic() - self.window_s
+        recent = [s for at, s in self.seen if at >= since]
+        return statistics.median(recent) if recent else None
+
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.ttft = Histogram(
+            "tessera_gateway_ttft_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "tessera_gateway_inter_token_seconds",
+            "Time between streamed tokens",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "tessera_gateway_completion_tokens", "Completion tokens served", registry=r
+        )
+        self.errors = Counter(
+            "tessera_gateway_generation_errors", "Generations that ended in an error", registry=r
+        )
+        #: The last minute's times to first token (the dashboard's latency chart).
+        self.recent_ttft = Ttfts()
+        self.rejected = Counter(
+            "tessera_gateway_rejected_messages",
+            "NATS messages that broke their contract, by channel and reason",
+            ["channel", "reason"],
+            registry=r,
+        )
+
+    def on_rejected(self, channel: str, reason: str, detail: str) -> None:
+        self.rejected.labels(channel, reason).inc()
