@@ -29,7 +29,7 @@ from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 
 PROMPTS = (
@@ -53,8 +53,8 @@ async def measure(
         states = [s.state for s in await place(nc, tasks)]
         if states != ["loaded"] * shards:
             raise RuntimeError(f"placement failed: {states}")
-        book = RouteBook()
-        book.set(Route.of_tasks(tasks))
+        book = Deployed()
+        book.hold(hand_placed(tasks))
         client = GenerationClient(NatsBus(nc), book)
         outputs: list[list[int]] = []
         tokens, seconds = 0, 0.0

@@ -13,6 +13,8 @@ from rich.table import Table
 from libs.cli.tables import Column, fitted
 from libs.cluster import runfile
 from libs.cluster.up import FINAL_PHASES, follow_deployment, phase_text
+from libs.contracts import DeploymentsSnapshot
+from libs.deployments import DeploymentBook, phases
 
 
 def scheduler_url(explicit: str | None, run_file: Path) -> str:
@@ -143,21 +145,20 @@ def follow(
 
 
 def show_placements(base: str) -> None:
+    """Every deployment of the deployment book (``GET /deployments``) with its shards."""
     console = Console()
-    deployments = call("GET", f"{base}/placements")
-    if not deployments:
+    book = DeploymentBook.of(DeploymentsSnapshot.model_validate(call("GET", f"{base}/deployments")))
+    if not len(book):
         console.print("no deployments")
-    for d in deployments:
-        phase = d.get("phase", "serving")
+    for d in book:
+        phase: str = d.phase
         if phase == "loading":
-            phase = f"loading {d.get('progress', 0.0) * 100:.0f} %"
-        if d.get("reason") and d.get("phase") in ("refused", "failed"):
-            phase = f"{phase}: {d['reason']}"
+            phase = f"loading {phases.progress(d) * 100:.0f} %"
+        if d.reason and d.phase in phases.FINAL:
+            phase = f"{phase}: {d.reason}"
+        assignments = [a.model_dump(mode="json") for a in d.assignments]
         console.print(
-            shards_table(
-                f"{d['deployment_id']}: {d['model']} (epoch {d['epoch']}), {phase}",
-                d["assignments"],
-            )
+            shards_table(f"{d.deployment_id}: {d.model} (epoch {d.epoch}), {phase}", assignments)
         )
 
 

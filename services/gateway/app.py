@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import (
@@ -33,7 +32,7 @@ from services.gateway.admin.events import EventHub
 from services.gateway.admin.router import admin_router
 from services.gateway.anthropic.router import anthropic_router
 from services.gateway.core.completions import Completions
-from services.gateway.core.deployed import DeployedModels, RouteBook
+from services.gateway.core.deployed import Deployed
 from services.gateway.core.error_shapes import ErrorShapes
 from services.gateway.core.generation import GenerationClient
 from services.gateway.core.guards import install_errors, install_limits
@@ -49,13 +48,12 @@ from services.gateway.settings import GatewaySettings
 def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
-    routes = RouteBook()
-    deployments = DeployedModels(routes, split_urls(settings.scheduler_url))
+    deployments = Deployed(split_urls(settings.scheduler_url))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def reconnected() -> None:
-            routes.resend_all()  # tokens in flight during the outage are gone: ask again
+            deployments.resend_all()  # tokens in flight during the outage are gone: ask again
 
         nc = await connect_nats(
             settings.nats_url, "gateway", reconnected=reconnected, ca_file=settings.nats_ca
@@ -65,13 +63,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await app.state.redis.ping()
         metrics = GatewayMetrics(registry)
         bus = NatsBus(nc)
-        watch = await routes.watch(bus, metrics.on_rejected, on_status=deployments.apply)
+        watch = await deployments.watch(bus, metrics.on_rejected)
         hub = EventHub(app.state.redis, Keys(settings.key_prefix), metrics.recent_ttft)
+        deployments.follower.on_change(hub.on_deployments)
         watch += await hub.watch(bus, metrics.on_rejected)
         await nc.flush()  # the server holds our subscriptions before the app serves
         app.state.events = hub
         client = GenerationClient(
-            bus, routes, stall_s=settings.stall_s, rejected=metrics.on_rejected
+            bus, deployments, stall_s=settings.stall_s, rejected=metrics.on_rejected
         )
         tokenizers = Tokenizers()
         deployments.on_model = tokenizers.warm  # loaded in a thread as soon as deployed
@@ -81,19 +80,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         background = Background("gateway")
 
         # What is deployed now, once (tried again every 2 s until the scheduler answers);
-        # from here on each change arrives as a deployment status.
-        async def snapshot() -> bool:
-            try:
-                await deployments.refresh()
-            except httpx.HTTPError:
-                return False
-            return True
-
+        # from here on each change arrives as a deployment event.
         async def until_snapshot() -> None:
-            while not await snapshot():
+            while not await deployments.catch_up():
                 await asyncio.sleep(2.0)
 
-        if not await snapshot():
+        if not await deployments.catch_up():
             background.tasks.append(asyncio.create_task(until_snapshot()))
         background.every(hub.stats_every_s, hub.stats)
         try:
@@ -101,6 +93,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         finally:
             await background.close()
             await tokenizers.close()
+            await deployments.close()
             for sub in watch:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()

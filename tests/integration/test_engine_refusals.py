@@ -15,13 +15,15 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.contracts import DEPLOYMENT_STATUS, DeploymentStatus, ShardProgress
+from libs.contracts import DEPLOYMENTS_SNAPSHOT
+from libs.deployments import DeploymentBook
 from libs.harness.workers import LocalWorkers, place, shard_tasks
 from libs.models.shipped import MODEL_NAME
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from libs.runtime.procs import free_port
 from services.gateway.app import create_app
+from services.gateway.core.deployed import hand_placed
 from services.gateway.settings import GatewaySettings
 from services.worker.settings import WorkerSettings
 from tests.waiting import wait_until_async
@@ -58,7 +60,7 @@ async def gateway(nats_url: str, redis_url: str) -> AsyncIterator[httpx.AsyncCli
     settings = GatewaySettings(
         nats_url=nats_url,
         redis_url=redis_url,
-        scheduler_url=f"http://127.0.0.1:{free_port()}",  # none: deployments come as status
+        scheduler_url=f"http://127.0.0.1:{free_port()}",  # none: deployments come as snapshots
         auth="off",
     )
     app = create_app(settings)
@@ -66,21 +68,6 @@ async def gateway(nats_url: str, redis_url: str) -> AsyncIterator[httpx.AsyncCli
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             yield client
-
-
-def serving(deployment: str, device: str) -> DeploymentStatus:
-    """What the scheduler publishes once the deployment's one shard has loaded."""
-    shard = ShardProgress(device_id=device, shard_index=0, state="loaded", progress=1.0)
-    return DeploymentStatus(
-        deployment_id=deployment,
-        model=MODEL_NAME,
-        phase="serving",
-        epoch=1,
-        progress=1.0,
-        shards=(shard,),
-        context_length=2048,
-        ts=time.time(),
-    )
 
 
 async def test_a_field_the_engine_cannot_honour_is_a_400_naming_it(
@@ -92,9 +79,9 @@ async def test_a_field_the_engine_cannot_honour_is_a_400_naming_it(
     (status,) = await place(nc, tasks, timeout_s=400)
     assert status.state == "loaded", status.reason
     async with gateway(nats_server.url, redis_server.url) as client:
-        await NatsBus(nc).publish(
-            DEPLOYMENT_STATUS, serving(deployment, device), deployment_id=deployment
-        )
+        # What the scheduler publishes once the deployment's one shard has loaded.
+        book = DeploymentBook.holding([hand_placed(tasks)], index=1, term="t1")
+        await NatsBus(nc).publish(DEPLOYMENTS_SNAPSHOT, book.snapshot(time.time()))
 
         async def listed() -> bool:
             models = (await client.get("/v1/models")).json()["data"]

@@ -15,14 +15,14 @@ from nats.aio.client import Client as NatsClient
 from transformers import AutoTokenizer
 
 from libs.cluster.servers import NatsServer
-from libs.contracts import GenerationRequest, Sampling, TokenChunk, shard_ring
+from libs.contracts import DeploymentState, GenerationRequest, Sampling, TokenChunk, shard_ring
 from libs.core.catalogue import GB, card_spec
 from libs.harness.workers import LocalWorkers, even_split, generate_direct, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, gguf_path, prepare, shipped_card
 from libs.runtime.bus import NatsBus
 from libs.runtime.procs import free_port
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from services.scheduler.replicas import ENGINE_SLOTS
 from services.worker.rpc.server import RpcServer
@@ -61,25 +61,29 @@ def workers(nats_server: NatsServer) -> Iterator[LocalWorkers]:
         yield running
 
 
-async def deploy(nc: NatsClient, devices: tuple[str, ...], endpoints: tuple[str, ...]) -> Route:
+async def deploy(
+    nc: NatsClient, devices: tuple[str, ...], endpoints: tuple[str, ...]
+) -> DeploymentState:
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(
         deployment, MODEL_NAME, devices, even_split(30, len(devices)), 1, endpoints=endpoints
     )
     statuses = await place(nc, tasks, timeout_s=120)
     assert [s.state for s in statuses] == ["loaded"] * len(devices), statuses
-    return Route.of_tasks(tasks)
+    return hand_placed(tasks)
 
 
-async def undeploy(nc: NatsClient, route: Route) -> None:
+async def undeploy(nc: NatsClient, route: DeploymentState) -> None:
     """Every shard unloaded: a worker runs one llama-server, for one deployment at a time."""
-    ranges = even_split(30, len(route.devices))
-    tasks = shard_tasks(route.deployment_id, MODEL_NAME, route.devices, ranges, 1, "unload")
+    ranges = even_split(30, len(route.route))
+    tasks = shard_tasks(route.deployment_id, MODEL_NAME, route.route, ranges, 1, "unload")
     statuses = await place(nc, tasks, timeout_s=60)
     assert {s.state for s in statuses} == {"unloaded"}, statuses
 
 
-async def generate(client: GenerationClient, route: Route, ids: list[int]) -> list[TokenChunk]:
+async def generate(
+    client: GenerationClient, route: DeploymentState, ids: list[int]
+) -> list[TokenChunk]:
     request_id = uuid.uuid4().hex[:12]
     sampling = Sampling(max_tokens=NEW_TOKENS)
     return [c async for c in client.stream(route.deployment_id, request_id, ids, sampling)]
@@ -93,14 +97,14 @@ async def test_a_split_across_rpc_servers_gives_the_whole_models_greedy_tokens(
     tokens are still its lone run's, as each has a KV cache of its own; with one shared cache
     the first token of "What is the capital of France?" flipped between "The" and "L'")."""
     tokenizer = AutoTokenizer.from_pretrained(prepare())
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book)
     routes = [
         await deploy(nc, DEVICES[:1], ENDPOINTS[:1]),
         await deploy(nc, DEVICES[1:3], ENDPOINTS[1:3]),
     ]
     for route in routes:
-        book.set(route)
+        book.hold(route)
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
     answers = {}
     for route in routes:
@@ -115,7 +119,7 @@ async def test_a_split_across_rpc_servers_gives_the_whole_models_greedy_tokens(
             decoded = tokenizer.decode(tokens, skip_special_tokens=True)
             assert "".join(c.text for c in chunks) == decoded
             answers.setdefault(text, []).append(tokens)
-        print(f"{route.devices}: {len(runs)} streams in {time.monotonic() - sent:.2f} s")
+        print(f"{route.route}: {len(runs)} streams in {time.monotonic() - sent:.2f} s")
     for text, (whole, whole_batched, split, split_batched) in answers.items():
         assert whole == split == whole_batched == split_batched, text
         assert len(whole) >= 8, text  # a real answer, not an early end
@@ -127,16 +131,16 @@ async def test_three_shards_a_resumed_request_and_a_route_without_rpc_refused(
     workers: LocalWorkers, nc: NatsClient
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(prepare())
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book)
     whole = await deploy(nc, DEVICES[:1], ENDPOINTS[:1])
-    book.set(whole)
+    book.hold(whole)
     ids = encode_chat(tokenizer, [{"role": "user", "content": PROMPTS[2]}])
     want = [c.token_id for c in await generate(client, whole, ids) if c.token_id is not None]
 
     # Three shards, headed by lw-b (lw-a already heads the whole one, and lends its RPC server).
     route = await deploy(nc, (DEVICES[1], DEVICES[2], DEVICES[0]), (*ENDPOINTS[1:], ENDPOINTS[0]))
-    book.set(route)
+    book.hold(route)
     got = [c.token_id for c in await generate(client, route, ids) if c.token_id is not None]
     assert got == want
 
@@ -151,7 +155,7 @@ async def test_three_shards_a_resumed_request_and_a_route_without_rpc_refused(
         sampling=Sampling(max_tokens=NEW_TOKENS),
         ts=time.time(),
     )
-    rest = await generate_direct(nc, request, route.devices[0], 60)
+    rest = await generate_direct(nc, request, route.route[0], 60)
     assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
     assert rest[0].index == half and rest[-1].completion_tokens == len(want)
 

@@ -16,7 +16,7 @@ from libs.harness.workers import LocalWorkers, even_split, place, shard_tasks
 from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus, subscribe
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from services.worker.torch.shard import ShardModel, greedy
 from tests.ties import assert_same_or_near_tie
@@ -56,11 +56,11 @@ def prompt_ids(tokenizer, text: str) -> list[int]:  # type: ignore[no-untyped-de
     return encode_chat(tokenizer, [{"role": "user", "content": text}])
 
 
-async def deploy(nc: NatsClient, devices: tuple[str, ...], book: RouteBook, epoch: int = 1) -> str:
+async def deploy(nc: NatsClient, devices: tuple[str, ...], book: Deployed, epoch: int = 1) -> str:
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(deployment, MODEL_NAME, devices, even_split(30, len(devices)), epoch)
     assert [s.state for s in await place(nc, tasks)] == ["loaded"] * len(devices)
-    book.set(Route.of_tasks(tasks))
+    book.hold(hand_placed(tasks))
     return deployment
 
 
@@ -82,7 +82,7 @@ async def test_split_pipelines_produce_the_whole_models_greedy_tokens(
     model (the workers' default precision, int8) run whole in this process."""
     reference = ShardModel(prepare(), 0, 30)
     stop = {tokenizer.eos_token_id}
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book)
     placements = [("pw-a",), ("pw-a", "pw-b"), ("pw-a", "pw-b", "pw-c")]
     deployments = [await deploy(nc, p, book) for p in placements]
@@ -100,7 +100,7 @@ async def test_split_pipelines_produce_the_whole_models_greedy_tokens(
 async def test_killing_a_shard_worker_mid_stream_completes_the_request_once(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book, stall_s=30)
     ids = prompt_ids(tokenizer, "Write a long story about a lighthouse keeper.")
     whole = await deploy(nc, ("pw-c",), book)
@@ -118,7 +118,7 @@ async def test_killing_a_shard_worker_mid_stream_completes_the_request_once(
             # What the scheduler does on the failure: the whole model on a live device, epoch 2.
             tasks = shard_tasks(deployment, MODEL_NAME, ("pw-b",), [(0, 30)], epoch=2)
             await place(nc, tasks)
-            book.set(Route.of_tasks(tasks))
+            book.hold(hand_placed(tasks))
     # Resumed after the failure, the tokens streamed so far are prefilled as one chunk where the
     # first run decoded them one by one: equal, or parted at a near tie (tests/ties.py).
     assert_same_or_near_tie(ShardModel(prepare(), 0, 30), ids, tokens(chunks), expected)
@@ -143,7 +143,7 @@ async def test_a_phone_refuses_a_shard_larger_than_its_memory(
 async def test_sampling_is_reproducible_and_a_stop_string_ends_the_stream(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book)
     deployment = await deploy(nc, ("pw-b", "pw-c"), book)
     ids = prompt_ids(tokenizer, "Tell me about cats.")
@@ -161,11 +161,11 @@ async def test_sampling_is_reproducible_and_a_stop_string_ends_the_stream(
 async def test_a_request_for_a_shard_still_loading_waits_and_a_cancel_stops_it(
     workers: LocalWorkers, nc: NatsClient, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]
-    book = RouteBook()
+    book = Deployed()
     client = GenerationClient(NatsBus(nc), book)
     deployment = "dep-" + uuid.uuid4().hex[:8]
     tasks = shard_tasks(deployment, MODEL_NAME, ("pw-a",), [(0, 30)], 1)
-    book.set(Route.of_tasks(tasks))
+    book.hold(hand_placed(tasks))
     ids = prompt_ids(tokenizer, "Count to one hundred.")
     received: list[TokenChunk] = []
 

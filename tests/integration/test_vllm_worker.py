@@ -18,7 +18,7 @@ from libs.harness.workers import LocalWorkers, even_split, generate_direct, plac
 from libs.models.chat import encode_chat
 from libs.models.shipped import MODEL_NAME, prepare
 from libs.runtime.bus import NatsBus
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from services.worker.settings import WorkerSettings
 
@@ -59,8 +59,8 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
     tasks = shard_tasks(deployment, MODEL_NAME, (DEVICE,), [(0, 30)], epoch=1)
     (status,) = await place(nc, tasks, timeout_s=400)
     assert status.state == "loaded", status.reason
-    book = RouteBook()
-    book.set(Route.of_tasks(tasks))
+    book = Deployed()
+    book.hold(hand_placed(tasks))
     client = GenerationClient(NatsBus(nc), book)
     tokenizer = AutoTokenizer.from_pretrained(prepare())
     first_token_s: list[float] = []

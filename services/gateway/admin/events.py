@@ -6,7 +6,7 @@ oldest event is dropped for a client that does not keep up, and counted), and at
 ``max_clients`` clients at once. Kinds of event (``type``): ``device`` (a device's row, after
 it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
 placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's
-phase and progress as the scheduler publishes them), ``weights`` (a device's bytes of a
+phase and progress, each time the deployment book changes it), ``weights`` (a device's bytes of a
 model received so far, of those it needs, as its worker publishes them; a client that connects
 while weights move gets the last of each first), ``mode``, and
 ``stats`` every
@@ -27,14 +27,12 @@ from typing import Any
 from redis.asyncio import Redis
 
 from libs.contracts import (
-    DEPLOYMENT_STATUS,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
     MODE_CHANGE,
     PLACEMENT_DECISION,
     SCORE,
     WEIGHTS_PROGRESS,
-    DeploymentStatus,
     DeviceFailed,
     DeviceRecovered,
     DeviceState,
@@ -45,6 +43,7 @@ from libs.contracts import (
 )
 from libs.contracts.keys import Keys
 from libs.core.energy import cluster_rates
+from libs.deployments import DeploymentBook, phases
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
 from libs.runtime.redis_client import ranked_devices, read_devices
 from services.gateway.core.errors import ApiError
@@ -122,7 +121,7 @@ class EventHub:
     # -- sources -------------------------------------------------------------------------------
     async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
         """Subscribe to what the dashboard shows. ``rejected`` counts the malformed messages of
-        the channels only this hub reads (the route book counts the others once)."""
+        the channels only this hub reads (the deployment book counts the others once)."""
 
         async def on_score(update: ScoreUpdate, msg: Delivery) -> None:
             await self._device(update.device_id)
@@ -139,10 +138,6 @@ class EventHub:
             if decision.kind == "deployment" and decision.placed and self.clients:
                 body = decision.model_dump(mode="json")
                 self.push({"type": "placement", "migration": decision.epoch > 1, **body})
-
-        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
-            if self.clients:
-                self.push({"type": "deployment", **status.model_dump(mode="json")})
 
         async def on_weights(progress: WeightsProgress, msg: Delivery) -> None:
             event = {"type": "weights", **progress.model_dump(mode="json")}
@@ -162,12 +157,27 @@ class EventHub:
             await bus.subscribe(MODE_CHANGE, on_mode, rejected=rejected),
             await bus.subscribe(DEVICE_FAILED, on_failed),
             await bus.subscribe(DEVICE_RECOVERED, on_recovered),
-            # Counted here: the route book follows statuses, not this broadcast.
+            # Counted here: the deployment book follows events, not this broadcast.
             await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
-            # Counted by the route book, which subscribes to it too (core/deployed.py).
-            await bus.subscribe(DEPLOYMENT_STATUS, on_deployment),
             await bus.subscribe(WEIGHTS_PROGRESS, on_weights, rejected=rejected),
         ]
+
+    def on_deployments(self, before: DeploymentBook, after: DeploymentBook) -> None:
+        """The deployment book changed (the gateway follows it, core/deployed.py): each
+        deployment that changed is pushed as its status (``removed`` once it is gone)."""
+        if not self.clients:
+            return
+        now = time.time()
+        for deployment_id in sorted(set(before.by_id) | set(after.by_id)):
+            old, new = before.get(deployment_id), after.get(deployment_id)
+            if old == new:
+                continue
+            if new is None:
+                assert old is not None
+                status = phases.status_of(old, now).model_copy(update={"phase": "removed"})
+            else:
+                status = phases.status_of(new, now)
+            self.push({"type": "deployment", **status.model_dump(mode="json")})
 
     def _moving(self) -> list[dict[str, Any]]:
         """The weights still on their way, as their last events (the stale ones forgotten)."""

@@ -15,7 +15,12 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeploymentStatus, PlacementDecision
+from libs.contracts import (
+    DEFAULT_CONTEXT_TOKENS,
+    DeploymentsSnapshot,
+    DeploymentStatus,
+    PlacementDecision,
+)
 from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
@@ -82,6 +87,14 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
     @router.get("/placements", summary="Deployments and where their shards run")
     async def placements(request: Request) -> Response:
         return await forward(request, "placements")
+
+    @router.get(
+        "/deployments",
+        summary="The deployment book: every deployment, as the events up to its index left it",
+        response_model=DeploymentsSnapshot,
+    )
+    async def deployments(request: Request) -> Response:
+        return await forward(request, "deployments")
 
     @router.get(
         "/placements/{deployment_id}",

@@ -87,13 +87,13 @@ def anthropic_router() -> APIRouter:
     @router.post("/messages", response_model=MessageOut, responses=errors)
     async def messages(body: MessagesRequest, request: Request) -> Response | MessageOut:
         service = request.app.state.completions
-        await service.deployments.lookup(body.model)
+        resolved = await service.deployments.lookup(body.model)
         ask = chat_ask(openai_request(body))
         ask.fit = True
         if body.top_k is not None:
             ask.body["top_k"] = body.top_k
             ask.fields = (*ask.fields, "top_k")
-        answer = await start(service, ask)
+        answer = await start(service, ask, resolved)
         mid = new_id("msg")
         if body.stream:
             return stream(answer, mid, body.model)

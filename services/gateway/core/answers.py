@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from libs.contracts import (
-    DEFAULT_CONTEXT_TOKENS,
+    DeploymentState,
     Prompt,
     Sampling,
     TokenChunk,
@@ -200,12 +200,14 @@ async def prompt_ids(service: Completions, deployment: str, ask: Ask) -> list[in
     return encode_chat(tokenizer, ask.plain)
 
 
-async def start(service: Completions, ask: Ask) -> Answer:
-    """Place the request's generations and wait for the first piece (see the module)."""
-    deployment = await service.deployments.lookup(ask.model)
+async def start(service: Completions, ask: Ask, resolved: DeploymentState | None = None) -> Answer:
+    """Place the request's generations and wait for the first piece (see the module);
+    ``resolved``: the deployment its model means, where the API looked it up already."""
+    resolved = resolved or await service.deployments.lookup(ask.model)
+    deployment = resolved.deployment_id
     ids = await prompt_ids(service, deployment, ask)
     if ask.fit:
-        room = service.deployments.context.get(deployment, DEFAULT_CONTEXT_TOKENS) - len(ids)
+        room = resolved.context_length - len(ids)
         fitted = max(1, min(ask.sampling.max_tokens, room))
         ask.sampling = ask.sampling.model_copy(update={"max_tokens": fitted})
     if ids:

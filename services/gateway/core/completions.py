@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from libs.contracts import Prompt, Sampling, TokenChunk
-from services.gateway.core.deployed import DeployedModels
+from services.gateway.core.deployed import Deployed
 from services.gateway.core.errors import ApiError
 from services.gateway.core.generation import GenerationClient
 from services.gateway.core.ids import new_id
@@ -39,7 +39,7 @@ class Completions:
     def __init__(
         self,
         client: GenerationClient,
-        deployments: DeployedModels,
+        deployments: Deployed,
         tokenizers: Tokenizers,
         metrics: GatewayMetrics,
         max_concurrent: int,
@@ -52,10 +52,10 @@ class Completions:
         self.in_flight = 0
 
     async def tokenizer(self, deployment: str) -> Any:
-        return await self.tokenizers.get(self.deployments.models[deployment])
+        return await self.tokenizers.get(self.deployments.model_of(deployment))
 
     def check(self, deployment: str, prompt_tokens: int, max_tokens: int) -> None:
-        context = self.deployments.context.get(deployment, 2048)
+        context = self.deployments.context_of(deployment)
         if prompt_tokens + max_tokens > context:
             raise ApiError(
                 400,

@@ -1,14 +1,13 @@
-"""Where each deployment runs and what is deployed, as the gateway knows it: ``RouteBook``
-(each deployment's route: its epoch and devices in shard order, the devices down, the
-deployments still loading; it wakes the streams that follow a deployment) and
-``DeployedModels`` (each deployment's model, context length and phase, and which deployment
-serves a model's name). Both are kept in this one module: a single fold of deployment events
-is to replace them.
+"""What is deployed and where it runs, as the gateway knows it: the scheduler's deployment book
+(``libs/deployments``), followed event by event (``libs/runtime/following.py``), and the
+devices the scorer reports down.
 
-Routes enter the book from the scheduler's answer to each request's placement
-(``GenerationClient.place``), from the status of a deployment that serves (``RouteBook.watch``),
-and from the scheduler's snapshot (``DeployedModels.refresh``: at start, and for a model not
-known yet).
+The book is the one source: a deployment's route (its epoch and devices in shard order, once
+it serves), its model, context and phase, and which deployment a model's name means (the one
+rule, ``libs.deployments.resolve``) are all read from it. The scheduler's snapshot is asked for
+at start and when an event is missing; nothing else writes the book, save a pipeline placed by
+hand where no scheduler runs (``hold``: tests and benchmarks). Each change wakes the streams
+that follow a deployment (``listen``), so they move with it.
 """
 
 from __future__ import annotations
@@ -16,22 +15,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
 from libs.contracts import (
-    DEPLOYMENT_STATUS,
+    DEFAULT_CONTEXT_TOKENS,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
-    DeploymentStatus,
+    DeploymentPlanned,
+    DeploymentsSnapshot,
+    DeploymentState,
     DeviceFailed,
     DeviceRecovered,
     PlacementDecision,
+    ShardProgress,
     ShardTask,
     TokenChunk,
 )
+from libs.contracts.work import Assignment
+from libs.deployments import DeploymentBook, apply, resolve, serving_models
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
+from libs.runtime.following import BookFollower
 from services.gateway.core.errors import ApiError
 from services.gateway.core.schedulers import ask_scheduler
 
@@ -54,15 +59,8 @@ class Route:
         return cls(deployment_id, decision.epoch, tuple(a.device_id for a in ordered))
 
     @classmethod
-    def serving(cls, status: DeploymentStatus) -> Route:
-        """The route of a deployment its status says serves."""
-        ordered = sorted(status.shards, key=lambda s: s.shard_index)
-        return cls(status.deployment_id, status.epoch, tuple(s.device_id for s in ordered))
-
-    @classmethod
-    def of_tasks(cls, tasks: Sequence[ShardTask]) -> Route:
-        """The route of a pipeline placed by hand (``libs.harness.workers``)."""
-        return cls(tasks[0].deployment_id, tasks[0].epoch, tuple(t.device_id for t in tasks))
+    def serving(cls, deployment: DeploymentState) -> Route:
+        return cls(deployment.deployment_id, deployment.epoch, deployment.route)
 
 
 class Moved:
@@ -77,90 +75,66 @@ class Resend:
 Inbox = asyncio.Queue[TokenChunk | Moved | Resend]
 
 
-class RouteBook:
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
+def hand_placed(tasks: Sequence[ShardTask]) -> DeploymentState:
+    """A pipeline placed by hand (``libs.harness.workers``) as the serving deployment its
+    shard tasks make."""
+    first = tasks[0]
+    return DeploymentState(
+        deployment_id=first.deployment_id,
+        model=first.model,
+        epoch=first.epoch,
+        context_length=first.context_length or DEFAULT_CONTEXT_TOKENS,
+        assignments=tuple(
+            Assignment(
+                device_id=t.device_id,
+                shard_index=t.shard_index,
+                layer_start=t.layer_start,
+                layer_end=t.layer_end,
+            )
+            for t in tasks
+        ),
+        phase="serving",
+        shards=tuple(
+            ShardProgress(device_id=t.device_id, shard_index=t.shard_index, state="loaded")
+            for t in tasks
+        ),
+    )
+
+
+class Deployed:
+    def __init__(self, scheduler_urls: Sequence[str] = ()) -> None:
+        """``scheduler_urls``: where the book's snapshot is asked for (none: only the one the
+        scheduler publishes every 15 s)."""
+        self.scheduler_urls = list(scheduler_urls)
+        self.follower = BookFollower(self.fetch if scheduler_urls else None)
+        self.follower.on_change(self._changed)
         #: Devices the scorer reported failed and not recovered since.
         self.down: set[str] = set()
-        #: Deployments whose current plan is still loading (re-placed after a failure: the
-        #: streams on them wait for it to serve rather than ``move_s``).
-        self.loading: set[str] = set()
+        #: Called with a model's name when a deployment of it serves or is first seen (the
+        #: gateway warms its tokenizer).
+        self.on_model: Callable[[str], None] = lambda model: None
         self._listeners: dict[str, set[Inbox]] = {}
 
-    def get(self, deployment_id: str) -> Route | None:
-        return self.routes.get(deployment_id)
+    @property
+    def book(self) -> DeploymentBook:
+        return self.follower.book
 
-    def set(self, route: Route) -> None:
-        """Record ``route`` if it is newer than the one known; wake the streams that use it."""
-        known = self.routes.get(route.deployment_id)
-        if known is not None and known.epoch >= route.epoch:
-            return
-        self.routes[route.deployment_id] = route
-        for queue in self._listeners.get(route.deployment_id, ()):
-            queue.put_nowait(Moved())
+    # -- following ------------------------------------------------------------------------------
+    async def fetch(self) -> DeploymentsSnapshot:
+        response = await ask_scheduler(self.scheduler_urls, "GET", "deployments", timeout_s=5.0)
+        response.raise_for_status()
+        return DeploymentsSnapshot.model_validate(response.json())
 
-    def down_in(self, route: Route) -> list[str]:
-        return [d for d in route.devices if d in self.down]
+    async def catch_up(self) -> bool:
+        """Take the scheduler's snapshot now; False when it does not answer."""
+        try:
+            self.follower.take(await self.fetch())
+        except (httpx.HTTPError, ValueError):
+            return False
+        return True
 
-    def failed(self, device_id: str) -> None:
-        """A device failed: streams on it wait a little for the re-placement, or give up."""
-        self.down.add(device_id)
-        self._wake(device_id)
-
-    def recovered(self, device_id: str) -> None:
-        self.down.discard(device_id)
-        self._wake(device_id)
-
-    def _wake(self, device_id: str) -> None:
-        for route in self.routes.values():
-            if device_id in route.devices:
-                for queue in self._listeners.get(route.deployment_id, ()):
-                    queue.put_nowait(Moved())
-
-    def forget(self, deployment_id: str) -> None:
-        self.routes.pop(deployment_id, None)
-
-    def resend_all(self) -> None:
-        """Every stream asks again for what it has not received (after a reconnect)."""
-        for queues in self._listeners.values():
-            for queue in queues:
-                queue.put_nowait(Resend())
-
-    def listen(self, deployment_id: str, queue: Inbox) -> None:
-        self._listeners.setdefault(deployment_id, set()).add(queue)
-
-    def unlisten(self, deployment_id: str, queue: Inbox) -> None:
-        self._listeners.get(deployment_id, set()).discard(queue)
-
-    async def watch(
-        self,
-        bus: Bus,
-        rejected: Rejected | None = None,
-        on_status: Callable[[DeploymentStatus], None] | None = None,
-    ) -> list[Unsubscribe]:
-        """Follow deployments' status (a serving one's route: where it moved) and device
-        failures; ``on_status`` sees every status too. Returns the subscriptions.
-
-        Routes come from three places: the scheduler's answer to each request's placement
-        (``GenerationClient.place``), the status of a deployment that serves (here), and the
-        scheduler's snapshot (``DeployedModels.refresh``); the scheduler's broadcast decisions
-        are not read."""
-
-        async def on_deployment(status: DeploymentStatus, msg: Delivery) -> None:
-            deployment = status.deployment_id
-            if status.phase in ("pending", "loading"):
-                self.loading.add(deployment)
-            else:
-                self.loading.discard(deployment)
-            if status.phase == "serving" and status.shards:
-                self.set(Route.serving(status))
-            elif status.phase == "removed":
-                self.forget(deployment)
-            else:  # its streams look again at how long to wait
-                for queue in self._listeners.get(deployment, ()):
-                    queue.put_nowait(Moved())
-            if on_status is not None:
-                on_status(status)
+    async def watch(self, bus: Bus, rejected: Rejected | None = None) -> list[Unsubscribe]:
+        """Follow the book and device failures; returns the subscriptions."""
 
         async def on_failed(event: DeviceFailed, msg: Delivery) -> None:
             self.failed(event.device_id)
@@ -169,105 +143,109 @@ class RouteBook:
             self.recovered(event.device_id)
 
         return [
-            await bus.subscribe(DEPLOYMENT_STATUS, on_deployment, rejected=rejected),
+            *await self.follower.watch(bus, rejected),
             await bus.subscribe(DEVICE_FAILED, on_failed, rejected=rejected),
             await bus.subscribe(DEVICE_RECOVERED, on_recovered, rejected=rejected),
         ]
 
+    def hold(self, deployment: DeploymentState) -> None:
+        """A deployment placed by hand, where no scheduler runs (tests, benchmarks)."""
+        self.follower.take(apply(self.book, DeploymentPlanned(deployment=deployment)).snapshot(0.0))
 
-@dataclass
-class DeployedModels:
-    """What is deployed (from the scheduler) and where it runs now (``RouteBook``)."""
+    def _changed(self, before: DeploymentBook, after: DeploymentBook) -> None:
+        """Wake the streams of each deployment that changed; warm the tokenizer of a model
+        that serves or is new."""
+        for deployment_id in set(before.by_id) | set(after.by_id):
+            old, new = before.get(deployment_id), after.get(deployment_id)
+            if old == new:
+                continue
+            fresh = new is not None and (old is None or new.phase == "serving")
+            if fresh and new is not None and new.phase not in ("refused", "failed"):
+                self.on_model(new.model)
+            self._wake(deployment_id)
 
-    routes: RouteBook
-    scheduler_urls: list[str]
-    models: dict[str, str] = field(default_factory=dict)  #: deployment id → model
-    #: Deployments that are replicas of another (routed to by the scheduler, not listed).
-    replicas: set[str] = field(default_factory=set)
-    context: dict[str, int] = field(default_factory=dict)
-    #: Each deployment's phase (pending, loading, serving, refused, failed) and its reason.
-    phases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-    #: Called with each deployed model's name at every refresh (the gateway warms its tokenizer).
-    on_model: Callable[[str], None] = lambda model: None
+    # -- devices --------------------------------------------------------------------------------
+    def failed(self, device_id: str) -> None:
+        """A device failed: streams on it wait a little for the re-placement, or give up."""
+        self.down.add(device_id)
+        self._wake_on(device_id)
 
-    async def lookup(self, model: str) -> str:
-        """``resolve``, asking the scheduler again first when the model is not known yet."""
-        try:
-            return self.resolve(model)
-        except ApiError:
-            with contextlib.suppress(httpx.HTTPError):
-                await self.refresh()
-            return self.resolve(model)
+    def recovered(self, device_id: str) -> None:
+        self.down.discard(device_id)
+        self._wake_on(device_id)
 
-    async def refresh(self) -> None:
-        response = await ask_scheduler(self.scheduler_urls, "GET", "placements", timeout_s=5.0)
-        response.raise_for_status()
-        seen = set()
-        for row in response.json():
-            deployment = row["deployment_id"]
-            seen.add(deployment)
-            self.models[deployment] = row["model"]
-            self.context[deployment] = int(row["context_length"])
-            self.phases[deployment] = (row.get("phase", "serving"), row.get("reason"))
-            if row.get("replica_of"):
-                self.replicas.add(deployment)
-            devices = tuple(
-                a["device_id"] for a in sorted(row["assignments"], key=lambda a: a["shard_index"])
+    # -- streams --------------------------------------------------------------------------------
+    def route(self, deployment_id: str) -> Route | None:
+        """Where ``deployment_id`` runs, once it serves (None: not serving, or not known)."""
+        deployment = self.book.get(deployment_id)
+        if deployment is None or deployment.phase != "serving":
+            return None
+        return Route.serving(deployment)
+
+    def loading(self, deployment_id: str) -> bool:
+        """Whether its current plan still loads (a re-placed deployment: its streams wait
+        for it to serve rather than give up)."""
+        deployment = self.book.get(deployment_id)
+        return deployment is not None and deployment.phase in ("pending", "loading")
+
+    def listen(self, deployment_id: str, queue: Inbox) -> None:
+        self._listeners.setdefault(deployment_id, set()).add(queue)
+
+    def unlisten(self, deployment_id: str, queue: Inbox) -> None:
+        self._listeners.get(deployment_id, set()).discard(queue)
+
+    def resend_all(self) -> None:
+        """Every stream asks again for what it has not received (after a reconnect)."""
+        for queues in self._listeners.values():
+            for queue in queues:
+                queue.put_nowait(Resend())
+
+    def _wake(self, deployment_id: str) -> None:
+        for queue in self._listeners.get(deployment_id, ()):
+            queue.put_nowait(Moved())
+
+    def _wake_on(self, device_id: str) -> None:
+        for deployment in self.book:
+            if device_id in deployment.route:
+                self._wake(deployment.deployment_id)
+
+    # -- names ----------------------------------------------------------------------------------
+    async def lookup(self, name: str) -> DeploymentState:
+        """``resolve``, taking the scheduler's snapshot first when the name is not known yet
+        (a deployment made a moment ago)."""
+        if resolve(name, self.book) is None and self.scheduler_urls:
+            await self.catch_up()
+        return self.resolve(name)
+
+    def resolve(self, name: str) -> DeploymentState:
+        """The deployment ``name`` means (``libs.deployments.resolve``); a 404 when none does,
+        or when it stopped (with its reason)."""
+        found = resolve(name, self.book)
+        if found is None:
+            known = ", ".join(self.listed) or "none"
+            raise ApiError(
+                404, f"model {name!r} is not deployed (serving: {known})", code="model_not_found"
             )
-            self.routes.set(Route(deployment, int(row["epoch"]), devices))
-            if row.get("phase") not in ("refused", "failed"):  # nothing will be asked of it
-                self.on_model(row["model"])
-        for gone in set(self.models) - seen:
-            self.models.pop(gone, None)
-            self.phases.pop(gone, None)
-            self.replicas.discard(gone)
-            self.routes.forget(gone)
-
-    def apply(self, status: DeploymentStatus) -> None:
-        """A deployment's status from the scheduler (``DEPLOYMENT_STATUS``): what is deployed
-        and in which phase is learned from these, the snapshot ``refresh`` only at start and
-        for a model not known yet (routes: ``RouteBook.watch``)."""
-        deployment = status.deployment_id
-        if status.phase == "removed":
-            self.models.pop(deployment, None)
-            self.phases.pop(deployment, None)
-            self.context.pop(deployment, None)
-            self.replicas.discard(deployment)
-            return
-        self.models[deployment] = status.model
-        self.context[deployment] = status.context_length
-        self.phases[deployment] = (status.phase, status.reason)
-        if status.replica_of:
-            self.replicas.add(deployment)
-        if status.phase == "serving":
-            self.on_model(status.model)
-
-    def phase(self, deployment: str) -> str:
-        return self.phases.get(deployment, ("serving", None))[0]
+        if found.phase in ("refused", "failed"):
+            stopped = f"{found.deployment_id} {found.phase}: {found.reason}"
+            message = f"model {name!r} is not served: {stopped}"
+            raise ApiError(404, message, code="model_not_found")
+        return found
 
     @property
     def listed(self) -> list[str]:
         """The models that serve now, by name, each once (a deployment id is an admin detail;
         a deployment pending, loading, refused or failed serves nothing)."""
-        return sorted({m for d, m in self.models.items() if self.phase(d) == "serving"})
+        return serving_models(self.book)
 
-    def resolve(self, model: str) -> str:
-        """The deployment serving ``model`` (by deployment id, then by model name; one that
-        serves before one still loading). A refused or failed one is named with its reason."""
-        final = ("refused", "failed")
-        if model in self.models and self.routes.get(model) and self.phase(model) not in final:
-            return model
-        named = [d for d, name in sorted(self.models.items()) if name == model]
-        usable = [d for d in named if self.routes.get(d) is not None]
-        for deployment in sorted(usable, key=lambda d: self.phase(d) != "serving"):
-            if self.phase(deployment) not in final:
-                return deployment
-        for deployment in [model, *named]:
-            phase, reason = self.phases.get(deployment, ("", None))
-            if phase in final:
-                message = f"model {model!r} is not served: {deployment} {phase}: {reason}"
-                raise ApiError(404, message, code="model_not_found")
-        known = ", ".join(self.listed) or "none"
-        raise ApiError(
-            404, f"model {model!r} is not deployed (serving: {known})", code="model_not_found"
-        )
+    def context_of(self, deployment_id: str) -> int:
+        deployment = self.book.get(deployment_id)
+        return deployment.context_length if deployment else DEFAULT_CONTEXT_TOKENS
+
+    def model_of(self, deployment_id: str) -> str:
+        deployment = self.book.get(deployment_id)
+        return deployment.model if deployment else deployment_id
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.follower.close()

@@ -1,7 +1,8 @@
 """The owner's side of a generation: send it to a deployment, stream its tokens, survive moves.
 
-``GenerationClient.stream`` sends a request to the first shard of its deployment's route (the
-``RouteBook`` knows where each deployment runs now) and yields its ``TokenChunk``s in order.
+``GenerationClient.stream`` sends a request to the first shard of the route the scheduler
+placed it on (``Deployed``, the deployment book, knows where each deployment runs now) and
+yields its ``TokenChunk``s in order.
 When the deployment moves (a device failed and the scheduler re-placed it under a new epoch)
 it sends the request again to the new placement with the tokens already streamed, so the model
 continues after them; chunks of the old epoch and repeats are dropped, so the caller sees one
@@ -34,7 +35,7 @@ from libs.contracts import (
     TokenChunk,
 )
 from libs.runtime.bus import Bus, Delivery, Rejected
-from services.gateway.core.deployed import Inbox, Moved, Resend, Route, RouteBook
+from services.gateway.core.deployed import Deployed, Inbox, Moved, Resend, Route
 from services.gateway.core.stream_state import (
     ACK_S,
     Arrived,
@@ -80,7 +81,7 @@ class GenerationClient:
     def __init__(
         self,
         bus: Bus,
-        routes: RouteBook,
+        routes: Deployed,
         *,
         stall_s: float = 60.0,
         move_s: float = 5.0,
@@ -118,7 +119,13 @@ class GenerationClient:
             return
         if placed is not None and placed.deployment_id is not None:
             deployment_id = placed.deployment_id  # the replica the scheduler chose
-        route = self.routes.get(deployment_id)
+        # The placement answered for this request is its route; else where the book says the
+        # deployment serves (the scheduler did not answer in time).
+        route = (
+            Route.of(placed, deployment_id)
+            if placed is not None
+            else self.routes.route(deployment_id)
+        )
         if route is None:
             raise GenerationError(f"deployment {deployment_id!r} is not placed")
         queue: Inbox = asyncio.Queue()
@@ -128,7 +135,7 @@ class GenerationClient:
             # Only a device of the request's route (as this stream follows it, or as the book
             # has it already) may write into its answer: another device's chunk is refused.
             sender = TOKENS.token_of(msg.subject, "device_id")
-            current = self.routes.get(deployment_id)
+            current = self.routes.route(deployment_id)
             routed = [r.devices for r in (state.route, current) if r is not None]
             if any(sender in devices for devices in routed):
                 queue.put_nowait(chunk)
@@ -144,11 +151,11 @@ class GenerationClient:
         self.routes.listen(deployment_id, queue)
         try:
             while True:
-                loading = deployment_id in self.routes.loading
+                loading = self.routes.loading(deployment_id)
                 action = state.step(time.monotonic(), self.routes.down, loading)
                 if isinstance(action, Send):
                     taken = await self._send(action, request_id, prompt_token_ids, sampling, prompt)
-                    loading = deployment_id in self.routes.loading
+                    loading = self.routes.loading(deployment_id)
                     action = state.sent(taken, time.monotonic(), loading)
                 event: Event
                 try:
@@ -157,7 +164,7 @@ class GenerationClient:
                     event = TimedOut()
                 else:
                     if isinstance(item, Moved):
-                        event = RouteNews(self.routes.get(deployment_id))
+                        event = RouteNews(self.routes.route(deployment_id))
                     elif isinstance(item, Resend):
                         event = Reconnected()
                     else:
@@ -222,11 +229,12 @@ class GenerationClient:
     ) -> PlacementDecision | None:
         """Ask the scheduler where this request runs (a placement request on NATS). For a
         deployed model it answers at once with the placement of the replica it chose for this
-        request, which the route book learns. ``None`` when it does not answer in time: the
-        known route is used."""
+        request: the request's route. ``None`` when it does not answer in time: the route the
+        book knows is used."""
         task = InferenceRequest(
             request_id=request_id,
             model=deployment_id,
+            deployment_id=deployment_id,
             prompt_tokens=prompt_tokens,
             max_tokens=sampling.max_tokens,
         )
@@ -240,8 +248,6 @@ class GenerationClient:
         except (TimeoutError, ContractError) as exc:
             log.warning("no placement answer; using the known route", extra={"error": str(exc)})
             return None
-        if decision.placed:
-            self.routes.set(Route.of(decision, decision.deployment_id or deployment_id))
         return decision
 
     async def cancel(self, deployment_id: str, request_id: str) -> None:

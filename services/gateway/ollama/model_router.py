@@ -13,7 +13,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from libs.contracts import DEFAULT_CONTEXT_TOKENS
 from libs.contracts.models import ModelCard
 from libs.models.registry import ModelRegistry
 from services.gateway.core.error_shapes import OllamaError, documented_as
@@ -40,9 +39,9 @@ def ollama_models_router() -> APIRouter:
     @router.post("/show", responses=ERRORS)
     async def show(body: ShowBody, request: Request) -> dict[str, Any]:
         deployments = request.app.state.deployments
-        deployment = await deployments.lookup(model_name(body.model))
-        context = deployments.context.get(deployment, DEFAULT_CONTEXT_TOKENS)
-        card = await card_of(request, deployments.models.get(deployment, deployment))
+        resolved = await deployments.lookup(model_name(body.model))
+        context = resolved.context_length
+        card = await card_of(request, resolved.model)
         return {
             "modelfile": "",
             "parameters": parameters(card, context),
@@ -78,12 +77,8 @@ def ollama_models_router() -> APIRouter:
         deployments = request.app.state.deployments
         loaded = []
         for name in deployments.listed:
-            serving = [
-                d
-                for d, m in deployments.models.items()
-                if m == name and deployments.phase(d) == "serving"
-            ]
-            context = max((deployments.context.get(d, 0) for d in serving), default=0)
+            serving = [d for d in deployments.book if d.model == name and d.phase == "serving"]
+            context = max((d.context_length for d in serving), default=0)
             card = await card_of(request, name)
             size = card.size_bytes if card else 0
             loaded.append(

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from libs.contracts import TokenChunk
+from libs.contracts import DeploymentState, TokenChunk
 from services.gateway.core.answers import Answer, Ask, Choice, start
 from services.gateway.core.error_shapes import OllamaError, documented_as
 from services.gateway.ollama.protocol import ChatBody, EmbedBody, GenerateBody, model_name
@@ -65,18 +65,18 @@ def ndjson(
 def ollama_router() -> APIRouter:
     router = APIRouter(prefix="/api", tags=["ollama"])
 
-    async def known(request: Request, model: str) -> None:
+    async def known(request: Request, model: str) -> DeploymentState:
         """404 for a model not deployed, before any other check of the request."""
-        await request.app.state.completions.deployments.lookup(model_name(model))
+        return await request.app.state.completions.deployments.lookup(model_name(model))  # type: ignore[no-any-return]
 
-    async def run(request: Request, ask: Ask) -> Answer:
+    async def run(request: Request, ask: Ask, resolved: DeploymentState) -> Answer:
         ask.fit = True
-        return await start(request.app.state.completions, ask)
+        return await start(request.app.state.completions, ask, resolved)
 
     @router.post("/chat", responses=ERRORS)
     async def chat(body: ChatBody, request: Request) -> Response:
-        await known(request, body.model)
-        answer = await run(request, chat_ask(chat_request(body)))
+        resolved = await known(request, body.model)
+        answer = await run(request, chat_ask(chat_request(body)), resolved)
         if body.stream:
             return ndjson(answer, body.model, chat_piece, "message")
         started = time.perf_counter()
@@ -91,8 +91,8 @@ def ollama_router() -> APIRouter:
 
     @router.post("/generate", responses=ERRORS)
     async def generate(body: GenerateBody, request: Request) -> Response:
-        await known(request, body.model)
-        answer = await run(request, generate_ask(body))
+        resolved = await known(request, body.model)
+        answer = await run(request, generate_ask(body), resolved)
         if body.stream:
             return ndjson(
                 answer,

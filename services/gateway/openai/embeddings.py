@@ -61,7 +61,7 @@ def encoded(vector: tuple[float, ...], form: str) -> list[float] | str:
 
 
 async def embed(service: Completions, body: EmbeddingRequest) -> EmbeddingList:
-    deployment = await service.deployments.lookup(body.model)
+    deployment = (await service.deployments.lookup(body.model)).deployment_id
     if body.dimensions is not None:
         message = "dimensions: the model's embeddings have their own width; omit dimensions"
         raise ApiError(400, message, param="dimensions", code="unsupported_field")

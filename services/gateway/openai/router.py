@@ -99,9 +99,9 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response | ChatCompletion:
         service = completions(request)
-        await service.deployments.lookup(body.model)  # 404 first, as before any other check
+        resolved = await service.deployments.lookup(body.model)  # 404 before any other check
         refuse_unsupported(body)
-        answer = await start(service, chat_ask(body))
+        answer = await start(service, chat_ask(body), resolved)
         rid, created = new_id("chatcmpl"), now_s()
         if body.stream:
             return sse(
@@ -121,9 +121,9 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
     @router.post("/completions", response_model=TextCompletion, responses=ERRORS)
     async def complete(body: CompletionRequest, request: Request) -> Response | TextCompletion:
         service = completions(request)
-        await service.deployments.lookup(body.model)
+        resolved = await service.deployments.lookup(body.model)
         refuse_unsupported(body)
-        answer = await start(service, text_ask(body))
+        answer = await start(service, text_ask(body), resolved)
         rid, created = new_id("cmpl"), now_s()
         if body.stream:
             offsets: dict[int, int] = {}

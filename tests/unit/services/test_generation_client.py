@@ -12,14 +12,17 @@ from typing import Any
 import pytest
 
 from libs.contracts import (
-    DEPLOYMENT_STATUS,
+    DEPLOYMENT_EVENT,
+    DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     GENERATION,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     TOKENS,
     Assignment,
-    DeploymentStatus,
+    DeploymentChange,
+    DeploymentPlanned,
+    DeploymentState,
     DeviceFailed,
     GenerationRequest,
     InferenceRequest,
@@ -28,10 +31,13 @@ from libs.contracts import (
     PlacementRequest,
     Sampling,
     ShardProgress,
+    ShardReported,
     TokenChunk,
+    shard_ring,
 )
+from libs.deployments import DeploymentBook, phases, record
 from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from tests.waiting import wait_until
 
@@ -84,6 +90,41 @@ class Shard:
         await self.bus.subscribe(GENERATION, self.on_request, subject=subject)
 
 
+def placed(name: str, epoch: int, *devices: str) -> DeploymentState:
+    """``name`` serving on ``devices`` (an even split of 30 layers) at ``epoch``."""
+    step = 30 // len(devices)
+    ring = [(d, i * step, (i + 1) * step) for i, d in enumerate(devices)]
+    return hand_placed(shard_ring("load", name, "smollm2-135m-instruct", ring, epoch, 0.0))
+
+
+class Writer:
+    """The scheduler's side of the deployment book, played by the test: a snapshot first
+    (what a leader publishes when it starts), then each change as the next event."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus, self.book = bus, DeploymentBook(term="test")
+
+    async def start(self, *deployments: DeploymentState) -> None:
+        self.book = DeploymentBook.holding(deployments, term="test")
+        await self.bus.publish(DEPLOYMENTS_SNAPSHOT, self.book.snapshot(time.time()))
+
+    async def change(self, *changes: DeploymentChange) -> None:
+        self.book, events = record(self.book, changes, time.time())
+        for event in events:
+            await self.bus.publish(DEPLOYMENT_EVENT, event, deployment_id="smol")
+        await self.bus.settle()
+
+
+def replanned(name: str, epoch: int, device: str) -> DeploymentPlanned:
+    """``name`` planned again on ``device`` at ``epoch``: pending until its worker reports."""
+    return DeploymentPlanned(deployment=phases.planned(placed(name, epoch, device), ()))
+
+
+def reported(name: str, epoch: int, device: str, state: str, progress: float) -> ShardReported:
+    shard = ShardProgress(device_id=device, shard_index=0, state=state, progress=progress)  # type: ignore[arg-type]
+    return ShardReported(deployment_id=name, epoch=epoch, shard=shard)
+
+
 @pytest.fixture
 async def bus() -> AsyncIterator[MemoryBus]:
     bus = MemoryBus()
@@ -97,8 +138,8 @@ async def collect(client: GenerationClient, request_id: str) -> list[TokenChunk]
 
 
 async def test_a_stream_is_whole_and_in_order_whatever_arrives_twice(bus: MemoryBus) -> None:
-    routes = RouteBook()
-    routes.set(Route("smol", 1, ("dev-a", "dev-b")))
+    routes = Deployed()
+    routes.hold(placed("smol", 1, "dev-a", "dev-b"))
     await Shard(bus, "dev-a").serve("smol")
     client = GenerationClient(bus, routes, place_s=0.05)  # no scheduler here: the known route
     chunks = await collect(client, "r1")
@@ -109,9 +150,10 @@ async def test_a_stream_is_whole_and_in_order_whatever_arrives_twice(bus: Memory
 async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
     bus: MemoryBus,
 ) -> None:
-    routes = RouteBook()
+    routes, writer = Deployed(), Writer(bus)
     await routes.watch(bus)
-    routes.set(Route("smol", 1, ("dev-a",)))
+    await writer.start(placed("smol", 1, "dev-a"))
+    await bus.settle()
     first, second = Shard(bus, "dev-a", stop_after=2), Shard(bus, "dev-c")
     await first.serve("smol")
     await second.serve("smol")
@@ -127,28 +169,10 @@ async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
     await bus.publish(DEVICE_FAILED, failed, device_id="dev-a")
     # The scheduler re-placed it on dev-c, whose worker takes longer than ``move_s`` to load
     # it: the stream waits for the new plan rather than fail.
-    loading = DeploymentStatus(
-        deployment_id="smol",
-        model="smollm2-135m-instruct",
-        phase="loading",
-        epoch=2,
-        progress=0.5,
-        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loading", progress=0.5),),
-        ts=time.time(),
-    )
-    await bus.publish(DEPLOYMENT_STATUS, loading, deployment_id="smol")
+    await writer.change(replanned("smol", 2, "dev-c"), reported("smol", 2, "dev-c", "loading", 0.5))
     await asyncio.sleep(0.5)  # the load's duration, longer than move_s
     # Loaded: it serves at epoch 2.
-    moved = DeploymentStatus(
-        deployment_id="smol",
-        model="smollm2-135m-instruct",
-        phase="serving",
-        epoch=2,
-        progress=1.0,
-        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loaded", progress=1.0),),
-        ts=time.time(),
-    )
-    await bus.publish(DEPLOYMENT_STATUS, moved, deployment_id="smol")
+    await writer.change(reported("smol", 2, "dev-c", "loaded", 1.0))
     got += await following
     assert [c.token_id for c in got if c.token_id is not None] == ANSWER  # no hole, no repeat
     assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].epoch == 2
@@ -157,9 +181,9 @@ async def test_a_stream_follows_its_deployment_and_continues_after_what_it_had(
 
 
 async def test_a_stream_goes_to_the_replica_the_scheduler_chose(bus: MemoryBus) -> None:
-    routes = RouteBook()
-    routes.set(Route("smol", 1, ("dev-a",)))
-    routes.set(Route("smol-r2", 1, ("dev-b",)))
+    routes = Deployed()
+    routes.hold(placed("smol", 1, "dev-a"))
+    routes.hold(placed("smol-r2", 1, "dev-b"))
     base, replica = Shard(bus, "dev-a"), Shard(bus, "dev-b")
     await base.serve("smol")
     await replica.serve("smol-r2")
@@ -191,8 +215,10 @@ async def test_a_request_waits_while_its_deployment_loads_and_runs_once_it_serve
     """The scheduler routes only to copies that serve: a request that arrives while its
     deployment loads (after a move) waits for the status saying it serves, then runs there;
     one whose deployment was refused fails at once with the reason."""
-    routes = RouteBook()
+    routes, writer = Deployed(), Writer(bus)
     await routes.watch(bus)
+    await writer.start(placed("smol", 1, "dev-a"))
+    await writer.change(replanned("smol", 2, "dev-c"), reported("smol", 2, "dev-c", "loading", 0.5))
     shard = Shard(bus, "dev-c")
     await shard.serve("smol")
     serving = False
@@ -228,16 +254,7 @@ async def test_a_request_waits_while_its_deployment_loads_and_runs_once_it_serve
     await wait_until(lambda: len(asked) >= 1, 5)
     assert not stream.done() and shard.requests == []  # waiting, not sent anywhere
     serving = True
-    now_serving = DeploymentStatus(
-        deployment_id="smol",
-        model="smollm2-135m-instruct",
-        phase="serving",
-        epoch=2,
-        progress=1.0,
-        shards=(ShardProgress(device_id="dev-c", shard_index=0, state="loaded", progress=1.0),),
-        ts=time.time(),
-    )
-    await bus.publish(DEPLOYMENT_STATUS, now_serving, deployment_id="smol")
+    await writer.change(reported("smol", 2, "dev-c", "loaded", 1.0))
     chunks = await stream
     assert [c.token_id for c in chunks if c.token_id is not None] == ANSWER
     [refused] = [c async for c in client.stream("gone", "r5", [1], Sampling(max_tokens=2))]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from libs.contracts import TOKENS, GenerationRequest, Sampling, TokenChunk
+from libs.contracts import TOKENS, GenerationRequest, Sampling, TokenChunk, shard_ring
 from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
-from services.gateway.core.deployed import Route, RouteBook
+from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from tests.unit.services.test_generation_client import ANSWER, Shard
 from tests.waiting import wait_until
@@ -47,8 +47,9 @@ async def test_chunks_from_a_device_outside_the_route_change_nothing() -> None:
         if reason == "not_routed":
             refused.append(detail)
 
-    routes = RouteBook()
-    routes.set(Route("smol", 1, ("dev-a", "dev-b")))
+    routes = Deployed()
+    ring = shard_ring("load", "smol", "m", [("dev-a", 0, 15), ("dev-b", 15, 30)], 1, 0.0)
+    routes.hold(hand_placed(ring))
     await Hijacked(bus, "dev-a", refused).serve("smol")
     client = GenerationClient(bus, routes, place_s=0.05, rejected=rejected)
     prompt, sampling = [1, 2, 3], Sampling(max_tokens=len(ANSWER))
