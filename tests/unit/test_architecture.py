@@ -25,9 +25,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("nats", "redis", "fastapi", "starlette", "uvicorn", "celery", "opentelemetry", "httpx")
-#: Packages of libs/ that import none of ``FORBIDDEN``: the contracts, the scheduling core, the
-#: device models and the simulator.
-PURE_PACKAGES = [p for p in ("contracts", "core", "devices", "sim") if (ROOT / "libs" / p).is_dir()]
+#: Packages of libs/ that import none of ``FORBIDDEN``: the contracts, the deployment book, the
+#: scheduling core, the device models and the simulator.
+PURE_PACKAGES = [
+    p
+    for p in ("contracts", "deployments", "core", "devices", "sim")
+    if (ROOT / "libs" / p).is_dir()
+]
 
 
 def imports_of(path: Path) -> list[str]:
