@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 
 from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState, TelemetrySample
 from libs.contracts.keys import DeviceRow, Keys
-from libs.core.energy import cluster_rates
-from libs.core.model import Device
+from libs.core.energy import IDLE_SHARE, cluster_rates
+from libs.core.model import Device, speed_gflops
 from libs.runtime.store import read_devices
 
 #: Concurrent tasks a device of each class runs (its ``slots``) when its worker announces
@@ -28,8 +28,6 @@ CLASS_SLOTS = {
     DeviceClass.EDGE_SERVER: 8,
     DeviceClass.CLOUD_GPU: 32,
 }
-#: Idle power as a share of typical power, when the device does not report its own.
-IDLE_SHARE = 0.25
 #: Where a device reports no temperature, the scheduler's heat model starts from a room's
 #: (its heat limit then binds only on the rise the work itself predicts).
 ROOM_C = 25.0
@@ -64,7 +62,7 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
         thermal_limit_c=caps.thermal_limit_c,
         delta_t_c=caps.delta_t_c,
         # The announced speed, scaled down by the scorer when the device measures far slower.
-        speed=max(caps.fp32_tflops * 1000.0 * row.speed_scale, 1e-3),
+        speed=speed_gflops(caps.fp32_tflops, row.speed_scale),
         slots=slots,
         # The busier of what this scheduler placed there and what the device reports.
         load=max(load / slots, sample.cpu_utilisation),
