@@ -9,9 +9,10 @@ meant to alter decisions rewrites the file, in its own commit that says why:
 
 The runs: the placement benchmark's fleet of 10,000 devices (``bench/scheduler.py``: uniform
 random devices, tasks of unit work) in balanced and performance mode, placed in cycles of 500
-on its blocks; and the block-search test's awkward fleet (failed devices, twins, low batteries,
-token rates, tasks nothing can take) in every mode, on small blocks, and energy mode (which
-scores every device).
+on blocks of the fleet's default size (the search is exact: the size changes no decision);
+and the block-search test's awkward fleet (failed devices, twins, low batteries, token
+rates, tasks nothing can take) in every mode, on small blocks, energy mode scoring every
+device.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from libs.contracts import DeviceClass, Mode
 from libs.contracts.profiles import Profile
+from libs.core.blocks import BLOCK_SIZE
 from libs.core.dwps import Dwps
 from libs.core.fleet import FleetState
 from libs.core.model import Device, Task
@@ -103,7 +105,7 @@ def bench_run(mode: Mode) -> Callable[[], list[str]]:
         rng = np.random.default_rng(0)
         devices = bench_fleet(10_000, rng)
         tasks = bench_tasks(2_000, rng)
-        return decisions(BUILTIN_PROFILES[mode], devices, tasks, 500, block_size=256)
+        return decisions(BUILTIN_PROFILES[mode], devices, tasks, 500, block_size=BLOCK_SIZE)
 
     return run
 
