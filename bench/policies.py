@@ -33,7 +33,7 @@ import numpy as np
 
 from libs.contracts import Mode
 from libs.core.catalogue import HYPOTHETICAL_MODELS
-from libs.core.model import Device
+from libs.core.model import Device, speed_gflops
 from libs.core.partition import choose, memory_proportional, previews
 from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
@@ -164,7 +164,7 @@ def as_device(e: EmulatedDevice, weights_gb: float) -> Device:
         temperature_c=e.temperature_c,
         thermal_limit_c=caps.thermal_limit_c,
         delta_t_c=caps.delta_t_c,
-        speed=caps.fp32_tflops * 1000.0,
+        speed=speed_gflops(caps.fp32_tflops),
         network_rtt_ms=e.base_rtt_ms,
     )
 

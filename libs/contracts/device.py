@@ -130,8 +130,15 @@ class TelemetrySample(WireModel):
 
 
 class ScoreUpdate(WireModel):
-    """The five capability dimensions and their weighted total, each in [0, 1]
-    (``libs/core/capability.py`` defines each)."""
+    """A device scored: the five capability dimensions and their weighted total, each in
+    [0, 1], with what they were computed from, i.e. everything the scorer wrote to the device's
+    row with them (``libs/contracts/keys.py``), so that a reader applies the update as sent
+    and reads Redis only for a device it knows nothing of.
+
+    ``sample`` is the telemetry sample scored; ``speed_scale`` what the device's claimed speed
+    was scaled by (1: it measures as fast as it claims); ``announced_ts`` the ``ts`` of the
+    announce the scores are for (a reader holding an older one reads the device's new one).
+    """
 
     device_id: DeviceId
     device_class: DeviceClass
@@ -143,6 +150,9 @@ class ScoreUpdate(WireModel):
     network: Fraction
     stability: Fraction
     total: Fraction
+    sample: TelemetrySample
+    speed_scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    announced_ts: Timestamp
 
 
 class DeviceFailed(WireModel):

@@ -33,6 +33,9 @@ THERMAL_BACKOFF_C = 10.0
 TASK_OVERHEAD_SHARE = 0.01
 #: A device with no work this long sleeps (suspend, deep C-states, a phone's screen-off idle).
 SLEEP_AFTER_S = 30.0
+#: Idle power as a share of typical power: an emulated device's, and the scheduler's model of
+#: a device that does not report its own.
+IDLE_SHARE = 0.25
 #: Sleep power as a share of idle power.
 SLEEP_SHARE = 0.1
 #: Seconds a sleeping device takes before it serves new work.

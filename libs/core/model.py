@@ -27,14 +27,25 @@ def _check_fraction_vector(name: str, values: Vector5) -> None:
             raise ValueError(f"{name}.{dim} must be in [0, 1], got {value}")
 
 
+#: The least ``Device.speed`` (GFLOP/s) a device is given, so that a duration stays finite.
+MIN_SPEED_GFLOPS = 1e-3
+
+
+def speed_gflops(fp32_tflops: float, scale: float = 1.0) -> float:
+    """``Device.speed`` (GFLOP/s) of a device announcing ``fp32_tflops``, its claims scaled by
+    ``scale`` (the scorer's, when the device measures far slower than it claims)."""
+    return max(fp32_tflops * 1000.0 * scale, MIN_SPEED_GFLOPS)
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     """One device as the scheduler sees it: scores plus live state.
 
     ``capability`` is the five scored dimensions in [0, 1] (see ``capability.py``).
-    ``speed`` is the device's relative processing rate (work units per second) used to
-    estimate durations; ``slots`` is how many tasks it runs at once; ``load`` is the number of
-    tasks it is running or has queued, divided by ``slots``.
+    ``speed`` is the device's effective fp32 rate in GFLOP/s (``speed_gflops`` turns the
+    TFLOPS a device announces into it, wherever a ``Device`` is built), used with
+    ``Task.work`` to estimate durations; ``slots`` is how many tasks it runs at once; ``load``
+    is the number of tasks it is running or has queued, divided by ``slots``.
 
     Where they are known (measured, or modelled by the simulator), ``prefill_tokens_per_s`` and
     ``decode_tokens_per_s`` (one stream's rates at the device's current batch) give an LLM

@@ -181,7 +181,7 @@ def _preview(
 def step_ms(model: ModelSpec, devices: Sequence[Device], counts: Sequence[int]) -> float:
     """Estimated time of one decode step: compute on each shard + one round trip per hop.
 
-    ``Device.speed`` is taken as effective GFLOP/s for this estimate.
+    ``Device.speed`` is the effective GFLOP/s this estimate divides by.
     """
     compute_s = sum(
         layers * model.gflop_per_layer_token / max(d.speed, 1e-9)

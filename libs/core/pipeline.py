@@ -107,18 +107,21 @@ class Pipeline:
         for s, values in self.volatile_scores:
             values[i] = s.values(fleet, None, self.profile, i)
         # The same combination as ``_combine``, in scalars: a one-element slice costs more.
-        self.static_mask[i] = all(mask[i] for mask in self.filter_values)
+        passes = all(mask[i] for mask in self.filter_values)
+        self.static_mask[i] = passes
         score = 0.0
         for values, (_, weight) in zip(self.score_values, self.static_scores, strict=True):
             score += weight * float(values[i])
         factor = 1.0
         for values in self.multiplier_values:
             factor *= float(values[i])
-        self.static_score[i], self.factor[i], self.static_scaled[i] = score, factor, score * factor
-        for scale, (_, weight) in zip(self.task_scale, self.task_scores, strict=True):
-            scale[i] = weight * factor
+        scaled = score * factor
+        self.static_score[i], self.factor[i], self.static_scaled[i] = score, factor, scaled
+        scales = [weight * factor for _, weight in self.task_scores]
+        for scale, value in zip(self.task_scale, scales, strict=True):
+            scale[i] = value
         if self.search is not None:
-            self.search.changed(i)
+            self.search.changed(i, scaled if passes else -np.inf, scales)
 
     # -- per task -------------------------------------------------------------------------
     def feasible(self, task: Task) -> Bool:

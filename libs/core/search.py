@@ -29,7 +29,7 @@ from libs.contracts.profiles import Profile
 from libs.core.blocks import FleetBlocks, Index
 from libs.core.fleet_state import F64, Bool, FleetState, service_seconds
 from libs.core.model import Task
-from libs.core.plugins import COMPLETION_SLACK, Score, best_over, unit, within_slack
+from libs.core.plugins import COMPLETION_SLACK, Score, unit, within_slack
 
 #: Filters the search bounds per block (the static ones are folded into the static part).
 BOUNDED_FILTERS = {"alive", "battery_floor", "memory", "power", "thermal", "completion_slack"}
@@ -102,10 +102,11 @@ class BlockSearch:
         self.scale = [np.where(usable, row, -np.inf).max(axis=1) for row in self.table[1:-1]]
         self._is_match = [name == "device_match" for name in self.score_names]
         self._memory = "memory" in self.filters
-        self._power = "power" in self.filters
-        self._heat = "thermal" in self.filters
+        #: Both intensity filters at once, by ``allowed_intensity`` (the usual case).
+        self._intensity = "power" in self.filters and "thermal" in self.filters
+        self._power = "power" in self.filters and not self._intensity
+        self._heat = "thermal" in self.filters and not self._intensity
         self._slack = "completion_slack" in self.filters
-        self._own_rows, self._mine_rows = len(blocks.table), len(self.table)
 
     def _optimistic(self, table: F64) -> F64:
         """The static part plus each match's weight: a score with every match at its most."""
@@ -115,18 +116,18 @@ class BlockSearch:
                 total += table[1 + k]
         return np.asarray(total, dtype=np.float64)
 
-    def changed(self, i: int) -> None:
-        """Device ``i`` took a task: update its row, widen its block's bounds to cover it
-        (in plain floats: this runs once per placement, on one device)."""
-        pipeline, flat = self.pipeline, self._flat
+    def changed(self, i: int, static: float, scales: list[float]) -> None:
+        """Device ``i`` took a task: its static part (-inf where a static filter refuses it)
+        and its weight × multiplier per task-dependent score are now ``static`` and
+        ``scales``. Update its row, widen its block's bounds to cover it (in plain floats:
+        this runs once per placement, on one device)."""
+        flat = self._flat
         b, s = int(self.blocks.blocks.of[i]), int(self.blocks.blocks.slot[i])
-        static = float(pipeline.static_scaled[i]) if pipeline.static_mask[i] else -np.inf
         optimistic = static
         flat[0, s] = static
         if static > self.static[b]:
             self.static[b] = static
-        for k, (bound, scale) in enumerate(zip(self.scale, pipeline.task_scale, strict=True)):
-            value = float(scale[i])
+        for k, (bound, value) in enumerate(zip(self.scale, scales, strict=True)):
             flat[1 + k, s] = value
             if value > bound[b]:
                 bound[b] = value
@@ -141,31 +142,33 @@ class BlockSearch:
         ``demand`` is its unit demand, ``floor`` and ``earliest`` the fleet's completion floor
         and earliest completion for it (when the profile is timed)."""
         blocks = self.blocks
-        bound = self.static.copy()
         refuse: Bool | None = None
         if self._memory:
             refuse = blocks.memory < task.memory_gb
+        if self._intensity:
+            refuse = _or(refuse, blocks.allow < task.intensity)
         if self._power:
             refuse = _or(refuse, blocks.power < task.intensity)
         if self._heat:
             refuse = _or(refuse, blocks.heat <= task.intensity)
         if floor is not None and self._slack:
             refuse = _or(refuse, floor > COMPLETION_SLACK * earliest + 1e-9)
-        if refuse is not None:
-            bound[refuse] = -np.inf
         # Two bounds, the lower kept: each part at its block's most, or the static part and
         # the match's weight together at their most (one device's, so tighter) with the
         # match at 1.
-        together = self.optimistic.copy()
+        bound, together = self.static, self.optimistic
         for is_match, scale in zip(self._is_match, self.scale, strict=True):
             if is_match:
-                bound += scale * np.minimum(blocks.capability @ demand, 1.0)
+                bound = bound + scale * np.minimum(blocks.capability @ demand, 1.0)
             else:
                 assert floor is not None
-                reach = scale * best_over(earliest, floor)
-                bound += reach
-                together += reach
-        return np.minimum(bound, together, out=bound)
+                reach = scale * (max(earliest, 1e-12) / np.maximum(floor, 1e-12))  # best_over
+                bound = bound + reach
+                together = together + reach
+        bound = np.minimum(bound, together)
+        if refuse is not None:
+            bound[refuse] = -np.inf
+        return bound
 
     def pick(self, task: Task) -> tuple[int | None, float]:
         """The best feasible device's index and score, or (None, 0.0): what
@@ -207,10 +210,14 @@ class BlockSearch:
         # Blocks go fastest first and the best bounds are mostly the fastest blocks': a run of
         # blocks is read in place (the few between that were not asked for cost less than a
         # copy, and scoring a block twice or unasked changes no answer).
-        at: slice | Index = slice(low, high) if high - low <= 2 * len(listed) else blocks
+        size = self.blocks.blocks.size
+        if high - low <= 2 * len(listed):
+            columns: slice | Index = slice(low * size, high * size)
+        else:
+            columns = (blocks[:, None] * size + np.arange(size)).ravel()
         fb = FleetBlocks
-        own = self.blocks.table[:, at].reshape(self._own_rows, -1)
-        mine = self.table[:, at].reshape(self._mine_rows, -1)
+        own = self.blocks.flat[:, columns]
+        mine = self._flat[:, columns]
         finish: F64 | None = None
         ratio: F64 | None = None  # ``best_over(earliest, finish)``
         if self.timed:
@@ -230,13 +237,15 @@ class BlockSearch:
             if keep.size == 0:
                 return -np.inf, -1
             own, mine = own[:, keep], mine[:, keep]
-            if finish is not None:
+            if finish is not None and self._slack:
                 finish = finish[keep]
             if ratio is not None:
                 ratio = ratio[keep]
         ok: Bool | None = None
         if self._memory:
             ok = own[fb.MEMORY] >= task.memory_gb
+        if self._intensity:
+            ok = _and(ok, own[fb.ALLOW] >= task.intensity)
         if self._power:
             ok = _and(ok, own[fb.POWER] >= task.intensity)
         if self._heat:
@@ -256,10 +265,14 @@ class BlockSearch:
             total = total + values * mine[1 + k]
         if ok is not None:
             total = np.where(ok, total, -np.inf)
-        top = float(total.max())
+        best = int(total.argmax())
+        top = float(total[best])
         if top == -np.inf:
             return top, -1
-        return top, int(own[fb.INDEX][total == top].min())
+        ties = total == top
+        if np.count_nonzero(ties) == 1:  # the usual case: no other device scores the same
+            return top, int(own[fb.INDEX, best])
+        return top, int(own[fb.INDEX][ties].min())
 
 
 def _and(mask: Bool | None, more: Bool) -> Bool:

@@ -22,7 +22,7 @@ from enum import StrEnum
 import numpy as np
 
 from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, GpuSample, TelemetrySample
-from libs.core.energy import SLEEP_AFTER_S, SLEEP_SHARE, device_power_w
+from libs.core.energy import IDLE_SHARE, SLEEP_AFTER_S, SLEEP_SHARE, device_power_w
 from libs.devices.classes import CLASS_PROFILES
 
 AMBIENT_C = 25.0
@@ -30,7 +30,6 @@ AMBIENT_C = 25.0
 TOKENS_PER_S_AT_SPEED_1 = 30.0
 IDLE_RISE_C = 10.0
 CHARGE_W = 20.0
-IDLE_SHARE = 0.25  # idle power as a share of typical power
 
 
 class FaultKind(StrEnum):

@@ -31,7 +31,7 @@ from libs.core.capability import (
 from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.energy import SLEEP_AFTER_S, WAKE_S
 from libs.core.fleet_state import FleetState
-from libs.core.model import Device, Task, TaskKind
+from libs.core.model import Device, Task, TaskKind, speed_gflops
 from libs.core.policy import Policy
 from libs.core.queueing import TaskQueue, fcfs_queue
 from libs.devices.emulated import EmulatedDevice, FaultKind
@@ -162,7 +162,7 @@ class ServingSimulation:
             temperature_c=e.temperature_c,
             thermal_limit_c=caps.thermal_limit_c,
             delta_t_c=caps.delta_t_c,
-            speed=max(caps.fp32_tflops, 1e-3),
+            speed=speed_gflops(caps.fp32_tflops),
             slots=sd.slots,
             load=0.0,
             battery_percent=e.battery_percent,

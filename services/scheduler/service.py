@@ -252,7 +252,8 @@ class Scheduler:
             self.planner.cards[model] = card
 
     async def on_score(self, update: ScoreUpdate, msg: Delivery) -> None:
-        self.to_refresh.add(update.device_id)
+        if not self.view.receive(update):  # a device it does not know yet: read at the tick
+            self.to_refresh.add(update.device_id)
 
     async def on_failed(self, event: DeviceFailed, msg: Delivery) -> None:
         self.loop.post(lambda: self._fail(event.device_id), "device failed")
@@ -343,10 +344,10 @@ class Scheduler:
 
     # -- the decision cycle -------------------------------------------------------------------
     async def tick(self) -> None:
-        """Every ``cycle_ms``: read the devices whose scores changed (outside the loop), then
-        run the cycle as a command."""
+        """Every ``cycle_ms``: take the score updates received, read the devices the view
+        cannot update from them (outside the loop), then run the cycle as a command."""
         refresh, self.to_refresh = sorted(self.to_refresh), set()
-        read = await self.view.read(refresh)
+        read = self.view.take_received() + await self.view.read(refresh)
         await self.loop.call(lambda: self.cycle(read), "cycle")
 
     async def cycle(self, read: Read | None = None) -> None:

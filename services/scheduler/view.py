@@ -1,8 +1,11 @@
-"""The cluster as the scheduler sees it, read from the scorer's Redis keys.
+"""The cluster as the scheduler sees it: the scorer's rows and the devices' announces.
 
-Loaded once at start (one pipelined read of the live devices), then kept current by events:
-a score update re-reads that one device, device-failed and device-recovered flip its state.
-Nothing scans Redis per decision.
+Loaded once at start from the scorer's Redis keys (one pipelined read of the live devices),
+then kept current by events: a score update is applied as sent (it carries the scores, the
+sample they were computed from and the speed scale: the row the scorer wrote), device-failed
+and device-recovered flip a device's state. Redis is read again only for a device the view
+has no announce for, or whose announce is newer than the one it holds (the update says which
+announce it was scored under). Nothing scans Redis per decision.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from dataclasses import replace
 
 from redis.asyncio import Redis
 
-from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState, TelemetrySample
+from libs.contracts import DeviceAnnounce, DeviceClass, DeviceState, ScoreUpdate, TelemetrySample
 from libs.contracts.keys import DeviceRow, Keys
-from libs.core.energy import cluster_rates
-from libs.core.model import Device
+from libs.core.energy import IDLE_SHARE, cluster_rates
+from libs.core.model import Device, speed_gflops
 from libs.runtime.redis_client import read_devices
 
 #: Concurrent tasks a device of each class runs (its ``slots``) when its worker announces
@@ -28,8 +31,6 @@ CLASS_SLOTS = {
     DeviceClass.EDGE_SERVER: 8,
     DeviceClass.CLOUD_GPU: 32,
 }
-#: Idle power as a share of typical power, when the device does not report its own.
-IDLE_SHARE = 0.25
 #: Where a device reports no temperature, the scheduler's heat model starts from a room's
 #: (its heat limit then binds only on the rise the work itself predicts).
 ROOM_C = 25.0
@@ -64,7 +65,7 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
         thermal_limit_c=caps.thermal_limit_c,
         delta_t_c=caps.delta_t_c,
         # The announced speed, scaled down by the scorer when the device measures far slower.
-        speed=max(caps.fp32_tflops * 1000.0 * row.speed_scale, 1e-3),
+        speed=speed_gflops(caps.fp32_tflops, row.speed_scale),
         slots=slots,
         # The busier of what this scheduler placed there and what the device reports.
         load=max(load / slots, sample.cpu_utilisation),
@@ -76,8 +77,28 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
     )
 
 
-#: Rows and announces read from Redis, to apply.
+#: Rows and announces read from Redis or received, to apply.
 Read = list[tuple[DeviceRow, DeviceAnnounce]]
+
+
+def row_of(update: ScoreUpdate) -> DeviceRow:
+    """The row the scorer wrote with ``update`` (``DeviceRow.decode`` of the device's hash):
+    a score update is only sent for a live device."""
+    return DeviceRow(
+        device_id=update.device_id,
+        device_class=update.device_class,
+        state=DeviceState.ALIVE,
+        sample=update.sample,
+        compute=update.compute,
+        memory=update.memory,
+        efficiency=update.efficiency,
+        network=update.network,
+        stability=update.stability,
+        total=update.total,
+        scored_at=update.ts,
+        mode=update.mode,
+        speed_scale=update.speed_scale,
+    )
 
 
 class ClusterView:
@@ -87,6 +108,8 @@ class ClusterView:
         self.rows: dict[str, DeviceRow] = {}
         self.announces: dict[str, DeviceAnnounce] = {}
         self.failed: set[str] = set()
+        #: Score updates received since the last ``take_received``, the newest per device.
+        self.received: dict[str, ScoreUpdate] = {}
 
     async def load(self) -> None:
         """Every device the scorer ranks, plus the failed ones, in one pipeline each."""
@@ -111,6 +134,22 @@ class ClusterView:
                 continue
             read.append((row, DeviceAnnounce.model_validate_json(caps)))
         return read
+
+    def receive(self, update: ScoreUpdate) -> bool:
+        """Keep a score update to apply as sent (``take_received``). False when it cannot be
+        applied without Redis: the view has no announce for the device, or an older one than
+        the update was scored under (``read`` then gives both)."""
+        announce = self.announces.get(update.device_id)
+        if announce is None or announce.ts != update.announced_ts:
+            return False
+        self.received[update.device_id] = update
+        return True
+
+    def take_received(self) -> Read:
+        """The rows of the score updates received since the last call, with the announces
+        they were scored under, for ``apply`` (changes nothing else here)."""
+        received, self.received = self.received, {}
+        return [(row_of(u), self.announces[u.device_id]) for u in received.values()]
 
     def apply(self, read: Read) -> None:
         for row, announce in read:

@@ -315,12 +315,16 @@ class Scorer:
             pipe.expire(key, ttl)
             record.last_scored_at, record.last_scored = now, record.latest
             record.scores = row
+            assert record.latest is not None  # ``due`` holds sampled devices only
             update = ScoreUpdate(
                 device_id=record.device_id,
                 device_class=record.device_class,
                 ts=now,
                 mode=self.mode,
                 **row,
+                sample=record.latest,
+                speed_scale=record.speed_scale,
+                announced_ts=record.announced_ts,
             )
             events.append((SCORE, update, record.device_id))
         for name in SCORE_FIELDS:

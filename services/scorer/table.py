@@ -34,6 +34,8 @@ class DeviceRecord:
     thermal_limit_c: float
     history: History
     last_seen: float
+    #: The ``ts`` of the announce this record is built from (sent with its scores).
+    announced_ts: float
     failed: bool = False
     #: When the device counts as failed if nothing is heard before (see ``touch``).
     deadline: float = float("inf")
@@ -67,6 +69,7 @@ class DeviceRecord:
             thermal_limit_c=caps.thermal_limit_c,
             history=history,
             last_seen=now,
+            announced_ts=announce.ts,
         )
 
     def rescale(self, scale: float) -> None:

@@ -4,11 +4,19 @@ only devices that measure their power."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from libs.contracts import DeviceAnnounce, DeviceClass
-from libs.contracts.keys import DeviceRow
-from libs.core.energy import cluster_rates
-from services.scheduler.view import IDLE_SHARE, ROOM_C, to_device
+from libs.contracts.keys import SCORE_FIELDS, DeviceRow
+from libs.core.catalogue import HYPOTHETICAL_MODELS
+from libs.core.energy import IDLE_SHARE, cluster_rates
+from libs.core.policies import make_policy
+from libs.devices.fleetfile import build, load_fleet
+from libs.sim.serving import ServingSimulation, device_scores
+from services.scheduler.view import ROOM_C, to_device
 from tests.builders import NOW, make_capabilities, make_telemetry
+
+MODEL = "llama-3.2-1b-instruct"
 
 
 def test_unknown_readings_become_the_models_not_zeros() -> None:
@@ -34,3 +42,40 @@ def test_tokens_per_joule_counts_only_devices_that_measure_their_power() -> None
     tokens, per_joule = cluster_rates([metered, unknown])
     assert tokens == 50.0
     assert per_joule == 2.0
+
+
+def test_the_simulator_and_the_live_view_build_the_same_device_from_one_sample() -> None:
+    """One emulated device's announce and telemetry sample, scored as the simulator scores it:
+    the live view's ``Device`` (from the scorer's row and the announce) and the simulator's
+    agree on everything both read from them, the speed's unit (GFLOP/s) among it."""
+    devices = build(load_fleet({"seed": 3, "devices": {"laptop": 1, "workstation": 1}}))
+    simulation = ServingSimulation(devices, make_policy("dwps"), model=MODEL)
+    weights_gb = HYPOTHETICAL_MODELS[MODEL].weights_gb
+    rng = np.random.default_rng(0)
+    for emulated, simulated in zip(devices, simulation.fleet.devices, strict=True):
+        announce = emulated.announce(0.0, interval_s=1.0)
+        sample = emulated.sample(0, 0.0, rng)
+        scores = dict(zip(SCORE_FIELDS[:5], device_scores(emulated, weights_gb), strict=True))
+        row = DeviceRow(
+            device_id=emulated.device_id,
+            device_class=emulated.device_class,
+            sample=sample,
+            total=0.5,
+            **scores,
+        )
+        live = to_device(row, announce, load=0.0, reserved_gb=0.0)
+        shared = (
+            "device_class",
+            "capability",
+            "power_max_w",
+            "power_now_w",
+            "power_idle_w",
+            "temperature_c",
+            "thermal_limit_c",
+            "delta_t_c",
+            "speed",
+            "battery_percent",
+            "plugged",
+        )
+        assert {f: getattr(live, f) for f in shared} == {f: getattr(simulated, f) for f in shared}
+        assert live.speed == emulated.capabilities.fp32_tflops * 1000.0  # GFLOP/s
