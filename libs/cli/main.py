@@ -88,8 +88,8 @@ def up(
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
     from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
-    from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
     from libs.cluster.up import run_cluster
+    from libs.cluster.up_options import UpOptions, choose_port, choose_run_file
 
     if nats_servers == 2:
         raise typer.BadParameter(
