@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos, table
+from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos
+from libs.harness.chaos_outcomes import table
 from libs.harness.placement_faults import FAULTS as PLACEMENT_FAULTS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos.md"

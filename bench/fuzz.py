@@ -27,8 +27,9 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builders: valid samples
 
-from libs.cluster.launcher import Cluster, UpOptions
+from libs.cluster.launcher import Cluster
 from libs.cluster.up import deploy_model
+from libs.cluster.up_options import UpOptions
 from libs.harness.fuzz import flood, tally
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.procs import free_port

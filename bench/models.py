@@ -163,7 +163,7 @@ def on(ns: str, code: str, *args: str) -> float:
 
 def make_model(folder: Path, size_gb: float) -> tuple[Path, str]:
     from libs.models.gguf_info import sha256_of
-    from tests.models import make_gguf
+    from tests.made_models import make_gguf
 
     path = make_gguf(
         folder / "bench.gguf", "llama", "Q8_0", layers=16, target_bytes=int(size_gb * 1e9)

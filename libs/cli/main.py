@@ -1,20 +1,22 @@
-"""``tessera``: start the local cluster and operate it."""
+"""``tessera``: start the local cluster and operate it.
+
+The app and its whole command tree, in the order ``tessera --help`` lists it. The commands live
+by what they do: ``cluster_commands.py`` (up, join, token, revoke, access),
+``scheduling_commands.py`` (preview, deploy, placements, mode), ``model_commands.py``
+(``models …``), ``simulate_commands.py`` (``simulate``); the few that stand alone (devices,
+calibrate, chat, version) are here. ``main`` is the ``tessera`` entry point.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from enum import StrEnum
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from libs.cli.models import models_app
+from libs.cli.cluster_commands import access, join, revoke, token_app, up
+from libs.cli.model_commands import models_app
+from libs.cli.scheduling_commands import deploy, mode, placements, preview
 from libs.cli.simulate_commands import simulate_app
-from libs.cluster import runfile
-from libs.contracts import DEFAULT_CONTEXT_TOKENS
-from libs.runtime.procs import free_port
 from libs.runtime.settings import LauncherSettings
 
 app = typer.Typer(
@@ -25,211 +27,6 @@ app = typer.Typer(
 )
 
 
-@app.command()
-def up(
-    devices: Annotated[
-        int | None, typer.Option(min=0, help="Emulated devices to start (default 6).")
-    ] = None,
-    fleet: Annotated[
-        Path | None,
-        typer.Option(exists=True, dir_okay=False, help="Fleet file (YAML) for the emulated fleet."),
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="Gateway port (TESSERA_GATEWAY_PORT).")
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(min=0, max=64, help="CPU shard workers, one device each (default 2)."),
-    ] = None,
-    vllm_workers: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            max=16,
-            help="vLLM workers (whole models; `make vllm` first). Default: 1 with an NVIDIA GPU "
-            "and vLLM's GPU build, else 0 (on CPU the shard workers, which can split a model).",
-        ),
-    ] = None,
-    engine: Annotated[
-        CpuEngine | None,
-        typer.Option(
-            help="The CPU workers' engine. Default: llamacpp where `make llama` built it "
-            "(the faster here), else torch.",
-        ),
-    ] = None,
-    scheduler_replicas: Annotated[
-        int | None,
-        typer.Option(min=1, max=5, help="Scheduler replicas: one leads, the others stand by."),
-    ] = None,
-    listen: Annotated[
-        str | None,
-        typer.Option(
-            help="An address of this host others reach: NATS listens there and other hosts "
-            "join with the `tessera join …` command printed at start. Default: loopback only."
-        ),
-    ] = None,
-    nats_servers: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=9,
-            help="nats-servers in one NATS cluster (3 or more: the cluster goes on when one "
-            "goes; JetStream keeps three copies). Default 1.",
-        ),
-    ] = 1,
-    deploy: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--deploy",
-            help="A model to deploy once the cluster is up (repeat for more; default "
-            "smollm2-135m-instruct). Each is followed until it serves, or its refusal is said.",
-        ),
-    ] = None,
-) -> None:
-    """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
-    from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
-    from libs.cluster.launcher import UpOptions, choose_port, choose_run_file
-    from libs.cluster.up import run_cluster
-
-    if nats_servers == 2:
-        raise typer.BadParameter(
-            "two servers lose JetStream's quorum when one goes: use 1, or 3 or more",
-            param_hint="--nats-servers",
-        )
-    try:
-        settings = LauncherSettings()
-    except ValidationError as exc:  # say what is wrong in one line per setting
-        for error in exc.errors():
-            typer.echo(f"tessera up: {error['msg'].removeprefix('Value error, ')}", err=True)
-        raise typer.Exit(2) from exc
-    vllm, why = choose_engines(settings.vllm_workers if vllm_workers is None else vllm_workers)
-    cpu_engine, cpu_why = choose_cpu_engine(
-        engine.value if engine else settings.cpu_engine, listening=listen is not None
-    )
-    options = UpOptions(
-        gateway_host=settings.gateway_host,
-        gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),
-        devices=settings.devices if devices is None else devices,
-        workers=settings.workers if workers is None else workers,
-        vllm_workers=vllm,
-        cpu_engine=cpu_engine,
-        engines_note=f"{cpu_why}; {why}",
-        scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
-        fleet=fleet,
-        run_file=choose_run_file(settings.run_file),
-        scheduler_port=settings.scheduler_http_port or free_port(),
-        listen=listen,
-        nats_servers=nats_servers,
-        nats_tls=(settings.nats_tls_cert, settings.nats_tls_key)
-        if settings.nats_tls_cert and settings.nats_tls_key
-        else None,
-        nats_ca=settings.nats_ca,
-    )
-    if deploy:
-        options = dataclasses.replace(options, deploy=tuple(deploy))
-    raise typer.Exit(run_cluster(options))
-
-
-@app.command()
-def join(
-    url: Annotated[
-        str | None,
-        typer.Argument(help="The cluster's NATS URL, as `tessera up` printed (default: mDNS)."),
-    ] = None,
-    token: Annotated[
-        str, typer.Option(envvar="TESSERA_JOIN_TOKEN", help="The cluster's join token.")
-    ] = "",
-    device_id: Annotated[
-        str | None, typer.Option(help="This host's device id (default host-<hostname>).")
-    ] = None,
-    memory_gb: Annotated[
-        float | None,
-        typer.Option(min=0.1, help="Memory the scheduler may use here (default: all of it)."),
-    ] = None,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            help="torch, llamacpp (its RPC between hosts over mutual TLS, the cluster's CA) or "
-            "vllm (default: vllm with an NVIDIA GPU and its build, else torch)."
-        ),
-    ] = None,
-    ca: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="TESSERA_NATS_CA",
-            exists=True,
-            dir_okay=False,
-            help="The cluster's CA (PEM), when its NATS requires TLS: the join command names it.",
-        ),
-    ] = None,
-) -> None:
-    """Join the cluster at URL: this host becomes one of its devices until Ctrl-C."""
-    from libs.cluster.joined import JoinOptions, run_joined
-
-    if not token:
-        raise typer.BadParameter("the cluster's token is needed", param_hint="--token")
-    if engine not in (None, "torch", "llamacpp", "vllm"):
-        raise typer.BadParameter(f"{engine!r}: torch, llamacpp or vllm", param_hint="--engine")
-    options = JoinOptions(url, token, device_id, memory_gb, engine, ca)
-    raise typer.Exit(run_joined(options))
-
-
-token_app = typer.Typer(help="The cluster's join token.", no_args_is_help=True)
-app.add_typer(token_app, name="token")
-
-
-@token_app.command("rotate")
-def token_rotate() -> None:
-    """Draw a new join token: the old one is refused from now on (joined hosts stay)."""
-    import asyncio
-
-    from libs.cluster.joining import rotate_token
-
-    admin, ca = running_admin()
-    try:
-        token = asyncio.run(rotate_token(admin, ca))
-    except TimeoutError as exc:
-        typer.echo("nobody answered: was the cluster started with --listen?", err=True)
-        raise typer.Exit(1) from exc
-    except Exception as exc:
-        typer.echo(f"the cluster did not rotate its token: {exc!r}", err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(f"new join token: {token}")
-
-
-def running_admin() -> tuple[str, Path | None]:
-    """The running cluster's admin NATS URL and its CA (from its run file), or exit 1."""
-    settings = LauncherSettings()
-    try:
-        running = runfile.read(settings.run_file)
-        admin, ca = running["nats_url"], running.get("nats_ca")
-    except (SystemExit, OSError, ValueError, KeyError) as exc:
-        typer.echo(f"no running cluster found ({settings.run_file}): {exc}", err=True)
-        raise typer.Exit(1) from exc
-    return admin, Path(ca) if ca else None
-
-
-@app.command()
-def revoke(device_id: Annotated[str, typer.Argument(help="The joined device to remove.")]) -> None:
-    """Remove one joined device's NATS user at once: its connection is closed, its shards
-    move, it cannot come back without the join token (rotate it too if that leaked)."""
-    import asyncio
-
-    from libs.cluster.joining import revoke_device
-
-    admin, ca = running_admin()
-    try:
-        refused = asyncio.run(revoke_device(admin, device_id, ca))
-    except TimeoutError as exc:
-        typer.echo("nobody answered: was the cluster started with --listen?", err=True)
-        raise typer.Exit(1) from exc
-    if refused:
-        typer.echo(f"not revoked: {refused}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"revoked {device_id}: its user is gone and its shards move")
-
-
-@app.command()
 def devices(
     redis_url: Annotated[str | None, typer.Option(help="Redis of the cluster.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="Rows to show.")] = 50,
@@ -245,122 +42,6 @@ def devices(
     show_devices(url, settings.key_prefix, limit, json_output, wide)
 
 
-SchedulerUrl = Annotated[
-    str | None, typer.Option(help="Scheduler API (default: the running `tessera up`).")
-]
-
-
-class CpuEngine(StrEnum):
-    torch = "torch"
-    llamacpp = "llamacpp"
-
-
-class PrecisionChoice(StrEnum):
-    int8 = "int8"
-    bfloat16 = "bfloat16"
-    float32 = "float32"
-
-
-PrecisionOption = Annotated[
-    PrecisionChoice | None,
-    typer.Option(help="Weights' precision on the CPU shard engine (default: the model's, int8)."),
-]
-
-
-def _scheduler(explicit: str | None) -> str:
-    from libs.cli.scheduling import scheduler_url
-
-    return scheduler_url(explicit, LauncherSettings().run_file)
-
-
-@app.command()
-def preview(
-    model: str,
-    max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
-    precision: PrecisionOption = None,
-    scheduler_url: SchedulerUrl = None,
-) -> None:
-    """Every candidate placement of MODEL: layers and memory per device, or why not."""
-    from libs.cli.scheduling import show_previews
-
-    show_previews(_scheduler(scheduler_url), model, max_shards, precision and precision.value)
-
-
-@app.command()
-def deploy(
-    model: str,
-    deployment_id: Annotated[str | None, typer.Option("--id", help="Deployment id.")] = None,
-    max_shards: Annotated[int, typer.Option(min=1, max=256)] = 8,
-    replicas: Annotated[
-        int, typer.Option(min=1, max=16, help="Copies; each request goes to one of them.")
-    ] = 1,
-    precision: PrecisionOption = None,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            min=0, help="Seconds to wait until it serves (0: do not wait); exit 2 past them."
-        ),
-    ] = 600.0,
-    context: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=1_048_576,
-            help=f"Context length per request, tokens (default: {DEFAULT_CONTEXT_TOKENS}, or "
-            "less where the model or its workers allow less).",
-        ),
-    ] = None,
-    shards: Annotated[
-        int | None, typer.Option(min=1, max=256, help="Exactly this many shards per copy.")
-    ] = None,
-    devices: Annotated[
-        str | None, typer.Option(help="Exactly these devices, in pipeline order: A,B,…")
-    ] = None,
-    scheduler_url: SchedulerUrl = None,
-) -> None:
-    """Deploy MODEL (a registered name, or a FILE.gguf, added first) across the fleet (split
-    into shards where needed) and wait until it serves, showing its progress; exit 1 with the
-    reason when it is refused or fails. Told --shards or --devices, the scheduler does exactly
-    that or refuses saying why."""
-    from rich.console import Console
-
-    from libs.cli.models import model_name
-    from libs.cli.scheduling import deploy as run
-
-    base, console = _scheduler(scheduler_url), Console()
-    name = model_name(base, model, console)
-    told = {
-        "context_length": context,
-        "shards": shards,
-        "devices": [d for d in (devices or "").split(",") if d],
-    }
-    chosen = precision and precision.value
-    code = run(base, name, deployment_id, max_shards, replicas, chosen, timeout, console, told=told)
-    raise typer.Exit(code)
-
-
-@app.command()
-def placements(scheduler_url: SchedulerUrl = None) -> None:
-    """The live deployments and their shards."""
-    from libs.cli.scheduling import show_placements
-
-    show_placements(_scheduler(scheduler_url))
-
-
-@app.command()
-def mode(
-    name: Annotated[
-        str | None, typer.Argument(help="performance, energy, balanced or auto")
-    ] = None,
-    scheduler_url: SchedulerUrl = None,
-) -> None:
-    """Show the scheduling mode, or set it (auto: back to automatic switching)."""
-    from libs.cli.scheduling import mode as run
-
-    run(_scheduler(scheduler_url), name)
-
-
-@app.command()
 def calibrate() -> None:
     """Measure this host's FP32, INT8 and memory bandwidth (and cache the result)."""
     from rich.progress import Progress
@@ -380,11 +61,6 @@ def calibrate() -> None:
     )
 
 
-app.add_typer(simulate_app, name="simulate")
-app.add_typer(models_app, name="models")
-
-
-@app.command()
 def chat(
     model: Annotated[str, typer.Option(help="Model id from /v1/models.")] = "smollm2-135m-instruct",
     url: Annotated[
@@ -404,32 +80,6 @@ def chat(
     run_chat(gateway_url(url, settings.run_file), model, api_key, max_tokens, message)
 
 
-@app.command()
-def access(
-    out: Annotated[Path, typer.Option(help="Folder for the files.")] = Path("deploy/access"),
-    device: Annotated[
-        list[str] | None, typer.Option(help="A worker device (repeat); default: compose's.")
-    ] = None,
-    nats_servers: Annotated[
-        int,
-        typer.Option(
-            min=1, max=3, help="3: NATS as a cluster of three (compose profile nats-cluster)."
-        ),
-    ] = 1,
-) -> None:
-    """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
-    from libs.cluster.access import COMPOSE_DEVICES, AccessControl, service_grants
-
-    if nats_servers == 2:
-        raise typer.BadParameter("use 1 or 3 (quorum)", param_hint="--nats-servers")
-    locks = AccessControl(device or list(COMPOSE_DEVICES))
-    env = locks.write_compose(out, [*service_grants(), "admin"], nats_servers)
-    typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
-    profile = " --profile nats-cluster" if nats_servers > 1 else ""
-    typer.echo(f"start with: docker compose{profile} --env-file {env} up")
-
-
-@app.command()
 def version() -> None:
     """Print Tessera's version."""
     from importlib.metadata import version as dist_version
@@ -437,7 +87,26 @@ def version() -> None:
     typer.echo(dist_version("tessera"))
 
 
+# Commands are listed in the order they are added; groups after them, in theirs.
+app.command()(up)
+app.command()(join)
+app.add_typer(token_app, name="token")
+app.command()(revoke)
+app.command()(devices)
+app.command()(preview)
+app.command()(deploy)
+app.command()(placements)
+app.command()(mode)
+app.command()(calibrate)
+app.add_typer(simulate_app, name="simulate")
+app.add_typer(models_app, name="models")
+app.command()(chat)
+app.command()(access)
+app.command()(version)
+
+
 def main() -> None:
+    """The ``tessera`` entry point (pyproject's ``[project.scripts]``)."""
     app()
 
 

@@ -21,10 +21,10 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.text import Text
 
+from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import find_clusters
 from libs.cluster.engine_choice import choose_engines
 from libs.cluster.joining import JoinRefused, ask_to_join
-from libs.cluster.launcher import exit_text, render
 from libs.devices.host_device import host_device_id
 from libs.runtime.pki import Credentials, rpc_env
 from libs.runtime.procs import ServiceProcess

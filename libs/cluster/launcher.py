@@ -4,83 +4,38 @@ Starts an embedded nats-server and redis-server, then every service that exists
 (``services/<name>/__main__.py``) with the shared environment, prints their logs with a
 coloured prefix, waits until each has logged ``ready`` (and the gateway answers /healthz),
 and stops them all, children first. ``libs/cluster/up.py`` runs it in the foreground.
+What it starts is ``UpOptions`` (``libs/cluster/up_options.py``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import signal
 import time
 import urllib.request
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
 
 from libs.cluster import runfile
 from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import Announcement
 from libs.cluster.joining import JoinDesk
+from libs.cluster.prometheus_config import write_prometheus_config
 from libs.cluster.servers import HOST, NatsCluster, RedisServer
+from libs.cluster.shipped_model import register_shipped_model
+from libs.cluster.up_options import UpOptions, available_services, choose_port
 from libs.runtime.pki import ClusterCA, rpc_env
-from libs.runtime.procs import Line, ServiceProcess, free_port, port_free
+from libs.runtime.procs import ServiceProcess, free_port
 from libs.runtime.settings import child_env
 
-REPO = Path(__file__).resolve().parents[2]
-#: Start order: consumers before producers, the front door last.
-SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
-#: Seconds the shipped model's registration is tried again while the cluster's JetStream
-#: does not answer yet (a NATS cluster choosing its leader).
-REGISTER_WAIT_S = 60.0
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
 
 
-def available_services(names: Iterable[str] = SERVICE_ORDER) -> list[str]:
-    """The services that have an entry point (``services.<name>.__main__``)."""
-    return [n for n in names if importlib.util.find_spec(f"services.{n}.__main__") is not None]
-
-
-@dataclass
-class UpOptions:
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = 8000
-    devices: int = 6
-    #: CPU shard workers, each its own process and device (``worker-0``, ``worker-1``, …).
-    workers: int = 2
-    #: The CPU workers' engine: ``torch`` or ``llamacpp`` (choose_cpu_engine).
-    cpu_engine: str = "torch"
-    #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
-    vllm_workers: int = 0
-    #: Why these engines (choose_engines), said at start.
-    engines_note: str = ""
-    #: Models deployed once the cluster is ready (when it has workers), named after the model.
-    deploy: tuple[str, ...] = ("smollm2-135m-instruct",)
-    fleet: Path | None = None
-    scheduler_port: int = 8100
-    #: Scheduler replicas: one leads (a lease in NATS KV), the others stand by to take over.
-    scheduler_replicas: int = 1
-    ready_timeout_s: float = 180.0
-    extra_env: dict[str, str] = field(default_factory=dict)
-    #: NATS users with subject permissions and Redis ACL users, one per service and worker
-    #: (``libs/cluster/access.py``); passwords drawn per run, the admin's in the run file only.
-    access: bool = True
-    run_file: Path | None = None
-    #: An address of this host other hosts reach: NATS listens there (not on loopback) and
-    #: hosts join with ``tessera join`` (``libs/cluster/joining.py``). None: loopback only.
-    listen: str | None = None
-    #: nats-servers routed into one NATS cluster (JetStream keeps three copies from 3 on):
-    #: the cluster goes on when one of them goes.
-    nats_servers: int = 1
-    #: TLS on NATS: (certificate chain, key) of its servers, and the CA services trust.
-    nats_tls: tuple[Path, Path] | None = None
-    nats_ca: Path | None = None
-
-
 class Cluster:
+    """The local cluster's servers and child processes: started in order, watched, restarted
+    one at a time (``respawn``) and stopped children first."""
+
     def __init__(self, options: UpOptions, console: Console | None = None) -> None:
         self.options = options
         self.console = console or Console(highlight=False)
@@ -185,50 +140,15 @@ class Cluster:
                 return
 
     def _register_shipped(self) -> None:
-        """The model shipped in its PyPI package joins the registry as any model does
-        (``tessera models add``): its file into the cluster's object store (once; a worker on
-        another host fetches it there), then its card. A cluster started with no such package
-        registers none."""
-        import asyncio
-
-        from nats.errors import Error as NatsError
-        from redis.asyncio import Redis
-
-        from libs.models.registry import ModelRegistry
-        from libs.models.shipped import ModelMissing
-        from libs.runtime.nats_client import close_nats, connect_nats
-        from libs.weights.object_store import WeightsError
-        from libs.weights.registration import register_shipped
-
-        async def register() -> None:
-            admin = self.urls("admin")
-            redis = Redis.from_url(admin["redis"], decode_responses=True)
-            nc = await connect_nats(admin["nats"], "launcher", ca_file=self.options.nats_ca)
-            try:
-                prefix = self.child_env().get("TESSERA_KEY_PREFIX", "tessera")
-                card = await register_shipped(ModelRegistry(redis, prefix), nc)
-                self.say("cluster", f"model {card.name} registered ({card.file_name})", "white")
-            finally:
-                await close_nats(nc)
-                await redis.aclose()
-
-        # A NATS cluster's JetStream answers only once its servers have chosen a leader: what
-        # times out then is tried again, for up to REGISTER_WAIT_S.
-        until = min(self._deadline, time.monotonic() + REGISTER_WAIT_S)
-        while True:
-            try:
-                asyncio.run(register())
-                return
-            except (WeightsError, NatsError, TimeoutError) as exc:
-                if time.monotonic() + 1.0 < until:
-                    time.sleep(1.0)
-                    continue
-                failed: Exception = exc
-            except ModelMissing as exc:
-                failed = exc
-            # Its file could not go into the store: nothing registered (add it by hand).
-            self.say("cluster", f"no model registered: {failed!r}", "bold yellow")
-            return
+        """The model shipped in its PyPI package joins the registry (``register_shipped_model``),
+        tried again until this start's deadline, for up to ``REGISTER_WAIT_S``."""
+        register_shipped_model(
+            self.urls("admin"),
+            self.child_env().get("TESSERA_KEY_PREFIX", "tessera"),
+            self.options.nats_ca,
+            self._deadline,
+            self.say,
+        )
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
@@ -412,47 +332,3 @@ class Cluster:
         line = Text(f"{name:>10} │ ", style=colour)
         line.append(message)
         self.console.print(line, soft_wrap=True)
-
-
-def choose_port(host: str, preferred: int) -> int:
-    """``preferred`` when it is free, else any free port (another cluster may hold it)."""
-    return preferred if port_free(host, preferred) else free_port(host)
-
-
-def choose_run_file(preferred: Path) -> Path:
-    """``preferred``, unless a running cluster holds it (its lock, not its pid: see
-    ``libs/cluster/runfile.py``): then ``cluster-<pid>.json`` beside it (commands given no
-    address keep finding the first cluster). The cluster claims it when it starts."""
-    if not runfile.held(preferred):
-        return preferred
-    return preferred.with_name(f"{preferred.stem}-{os.getpid()}{preferred.suffix}")
-
-
-def write_prometheus_config(path: Path, targets: dict[str, str]) -> None:
-    """A Prometheus config scraping the local cluster every 5 s, loading the alert rules:
-    ``prometheus --config.file <path>``."""
-    rules = REPO / "deploy" / "prometheus" / "rules"
-    jobs = [{"targets": [target], "labels": {"service": name}} for name, target in targets.items()]
-    config = {
-        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
-        "rule_files": [str(rules / "*.yml")],
-        "scrape_configs": [{"job_name": "tessera", "static_configs": jobs}],
-    }
-    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-
-
-def exit_text(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"stopped by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
-def render(line: Line) -> str:
-    """A child's log line as ``level msg key=value`` (a plain line as it came)."""
-    if set(line) == {"msg"}:
-        return str(line["msg"])
-    skip = {"ts", "level", "service", "logger", "msg"}
-    extras = " ".join(f"{k}={v}" for k, v in line.items() if k not in skip)
-    return f"{line.get('level', 'info'):<7} {line.get('msg', '')} {extras}".rstrip()

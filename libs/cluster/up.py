@@ -22,7 +22,9 @@ from typing import Any
 
 from rich.console import Console
 
-from libs.cluster.launcher import Cluster, UpOptions, exit_text
+from libs.cluster.child_output import exit_text
+from libs.cluster.launcher import Cluster
+from libs.cluster.up_options import UpOptions
 
 
 def post_until_answered(

@@ -83,26 +83,25 @@ from libs.contracts.device import (
 )
 from libs.contracts.errors import ContractError
 from libs.contracts.frames import Frame, FrameKind, decode_frame, step_frame, step_rows
+from libs.contracts.generation import (
+    GenerationCancel,
+    GenerationRequest,
+    Sampling,
+    StepRow,
+    TokenChunk,
+)
 from libs.contracts.models import ModelCard, WeightsOffer, WeightsWant
-from libs.contracts.prompts import Prompt, TokenLogprob, ToolCall, TopLogprob
-from libs.contracts.work import (
+from libs.contracts.placement import (
     Assignment,
     BatchJob,
     Demand,
-    GenerationCancel,
-    GenerationRequest,
     InferenceRequest,
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
-    Sampling,
-    ShardStatus,
-    ShardTask,
-    StepRow,
-    TokenChunk,
-    WeightsProgress,
-    shard_ring,
 )
+from libs.contracts.prompts import Prompt, TokenLogprob, ToolCall, TopLogprob
+from libs.contracts.shards import ShardStatus, ShardTask, WeightsProgress, shard_ring
 
 __all__ = [
     "ALL_CHANNELS",

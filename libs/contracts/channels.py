@@ -37,17 +37,10 @@ from libs.contracts.device import (
     TelemetrySample,
 )
 from libs.contracts.errors import ContractError
+from libs.contracts.generation import GenerationCancel, GenerationRequest, TokenChunk
 from libs.contracts.models import WeightsWant
-from libs.contracts.work import (
-    GenerationCancel,
-    GenerationRequest,
-    PlacementDecision,
-    PlacementRequest,
-    ShardStatus,
-    ShardTask,
-    TokenChunk,
-    WeightsProgress,
-)
+from libs.contracts.placement import PlacementDecision, PlacementRequest
+from libs.contracts.shards import ShardStatus, ShardTask, WeightsProgress
 
 M = TypeVar("M", bound=BaseModel)
 

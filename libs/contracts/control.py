@@ -8,8 +8,8 @@ from pydantic import Field
 
 from libs.contracts.base import DeviceId, Mode, Timestamp, WireModel
 from libs.contracts.deployments import DeploymentState
+from libs.contracts.placement import PlacementDecision, PlacementRequest
 from libs.contracts.profiles import DimensionWeights
-from libs.contracts.work import PlacementDecision, PlacementRequest
 
 CHECKPOINT_SCHEMA_VERSION = 1  # the Literal on SchedulerCheckpoint.schema_version
 

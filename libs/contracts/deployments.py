@@ -24,7 +24,8 @@ from libs.contracts.base import (
     Timestamp,
     WireModel,
 )
-from libs.contracts.work import Assignment, ShardState
+from libs.contracts.placement import Assignment
+from libs.contracts.shards import ShardState
 
 #: Where a deployment stands, driven by what its workers report: ``pending`` (tasks sent, no
 #: worker has answered), ``loading`` (some shards loading or loaded), ``serving`` (every shard

@@ -27,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from libs.contracts.base import TOKEN_PATTERN
 from libs.contracts.errors import ContractError
-from libs.contracts.work import StepRow
+from libs.contracts.generation import StepRow
 
 MAGIC = b"TSF1"
 _HEAD = struct.Struct("<4sBBBBIIIIIH")

@@ -18,33 +18,33 @@ clients move to the others; it restarts afterwards). Two faults of a placement t
 serves (``placement_faults.py``): the model's worker is lost and the device chosen next
 refuses the shard, or is killed while it loads; their rows add ``misrouted`` (requests sent to
 that worker: 0) and ``replace_s`` (from the refusal or kill until the model serves again).
-Used by ``bench/chaos.py`` and, at small scale, the tests.
+Used by ``bench/chaos.py`` and, at small scale, the tests. The load and its counting are
+``chat_load.py``'s; an outcome and the results table, ``chaos_outcomes.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import redis
 from rich.console import Console
 
 from libs.cluster.engine_choice import choose_cpu_engine
-from libs.cluster.launcher import Cluster, UpOptions
+from libs.cluster.launcher import Cluster
 from libs.cluster.servers import NatsServer
 from libs.cluster.up import deploy_model
+from libs.cluster.up_options import UpOptions
 from libs.contracts import ANNOUNCE, ContractError, DeviceAnnounce
 from libs.contracts.keys import DeviceRow, Keys
 from libs.harness import placement_faults
+from libs.harness.chaos_outcomes import Outcome
+from libs.harness.chat_load import ChatLoad
 from libs.harness.placement_faults import PlacementFaults
 from libs.runtime.bus import publish
 from libs.runtime.nats_client import close_nats, connect_nats
@@ -65,33 +65,6 @@ FAULTS = (
 NATS_CLUSTER_FAULTS = ("nats_member_kill",)
 #: How much the lying device overstates its speed.
 LIE = 10.0
-PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
-
-
-@dataclass
-class Outcome:
-    fault: str
-    counts: Counter[str] = field(default_factory=Counter)
-    recovery_s: float | None = None
-    elapsed_s: float = 0.0  #: the whole run of this fault's requests
-    #: Placement faults: requests sent to the refusing (or still loading) worker, and seconds
-    #: from its refusal (or kill) until the model served again.
-    misrouted: int | None = None
-    replace_s: float | None = None
-
-    def row(self) -> dict[str, Any]:
-        row = {
-            "completed": self.counts["completed"],
-            "failed": self.counts["failed"],
-            "lost": self.counts["lost"],
-            "corrupt": self.counts["corrupt"],
-            "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
-            "elapsed_s": round(self.elapsed_s, 1),
-        }
-        if self.fault in placement_faults.FAULTS:
-            replace = None if self.replace_s is None else round(self.replace_s, 2)
-            row.update(misrouted=self.misrouted, replace_s=replace)
-        return row
 
 
 class Chaos:
@@ -135,7 +108,7 @@ class Chaos:
             nats = self.cluster.nats
             nats.config = access.write_nats_config(nats.data_dir / "nats.conf")
         self.placements = PlacementFaults(self.cluster, self.url, MODEL, interval_s)
-        self.expected: dict[str, str] = {}
+        self.chat = ChatLoad(self.url, MODEL, max_tokens, concurrency)
         self.killed: str | None = None  #: a worker a fault killed, respawned after it
         self.fault_at = 0.0  #: when the last fault struck (monotonic s): recovery runs from it
         self.lied: DeviceAnnounce | None = None  #: a device's true announce, sent again after
@@ -149,27 +122,11 @@ class Chaos:
         placed = deploy_model(self.options, MODEL)
         if not placed.startswith("deployed"):
             raise RuntimeError(placed)
-        self.expected = {p: self._ask(p) for p in PROMPTS}
+        self.chat.learn_answers()
 
     def stop(self) -> None:
         self.placements.close()
         self.cluster.stop()
-
-    def _ask(self, prompt: str) -> str:
-        body = self._body(prompt, stream=False)
-        reply = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=60)
-        reply.raise_for_status()
-        return str(reply.json()["choices"][0]["message"]["content"])
-
-    def _body(self, prompt: str, stream: bool) -> dict[str, Any]:
-        messages = [{"role": "user", "content": prompt}]
-        return {
-            "model": MODEL,
-            "messages": messages,
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "stream": stream,
-        }
 
     # -- one fault -----------------------------------------------------------------------------
     def run(self, fault: str, requests: int) -> Outcome:
@@ -182,7 +139,8 @@ class Chaos:
         began = time.monotonic()
         third = threading.Event()
         load = threading.Thread(
-            target=lambda: asyncio.run(self._load(requests, outcome, third)), daemon=True
+            target=lambda: asyncio.run(self.chat.run(requests, outcome.counts, third)),
+            daemon=True,
         )
         load.start()
         third.wait()
@@ -196,75 +154,15 @@ class Chaos:
             outcome.misrouted, outcome.replace_s = seen.misrouted, seen.replace_s()
         return outcome
 
-    async def _load(self, requests: int, outcome: Outcome, third: threading.Event) -> None:
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        for i in range(requests):
-            queue.put_nowait(PROMPTS[i % len(PROMPTS)])
-
-        async def client(http: httpx.AsyncClient) -> None:
-            while not queue.empty():
-                prompt = queue.get_nowait()
-                outcome.counts[await self._stream(http, prompt)] += 1
-                if sum(outcome.counts.values()) >= max(1, requests // 3):
-                    third.set()
-
-        async with httpx.AsyncClient(timeout=httpx.Timeout(90.0)) as http:
-            await asyncio.gather(*(client(http) for _ in range(self.concurrency)))
-        third.set()
-
     def _recover(self, started: float, check: Callable[[], bool]) -> float | None:
         """Seconds from the fault until a fresh request streams and ``check`` passes."""
-
-        async def probe() -> bool:  # serving again: a fresh request streams its first token
-            body = self._body(PROMPTS[0], stream=True)
-            try:
-                async with (
-                    httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http,
-                    http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r,
-                ):
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {") and '"content"' in line:
-                            return r.status_code == 200
-            except httpx.TransportError:
-                pass
-            return False
-
         served = False
         while time.monotonic() < started + 120:
-            served = served or asyncio.run(probe())
+            served = served or asyncio.run(self.chat.streams_again())
             if served and check():
                 return time.monotonic() - started
             time.sleep(0.1)
         return None
-
-    async def _stream(self, http: httpx.AsyncClient, prompt: str) -> str:
-        """One streamed request's outcome: completed, failed, corrupt or lost."""
-        parts: list[str] = []
-        finished = False
-        try:
-            body = self._body(prompt, stream=True)
-            async with http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    return (
-                        "failed"
-                        if r.headers.get("content-type", "").startswith("application/json")
-                        else "lost"
-                    )
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        return "failed"
-                    for choice in event.get("choices", ()):
-                        parts.append(choice.get("delta", {}).get("content") or "")
-                        finished = finished or choice.get("finish_reason") is not None
-        except (httpx.TransportError, json.JSONDecodeError):
-            return "lost"
-        if not finished:
-            return "lost"
-        return "completed" if "".join(parts) == self.expected[prompt] else "corrupt"
 
     # -- faults --------------------------------------------------------------------------------
     def _inject(self, fault: str) -> Callable[[], bool]:
@@ -407,23 +305,3 @@ class Chaos:
             return False
         alive = {str(d) for d in ranked} - {str(d) for d in failed}
         return len(alive) >= self.devices + len(self.cluster.worker_names())
-
-
-def table(outcomes: list[Outcome]) -> str:
-    """The results as a Markdown table."""
-    lines = [
-        "| fault | completed | failed | lost | corrupt | recovery (s) | misrouted "
-        "| re-placement (s) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for o in outcomes:
-        r = o.row()
-        misrouted = r.get("misrouted", "")
-        replace = r.get("replace_s", "")
-        lines.append(
-            f"| {o.fault} | {r['completed']} | {r['failed']} | {r['lost']} | {r['corrupt']} "
-            f"| {r['recovery_s'] if r['recovery_s'] is not None else 'not recovered'} "
-            f"| {'' if misrouted is None else misrouted} "
-            f"| {'not seen' if replace is None else replace} |"
-        )
-    return "\n".join(lines)

@@ -18,7 +18,7 @@ import pytest
 
 from services.worker.settings import WorkerSettings
 from tests.e2e.cluster import RunningCluster
-from tests.models import QUANTIZED_TYPES, llama_server, make_gguf
+from tests.made_models import QUANTIZED_TYPES, llama_server, make_gguf
 
 BINARIES = WorkerSettings().llama_bin
 pytestmark = [

@@ -32,7 +32,7 @@ from libs.devices.host_device import host_device_id
 from libs.runtime.procs import ServiceProcess
 from libs.runtime.settings import LauncherSettings
 from tests.e2e.cluster import RunningCluster
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The `tessera` command of this virtualenv (`.venv/bin/tessera` in the README).

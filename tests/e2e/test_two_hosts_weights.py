@@ -28,7 +28,7 @@ from libs.models.gguf_info import sha256_of
 from libs.runtime.procs import ServiceProcess
 from tests.e2e.cluster import RunningCluster
 from tests.e2e.test_two_hosts import hosts, pytestmark, run_in, stop_all  # noqa: F401
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 
 MEMORY_GB = "2"
 #: Through the gateway: a few greedy tokens of the model (random weights: any text will do).

@@ -19,7 +19,7 @@ from services.worker.rpc.server import RpcServer
 from services.worker.served.llama_server import LlamaServer
 from services.worker.settings import WorkerSettings
 from tests.builders import make_device
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 
 BINARIES = WorkerSettings().llama_bin
 pytestmark = pytest.mark.skipif(

@@ -31,7 +31,7 @@ from libs.weights.local_files import mark_verified, read_json
 from libs.weights.object_store import CHUNK_BYTES
 from libs.weights.whole_files import ensure_local, publish
 from tests.integration.test_weights import SIZE, Card, Steps, model_file
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 
 ACCESS = AccessControl(["dev-a", "dev-b", "dev-c"])
 

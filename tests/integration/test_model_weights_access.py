@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
-from libs.cli.models import models_app
+from libs.cli.model_commands import models_app
 from libs.cluster.access import MODEL_STREAM, AccessControl
 from libs.cluster.servers import NatsServer
 from libs.contracts import SHARD_TASK
@@ -29,7 +29,7 @@ from libs.weights.object_store import stored
 from libs.weights.whole_files import publish, unpublish
 from tests.integration.test_models_registry import serving
 from tests.integration.test_scheduler_phases import Setup, api
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 from tests.nats_users import Connection
 
 ACCESS = AccessControl(["dev-a"])

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
-from libs.cli.models import models_app
+from libs.cli.model_commands import models_app
 from libs.cluster import runfile
 from libs.cluster.servers import NatsServer
 from libs.contracts import ModelCard
@@ -35,7 +35,7 @@ from libs.weights.whole_files import unpublish
 from services.scheduler.api import create_api
 from services.scheduler.service import Scheduler
 from tests.integration.test_scheduler_phases import Setup, Workers, api, setup  # noqa: F401
-from tests.models import make_gguf
+from tests.made_models import make_gguf
 from tests.unit.services.test_scheduler_handlers import seed
 from tests.waiting import wait_until
 

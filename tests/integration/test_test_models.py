@@ -1,4 +1,4 @@
-"""The guard of the test-model factory (tests/models.py): every architecture in F16 and Q8_0
+"""The guard of the test-model factory (tests/made_models.py): every architecture in F16 and Q8_0
 loads in llama.cpp's own server, tokenizes text as SmolLM2 does, and generates greedily — tokens
 that follow the prompt, the same on a fresh server; so do the other types it writes and the
 K-quants and i-quant llama.cpp's quantizer makes of them. Other tests' models rest on this."""
@@ -12,7 +12,7 @@ import pytest
 
 from libs.models.gguf_info import read_card
 from libs.models.shipped import gguf_path
-from tests.models import (
+from tests.made_models import (
     ARCHS,
     QUANTIZED_TYPES,
     TENSOR_TYPES,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
-from libs.cluster.launcher import available_services
+from libs.cluster.up_options import available_services
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

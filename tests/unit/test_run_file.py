@@ -16,7 +16,7 @@ import pytest
 
 from libs.cli.devices import redis_url
 from libs.cluster import runfile
-from libs.cluster.launcher import choose_run_file
+from libs.cluster.up_options import choose_run_file
 from tests.waiting import wait_until
 
 #: A cluster in a child process: claims the run file, records its Redis, says so, lives on.

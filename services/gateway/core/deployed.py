@@ -33,7 +33,7 @@ from libs.contracts import (
     ShardTask,
     TokenChunk,
 )
-from libs.contracts.work import Assignment
+from libs.contracts.placement import Assignment
 from libs.deployments import DeploymentBook, apply, resolve, serving_models
 from libs.runtime.bus import Bus, Delivery, Rejected, Unsubscribe
 from libs.runtime.following import BookFollower

@@ -13,7 +13,7 @@ import pytest
 from libs.contracts import ModelCard
 from libs.models.gguf_info import ModelFileError, read_card
 from libs.models.shipped import MODEL_NAME, gguf_path, shipped_card
-from tests.models import QUANTIZED_TYPES, llama_binaries, make_gguf
+from tests.made_models import QUANTIZED_TYPES, llama_binaries, make_gguf
 
 #: The header, metadata (SmolLM2's tokenizer: ~1.8 MB) and tensor alignment: what a file
 #: holds besides its tensors.

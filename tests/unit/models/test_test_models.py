@@ -1,4 +1,4 @@
-"""The test-model factory (tests/models.py) writes what it claims: each architecture's tensors
+"""The test-model factory (tests/made_models.py) writes what it claims: each architecture's tensors
 and keys, weights of the type asked with values that stay small and finite, SmolLM2's tokenizer,
 and a file of about the size asked. Loading in llama.cpp: tests/integration/test_test_models.py.
 
@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.models import ARCHS, VOCAB, Dims, make_gguf, smollm2_tokenizer, tensor_specs
+from tests.made_models import ARCHS, VOCAB, Dims, make_gguf, smollm2_tokenizer, tensor_specs
 
 #: Every architecture, and every type at least once.
 CASES = (

@@ -36,7 +36,8 @@ from libs.contracts import (
     shard_ring,
 )
 from libs.deployments import DeploymentBook, phases, record
-from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
+from libs.runtime.memory_bus import MemoryBus
+from libs.runtime.memory_subscriptions import MemoryDelivery
 from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from tests.waiting import wait_until

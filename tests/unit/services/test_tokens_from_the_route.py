@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from libs.contracts import TOKENS, GenerationRequest, Sampling, TokenChunk, shard_ring
-from libs.runtime.memory_bus import MemoryBus, MemoryDelivery
+from libs.runtime.memory_bus import MemoryBus
+from libs.runtime.memory_subscriptions import MemoryDelivery
 from services.gateway.core.deployed import Deployed, hand_placed
 from services.gateway.core.generation import GenerationClient
 from tests.unit.services.test_generation_client import ANSWER, Shard

@@ -25,7 +25,8 @@ from libs.contracts import (
 )
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shipped import MODEL_NAME, prepare
-from libs.runtime.memory_bus import MemoryBus, matches
+from libs.runtime.memory_bus import MemoryBus
+from libs.runtime.memory_subscriptions import matches
 from services.worker.torch.worker import TorchWorker
 from tests.waiting import wait_until
 
