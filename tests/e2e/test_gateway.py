@@ -80,19 +80,23 @@ def ask(client: openai.OpenAI, text: str, **kw: object):  # type: ignore[no-unty
     )
 
 
-def test_the_first_request_after_ready_streams_its_first_token_within_a_second(
+def test_ready_is_said_only_after_the_model_answered_so_a_first_request_finds_it_warm(
     cluster: RunningCluster, client: openai.OpenAI
 ) -> None:
-    # First in this module: `ready` was printed only after the model answered, so the very
-    # first user request finds its shards loaded and warm.
-    assert any("answered in" in line for line in cluster.lines)
+    # `ready` is printed only after the model answered a request through the gateway, so the
+    # first user request finds its shards loaded and warm (its wait is printed, not asserted:
+    # a wall-time bound fails on a busy machine, not on a wrong cluster).
+    said = cluster.lines
+    answered = next(i for i, line in enumerate(said) if "answered in" in line)
+    ready = next(i for i, line in enumerate(said) if "ready:" in line)
+    assert answered < ready, said[answered : ready + 1]
     sent = time.monotonic()
     stream = ask(client, "Hello!", max_tokens=4, temperature=0, stream=True)
     first = next(c for c in stream if c.choices and c.choices[0].delta.content)
     waited = time.monotonic() - sent
     stream.close()
     assert first.choices[0].delta.content
-    assert waited < 1.0, f"first token after {waited:.2f} s"
+    print(f"first token after {waited:.2f} s")
 
 
 def test_models_lists_the_deployed_model(client: openai.OpenAI) -> None:
@@ -290,7 +294,10 @@ def test_with_every_worker_gone_a_request_gets_503_no_capacity(
     os.kill(pid, signal.SIGKILL)
     cluster.wait_for(f"{host} exited", 10)
     started = time.monotonic()
+    # "no capacity" is the answer for a route whose devices failed; a request left to the
+    # stall timeout would be told "no token from ... for N s" instead.
     with pytest.raises(openai.InternalServerError, match="no capacity") as refused:
         ask(client, "Hello?", max_tokens=8)
     assert refused.value.status_code == 503
-    assert time.monotonic() - started < 30  # told promptly, not after the stall timeout
+    assert "no token from" not in str(refused.value)
+    print(f"503 after {time.monotonic() - started:.2f} s")
