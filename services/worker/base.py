@@ -132,8 +132,9 @@ class DeviceWorker(ABC):
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Take this device's shard tasks (a durable consumer: tasks sent while the process
-        was away arrive when it is back), new requests and cancels. The task stream must exist
-        (``ensure_streams``)."""
+        was away arrive when it is back), new requests and cancels. Where the task stream is
+        not there yet, this creates it or, where this device's user may not, waits for the
+        scheduler to, saying so (``keep_consumer``)."""
         me = self.device_id
         self._subs = [
             await self.bus.consume(
