@@ -8,7 +8,6 @@ import collections
 import json
 import re
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -23,12 +22,10 @@ COUNT = 3_000
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RunningCluster]:
-    running = RunningCluster("--workers", "1")
-    running.wait_for("ready:", 240)
-    yield running
-    running.stop()
+@pytest.fixture
+def cluster(shared_cluster: RunningCluster) -> RunningCluster:
+    """The cluster the e2e tests share (``tests/e2e/shared.py``): flooded, it must survive."""
+    return shared_cluster
 
 
 async def send(nats_url: str) -> dict[str, collections.Counter[str]]:
