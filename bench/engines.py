@@ -80,29 +80,30 @@ def llama_server_rates(prompts: list[str]) -> list[float]:
 
     task = whole_task("engines", "engines")
     server = LlamaServer(WorkerSettings().llama_bin, gguf_path(), task, LAYERS, threads=2, slots=1)
-    asyncio.run(server.start())
-    try:
-        with httpx.Client(base_url=server.url, timeout=300) as http:
+    with asyncio.Runner() as loop:  # one loop: the server's process belongs to it
+        loop.run(server.start())
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
 
-            def ask(text: str, tokens: int) -> int:
-                body = {
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": tokens,
-                    "temperature": 0,
-                }
-                answer = http.post("/v1/chat/completions", json=body)
-                answer.raise_for_status()
-                return int(answer.json()["usage"]["completion_tokens"])
+                def ask(text: str, tokens: int) -> int:
+                    body = {
+                        "messages": [{"role": "user", "content": text}],
+                        "max_tokens": tokens,
+                        "temperature": 0,
+                    }
+                    answer = http.post("/v1/chat/completions", json=body)
+                    answer.raise_for_status()
+                    return int(answer.json()["usage"]["completion_tokens"])
 
-            ask("Hi", 8)
-            rates = []
-            for text in prompts:
-                started = time.perf_counter()
-                tokens = ask(text, 64)
-                rates.append(tokens / (time.perf_counter() - started))
-            return rates
-    finally:
-        asyncio.run(server.stop())
+                ask("Hi", 8)
+                rates = []
+                for text in prompts:
+                    started = time.perf_counter()
+                    tokens = ask(text, 64)
+                    rates.append(tokens / (time.perf_counter() - started))
+                return rates
+        finally:
+            loop.run(server.stop())
 
 
 def main() -> int:
