@@ -87,17 +87,22 @@ typecheck: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+## -rs: every skipped test and its reason, listed at the end; --durations: the slowest tests.
+## PYTEST_ARGS: more options, e.g. PYTEST_ARGS="--random-order" (pytest-random-order) or
+## PYTEST_ARGS="--reversed" (tests/conftest.py) to run the tests in another order.
+PYTEST := $(BIN)/pytest -q -rs --durations=25 $(PYTEST_ARGS)
+
 unit: deps venv model
-	$(BIN)/pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 integration: deps llama venv vllm model
-	$(BIN)/pytest -q tests/integration
+	$(PYTEST) tests/integration
 
 e2e: deps llama venv model
-	$(BIN)/pytest -q tests/e2e
+	$(PYTEST) tests/e2e
 
 test: deps llama venv vllm model lint typecheck docs
-	$(BIN)/pytest -q tests/unit tests/integration tests/e2e
+	$(PYTEST) tests/unit tests/integration tests/e2e
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
 up: deps llama venv model

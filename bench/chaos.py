@@ -2,7 +2,8 @@
 
 Runs the local cluster in this process (two workers, SmolLM2), a steady load of short greedy
 chat streams through the gateway, and injects each fault in turn (``libs/harness/chaos.py``).
-Writes the table to ``bench/results/chaos.md`` too.
+Writes the table to ``bench/results/chaos.md`` too (``chaos-nats-cluster.md`` with three NATS
+servers).
 
     python bench/chaos.py --requests 1000 --json [--faults worker_kill,nats_restart]
     python bench/chaos.py --nats-servers 3 --faults nats_member_kill   # NATS as a cluster
@@ -18,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
+
+from report import add_results_option, write_report  # bench/ is the script's folder
 
 from libs.harness.chaos import FAULTS, NATS_CLUSTER_FAULTS, Chaos
 from libs.harness.chaos_outcomes import table
 from libs.harness.placement_faults import FAULTS as PLACEMENT_FAULTS
-
-RESULTS = Path(__file__).resolve().parent / "results" / "chaos.md"
 
 
 def main() -> int:
@@ -42,6 +41,7 @@ def main() -> int:
         help="the CPU workers' engine (default: as `make up` chooses)",
     )
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args()
     faults = FAULTS + (NATS_CLUSTER_FAULTS if args.nats_servers == 3 else ())
     args.faults = args.faults or ",".join(faults)
@@ -78,17 +78,13 @@ def main() -> int:
             if o.fault in PLACEMENT_FAULTS
         ),
     }
-    results = RESULTS if args.nats_servers == 1 else RESULTS.with_name("chaos-nats-cluster.md")
-    results.parent.mkdir(exist_ok=True)
-    servers = f" --nats-servers {args.nats_servers}" if args.nats_servers > 1 else ""
-    title = "# Chaos results\n\n"
-    earlier = results.read_text().removeprefix(title) if results.exists() else ""
-    results.write_text(  # the newest run first, the earlier ones kept below it
-        f"{title}## {time.strftime('%Y-%m-%d')}: the {chaos.options.cpu_engine} engine\n\n"
-        f"`python bench/chaos.py --requests {args.requests}{servers}` "
-        f"({args.concurrency} concurrent streams, {args.max_tokens} tokens each, heartbeat "
-        f"every {chaos.interval_s} s; recovery goal 3 intervals + 1 s = {goal_s:g} s):\n\n"
-        f"{table(outcomes)}\n\n{earlier}"
+    write_report(
+        args.results,
+        "chaos" if args.nats_servers == 1 else "chaos-nats-cluster",
+        "Chaos results",
+        f"The {chaos.options.cpu_engine} engine: {args.concurrency} concurrent streams, "
+        f"{args.max_tokens} tokens each, heartbeat every {chaos.interval_s} s; recovery goal "
+        f"3 intervals + 1 s = {goal_s:g} s.\n\n{table(outcomes)}",
     )
     print(json.dumps(report, indent=None if args.json else 2))
     lost = sum(o.counts["lost"] + o.counts["corrupt"] for o in outcomes)

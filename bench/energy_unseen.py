@@ -14,6 +14,7 @@ import json
 import sys
 
 import numpy as np
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 
 from libs.contracts import Mode
 from libs.core.policies import make_policy
@@ -58,6 +59,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args()
     report = {
         f"poisson {rate}/s, prompt {prompt}, output {output}": compare(
@@ -65,6 +67,12 @@ def main() -> int:
         )
         for rate, prompt, output in WORKLOADS
     }
+    write_report(
+        args.results,
+        "energy_unseen",
+        "Energy mode on traces no constant was chosen on",
+        table([{"workload": workload, **figures} for workload, figures in report.items()]),
+    )
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
 

@@ -2,11 +2,12 @@
 
 The figure behind the engines' choice (docs/getting-started.md). Each runs SmolLM2-135M-Instruct
 whole in this machine's process with 2 threads, 64-token greedy chat completions of the same
-prompts, one after another (no gateway, no batching: llama-cpp-python's API runs one sequence
-at a time). llama.cpp is not a dependency (it needs a source build, ~4.5 min, see
-docs/getting-started.md): give the Python of a virtualenv that has ``llama-cpp-python``.
+prompts, one after another (no gateway, no batching). llama.cpp runs as the llamacpp worker
+runs it: its server from ``make llama``'s build, one slot, over HTTP on loopback. With
+``--llama-python`` (the Python of a virtualenv that has ``llama-cpp-python``) it runs in that
+process instead, through llama-cpp-python's API, as the first measurements did.
 
-    python bench/engines.py --llama-python /tmp/llama-venv/bin/python --json
+    python bench/engines.py --json [--rounds 2] [--llama-python /tmp/llama-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 
 PROMPTS = (
     "Name three colours.",
@@ -63,25 +66,75 @@ def shard_engine_rates(prompts: list[str]) -> list[float]:
     return rates
 
 
+def llama_server_rates(prompts: list[str]) -> list[float]:
+    """llama.cpp's tokens/s on each prompt, through its server (``make llama``'s build) with
+    2 threads and one slot, as the llamacpp worker starts it."""
+    import asyncio
+
+    import httpx
+    from libs.models.store import gguf_path
+    from services.worker.llama_server import LlamaServer
+    from services.worker.llamacpp import LAYERS, whole_task
+
+    from services.worker.settings import WorkerSettings
+
+    task = whole_task("engines", "engines")
+    server = LlamaServer(WorkerSettings().llama_bin, gguf_path(), task, LAYERS, threads=2, slots=1)
+    with asyncio.Runner() as loop:  # one loop: the server's process belongs to it
+        loop.run(server.start())
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
+
+                def ask(text: str, tokens: int) -> int:
+                    body = {
+                        "messages": [{"role": "user", "content": text}],
+                        "max_tokens": tokens,
+                        "temperature": 0,
+                    }
+                    answer = http.post("/v1/chat/completions", json=body)
+                    answer.raise_for_status()
+                    return int(answer.json()["usage"]["completion_tokens"])
+
+                ask("Hi", 8)
+                rates = []
+                for text in prompts:
+                    started = time.perf_counter()
+                    tokens = ask(text, 64)
+                    rates.append(tokens / (time.perf_counter() - started))
+                return rates
+        finally:
+            loop.run(server.stop())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-python", type=Path, required=True)
+    parser.add_argument(
+        "--llama-python",
+        type=Path,
+        default=None,
+        help="run llama.cpp in this Python's llama-cpp-python (default: make llama's server)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args()
     from libs.models.shipped import gguf_path
 
     gguf = gguf_path()
     prompts = list(PROMPTS) * args.rounds
     ours = shard_engine_rates(prompts)
-    out = subprocess.run(
-        [str(args.llama_python), "-c", LLAMA, str(gguf), json.dumps(prompts)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    llama = json.loads(out.stdout.strip().splitlines()[-1])
+    if args.llama_python is None:
+        llama = llama_server_rates(prompts)
+    else:
+        out = subprocess.run(
+            [str(args.llama_python), "-c", LLAMA, str(gguf), json.dumps(prompts)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        llama = json.loads(out.stdout.strip().splitlines()[-1])
     report = {
+        "llama_cpp_as": "llama-cpp-python" if args.llama_python else "llama-server",
         "int8_shard_engine_tok_s": round(statistics.median(ours), 1),
         "llama_cpp_tok_s": round(statistics.median(llama), 1),
         "gguf": gguf.name,
@@ -89,6 +142,12 @@ def main() -> int:
     }
     report["ratio_int8_llama"] = round(
         report["int8_shard_engine_tok_s"] / report["llama_cpp_tok_s"], 2
+    )
+    write_report(
+        args.results,
+        "engines",
+        "One stream: the int8 shard engine against llama.cpp",
+        table(report),
     )
     print(json.dumps(report, indent=2 if args.json else None))
     return 0

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import httpx
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builders: valid samples
@@ -53,6 +54,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args()
     port = free_port()
     log = (Path(tempfile.mkdtemp()) / "cluster.log").open("w")
@@ -96,6 +98,9 @@ def main() -> int:
         "crashes": len(crashed),
         "chat_after_status": reply.status_code,
     }
+    write_report(
+        args.results, "fuzz", "Malformed messages against every NATS consumer", table(report)
+    )
     print(json.dumps(report, indent=None if args.json else 2))
     return 0 if done and not crashed and reply.status_code == 200 else 1
 

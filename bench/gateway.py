@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 from transformers import AutoTokenizer
 
 from libs.contracts import Sampling
@@ -111,6 +112,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    add_results_option(parser)
     args = parser.parse_args()
     texts = list(PROMPTS[: args.prompts])
     tokenizer = AutoTokenizer.from_pretrained(prepare())
@@ -148,6 +150,9 @@ def main() -> int:
         "direct_ttft_ms": round(direct_ttft, 1),
         "goal_ratio": 0.9,
     }
+    write_report(
+        args.results, "gateway", "Through the gateway against the engine in-process", table(report)
+    )
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 
 from libs.harness.reference import optimum, random_instance, run_policy
 
@@ -70,8 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-machines", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     report = run(args.instances, args.max_jobs, args.max_machines, args.seed)
+    write_report(
+        args.results,
+        "ilp_gap",
+        "The heuristics against the exact optimum of mean completion time",
+        table(report),
+    )
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0
 

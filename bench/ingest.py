@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.contracts import ANNOUNCE, TELEMETRY
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=100_000.0, help="offered samples/s")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds not measured")
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     if args.devices < 1 or args.seconds <= args.warmup or args.rate <= 0:
         parser.error("need --devices ≥ 1, --seconds > --warmup and a positive --rate")
@@ -124,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         "bare_pipeline_per_s": round(bare, 1),
         "ratio": round(scorer / bare, 3),
     }
+    write_report(
+        args.results,
+        "ingest",
+        "Telemetry ingest: the scorer against a bare pipeline",
+        table(report),
+    )
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0
 

@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import add_results_option, table, write_report  # bench/ is the script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -448,6 +450,7 @@ def main() -> int:
         default=max(2, default_streams()),
         help="connections of the striped lent copy (default: a worker's here, at least 2)",
     )
+    add_results_option(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
@@ -462,6 +465,7 @@ def main() -> int:
             report["serving"] = serving(path, args.requests, args.rounds, not args.skip_split)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
+    write_report(args.results, "models", "A user's own model through the cluster", table(report))
     print(json.dumps(report, indent=2 if args.json else None))
     return 0
 

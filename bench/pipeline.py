@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 from transformers import AutoTokenizer
 
 from libs.cluster.servers import NatsServer
@@ -87,6 +88,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    add_results_option(parser)
     args = parser.parse_args()
     folder = prepare()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -110,6 +112,9 @@ def main() -> int:
         "identical_tokens": results[1][1] == results[2][1] == results[3][1],
         "goal_ratio_2_1": 0.8,
     }
+    write_report(
+        args.results, "pipeline", "SmolLM2 split into 1, 2 and 3 shards over NATS", table(report)
+    )
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
 

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import add_results_option, table, write_report  # bench/ is the script's folder
+
 from libs.contracts import Sampling, shard_ring
 from libs.harness.lan import UNAVAILABLE, Host, lan, lender
 from libs.models.shipped import MODEL_NAME, gguf_path
@@ -162,6 +164,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
     args = parser.parse_args()
     if UNAVAILABLE:
         sys.exit(UNAVAILABLE)
@@ -178,6 +181,12 @@ def main() -> None:
         finally:
             proc.kill()
             proc.wait()
+    write_report(
+        args.results,
+        "rpc_channel",
+        "llama.cpp's RPC channel: the cost of mutual TLS",
+        table(result),
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from report import add_results_option, table, write_report  # bench/ is the script's folder
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the goal is for one core
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -234,12 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle", type=int, default=500, help="tasks per decision cycle")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     if min(args.devices) < 1 or args.tasks < 1 or args.cycle < 1:
         parser.error("--devices, --tasks and --cycle must be positive")
     if max(args.devices) > MAX_DEVICES:
         parser.error(f"--devices goes up to {MAX_DEVICES:,}")
     report = run(sizes(args.devices), args.tasks, args.cycle, args.seed)
+    write_report(
+        args.results, "scheduler", "Decision speed of the DWPS pipeline", table(report["results"])
+    )
     if args.json:
         print(json.dumps(report))
     else:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openai import AsyncOpenAI
+from report import add_results_option, table, write_report  # bench/ is the script's folder
 
 from libs.cluster.engine_choice import choose_cpu_engine
 from libs.models.shipped import MODEL_NAME, prepare
@@ -251,6 +252,15 @@ def summarise(results: dict[tuple[str, int], list[Result]], levels: list[int]) -
     }
 
 
+def serving_tables(report: dict[str, object]) -> str:
+    """The report's tokens/s and TTFT by concurrency (a row per level), then its other figures."""
+    levels = report["concurrency"]
+    assert isinstance(levels, dict)
+    rows = [{"streams": level, **row} for level, row in levels.items()]
+    rest = {k: v for k, v in report.items() if k != "concurrency"}
+    return f"{table(rows)}\n\n{table(rest)}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -263,8 +273,10 @@ def main() -> int:
         default=None,
         help="the CPU workers' engine (default: as `make up` chooses)",
     )
+    add_results_option(parser)
     args = parser.parse_args()
     report = asyncio.run(run(args))
+    write_report(args.results, "serving", "Serving results", serving_tables(report))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

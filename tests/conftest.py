@@ -1,4 +1,8 @@
-"""Shared fixtures: real nats-server and redis-server on free ports, clients, unique names."""
+"""Shared fixtures: real nats-server and redis-server on free ports, clients, unique names.
+
+Two things for the whole run: ``--reversed`` runs the tests in reverse order (with
+pytest-random-order's ``--random-order`` a test that needs another to run first shows up), and
+a run fails when a process it started outlives it (``tests/leftovers.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,41 @@ from redis.asyncio import Redis
 from libs.cluster.servers import NatsServer, RedisServer
 from libs.runtime.nats_client import close_nats, connect_nats
 from libs.runtime.redis_client import connect_redis
+from tests import leftovers
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reversed",
+        action="store_true",
+        help="run the tests in the reverse of their usual order",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.mark_this_run()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reversed"):
+        items.reverse()
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    left = leftovers.still_running()
+    if left:
+        session.config.stash[leftovers.FOUND] = left
+        leftovers.kill(left)  # named below; the next run must not find them
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    left = terminalreporter.config.stash.get(leftovers.FOUND, [])
+    if left:
+        terminalreporter.section("processes that outlived the run", red=True)
+        for process in left:
+            terminalreporter.line(str(process), red=True)
 
 
 @pytest.fixture(scope="session")

@@ -22,13 +22,12 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from libs.contracts import Channel, ContractError
 from libs.runtime.acks import Delivery as Delivery  # where it was always imported from
 from libs.runtime.acks import Redelivery, acknowledging
+from libs.runtime.nats_client import keep_consumer
 from libs.runtime.tracing import processing, sending
 
 log = logging.getLogger(__name__)
@@ -189,7 +188,7 @@ class NatsBus:
             ack_wait=redelivery.ack_wait_s,
             max_deliver=redelivery.max_deliver,
         )
-        await keep_settings(js, channel.stream, durable, config)
+        await keep_consumer(self.nc, channel.stream, config)
         return Pulling(await js.pull_subscribe_bind(durable, channel.stream), on_msg)
 
     async def publish_bytes(
@@ -325,37 +324,6 @@ def decoded(channel: Channel[M], msg: Delivery, rejected: Rejected | None) -> M 
 #: How long a pull waits for a message before it asks again (seconds): also how soon a
 #: consumer asks again after its connection came back.
 PULL_WAIT_S = 1.0
-#: How long ``keep_settings`` waits for a stream that is not there yet (the scheduler creates
-#: them: a worker may connect first, and a device may not create streams).
-STREAM_WAIT_S = 60.0
-STREAM_NOT_FOUND = 10059  #: JetStream's error code
-
-
-async def keep_settings(
-    js: JetStreamContext, stream: str, durable: str, config: ConsumerConfig
-) -> None:
-    """Create the pull consumer ``durable`` on ``stream`` with ``config``, or give an existing
-    one ``config``'s acknowledgement settings. It is created by name and filter subject
-    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``): the only consumer a device's NATS
-    user may create is its own, on its own subject. Waits for the stream (``STREAM_WAIT_S``)."""
-    deadline = time.monotonic() + STREAM_WAIT_S
-    while True:
-        try:
-            have = (await js.consumer_info(stream, durable)).config
-            break
-        except NotFoundError as exc:
-            if exc.err_code != STREAM_NOT_FOUND:
-                await js.add_consumer(stream, config=config)
-                return
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.25)
-    if have.deliver_subject:  # a push consumer of an older release: made again, pulled
-        await js.delete_consumer(stream, durable)
-        await js.add_consumer(stream, config=config)
-    elif (have.ack_wait, have.max_deliver) != (config.ack_wait, config.max_deliver):
-        have.ack_wait, have.max_deliver = config.ack_wait, config.max_deliver
-        await js.add_consumer(stream, config=have)  # updates what may change
 
 
 class Pulling:

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import ServiceUnavailableError
+from nats.js.api import ConsumerConfig
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from libs.contracts import STREAMS
 from libs.runtime.nats_private import server_info
@@ -123,14 +124,92 @@ async def ensure_streams(nc: NatsClient, timeout_s: float = 30.0) -> None:
     """Create (or update) the JetStream streams the contracts name. Idempotent. A NATS
     cluster's JetStream answers only once its servers have elected a leader (seconds after
     they start, or after one goes): until then this tries again, ``timeout_s`` at most."""
+    deadline = time.monotonic() + timeout_s
+    for stream in STREAMS:
+        await ensure_stream(nc, stream, max(0.0, deadline - time.monotonic()))
+
+
+async def ensure_stream(nc: NatsClient, stream: str, timeout_s: float = 30.0) -> None:
+    """Create (or update) the one stream ``stream`` of ``STREAMS``, as ``ensure_streams`` does."""
     js = nc.jetstream()
     deadline = time.monotonic() + timeout_s
-    for stream, subjects in STREAMS.items():
-        while True:
+    while True:
+        try:
+            await js.add_stream(
+                name=stream, subjects=list(STREAMS[stream]), num_replicas=copies(nc)
+            )
+            return
+        except (ServiceUnavailableError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+
+
+#: How often a consumer whose stream is not there looks for it again (s), and how often it
+#: says again that it waits (s).
+STREAM_POLL_S = 0.25
+STREAM_WAIT_SAID_S = 30.0
+STREAM_NOT_FOUND = 10059  #: JetStream's error code
+
+
+def may_administer(nc: NatsClient) -> bool:
+    """Whether this connection may create streams: one that names no user is on a server
+    without authorization, where every client may. A user of a cluster with access control
+    may not unless granted (a device's user never is: ``libs/cluster/access.py``), and asking
+    would only earn a permissions violation, so a connection as a user never tries."""
+    url = nc.connected_url
+    return url is not None and not url.username
+
+
+async def keep_consumer(nc: NatsClient, stream: str, config: ConsumerConfig) -> None:
+    """Create the pull consumer ``config`` names (``durable_name``) on ``stream``, or give an
+    existing one ``config``'s acknowledgement settings. It is created by name and filter subject
+    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``): the only consumer a device's NATS
+    user may create is its own, on its own subject.
+
+    The stream may not be there yet: the scheduler creates the streams, and a worker may
+    connect first. A connection that may create it (``may_administer``) does so, as the
+    scheduler would; any other waits for it as long as it takes, saying what it waits for every
+    ``STREAM_WAIT_SAID_S``. It never raises for a missing stream: a worker that exited would
+    only be started again into the same wait."""
+    durable = config.durable_name
+    if durable is None:
+        raise ValueError("a durable consumer is named (durable_name)")
+    js = nc.jetstream()
+    waiting_since: float | None = None
+    said_at = 0.0
+    have: ConsumerConfig | None = None
+    while True:
+        try:
+            have = (await js.consumer_info(stream, durable)).config
+            break
+        except NotFoundError as exc:
+            if exc.err_code != STREAM_NOT_FOUND:
+                break  # the stream is there, the consumer not yet
+        why = "the scheduler creates it: this connection's user may not"
+        if may_administer(nc):
             try:
-                await js.add_stream(name=stream, subjects=list(subjects), num_replicas=copies(nc))
-                break
-            except (ServiceUnavailableError, nats.errors.TimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.25)
+                await ensure_stream(nc, stream, STREAM_WAIT_SAID_S)
+                log.info("created the JetStream stream", extra={"stream": stream})
+                continue
+            except (ServiceUnavailableError, nats.errors.TimeoutError) as exc:
+                why = f"JetStream does not answer yet: {exc!r}"
+        now = time.monotonic()
+        if waiting_since is None or now - said_at >= STREAM_WAIT_SAID_S:
+            waiting_since, said_at = waiting_since or now, now
+            subjects = ", ".join(STREAMS.get(stream, ()))
+            log.warning(
+                f"waiting for the JetStream stream {stream} ({subjects}): {why}",
+                extra={"stream": stream, "waited_s": round(now - waiting_since, 1)},
+            )
+        await asyncio.sleep(STREAM_POLL_S)
+    if waiting_since is not None:
+        log.info("the JetStream stream is there", extra={"stream": stream})
+    if have is None:
+        await js.add_consumer(stream, config=config)
+    elif have.deliver_subject:  # a push consumer of an older release: made again, pulled
+        await js.delete_consumer(stream, durable)
+        await js.add_consumer(stream, config=config)
+    elif (have.ack_wait, have.max_deliver) != (config.ack_wait, config.max_deliver):
+        have.ack_wait, have.max_deliver = config.ack_wait, config.max_deliver
+        await js.add_consumer(stream, config=have)  # updates what may change

@@ -1,20 +1,16 @@
 """OpenAI's, Anthropic's and Ollama's official clients against `tessera up` (llama.cpp engine,
-the shipped SmolLM2 GGUF): every endpoint and field the gateway serves, on one cluster.
+the shipped SmolLM2 GGUF): every endpoint and field the gateway serves, on the cluster the
+e2e tests share (``tests/e2e/shared.py``).
 
 The tool calls come from a 135M model that knows no tools: with the tool forced, llama.cpp's
-grammar makes its answer a valid call anyway. The last test kills the worker generating a
-tool call, so it runs last.
+grammar makes its answer a valid call anyway. A tool call cut by a migration, which kills a
+worker, is tested on a cluster of its own (``test_gateway_failures.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -24,6 +20,7 @@ import ollama
 import openai
 import pytest
 
+from tests.e2e import shared
 from tests.e2e.api_helpers import (
     FORCED,
     MODEL,
@@ -35,28 +32,17 @@ from tests.e2e.api_helpers import (
     streamed_calls,
     traced,
 )
-from tests.e2e.cluster import RunningCluster, process_with_env
+from tests.e2e.cluster import RunningCluster
 
-KEY = "test-key-apis"
+KEY = shared.KEYS[0]
 AUTH = {"Authorization": f"Bearer {KEY}"}
 pytestmark = pytest.mark.timeout(600)
-SPANS = Path(tempfile.mkdtemp(prefix="tessera-api-spans-"))
+SPANS = shared.SPANS
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RunningCluster]:
-    running = RunningCluster(
-        "--engine",
-        "llamacpp",
-        env={
-            "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
-            "TESSERA_GATEWAY_RATE_PER_S": "100000",
-            "TESSERA_OTLP_ENDPOINT": f"file://{SPANS}",
-        },
-    )
-    running.wait_for("ready:", 240)
-    yield running
-    running.stop()
+@pytest.fixture
+def cluster(shared_cluster: RunningCluster) -> RunningCluster:
+    return shared_cluster
 
 
 @pytest.fixture
@@ -349,54 +335,3 @@ def test_every_api_counts_in_the_metrics_and_is_traced(cluster: RunningCluster) 
     for route in routes:
         services = found[f"POST {route}"]
         assert "tessera-gateway" in services and len(services) > 1, (route, services)
-
-
-def test_a_tool_call_cut_by_a_migration_reaches_the_client_once(
-    cluster: RunningCluster, client: Any
-) -> None:
-    """Runs last: the worker generating a forced tool call is killed after the first piece
-    streamed; the request moves to the other worker and the client gets one whole call."""
-    [placed] = [
-        p
-        for p in httpx.get(f"{cluster.base_url}/v1/cluster/placements", headers=AUTH).json()
-        if p["deployment_id"] == MODEL
-    ]
-    host = placed["assignments"][0]["device_id"]
-    pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
-    assert pid is not None
-    long_call = {
-        **WEATHER,
-        "function": {
-            **WEATHER["function"],
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "notes": {"type": "string", "minLength": 60},
-                },
-                "required": ["city", "notes"],
-            },
-        },
-    }
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Weather in Paris, with notes?"}],
-        tools=[long_call],
-        tool_choice=FORCED,
-        temperature=0,
-        max_tokens=200,
-        stream=True,
-    )
-    chunks = iter(stream)
-    first = next(chunks)  # the role: the call's first piece exists, the rest is to come
-    assert first.choices[0].delta.role == "assistant"
-    seen = len(cluster.lines)
-    os.kill(pid, signal.SIGKILL)
-    calls, finish = streamed_calls(chunks)
-    assert finish == "tool_calls" and len(calls) == 1
-    name, arguments = calls[0]
-    assert name == "get_weather"
-    jsonschema.validate(json.loads(arguments), long_call["function"]["parameters"])
-    cluster.wait_for(f"{host} exited", 10)
-    moved = [line for line in cluster.lines[seen:] if "following the deployment" in line]
-    assert moved  # the call was cut: it was sent again to the new placement

@@ -8,7 +8,6 @@ import collections
 import json
 import re
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -16,19 +15,19 @@ import pytest
 from libs.harness.fuzz import flood, tally
 from libs.runtime.nats_client import close_nats, connect_nats
 from tests.builders import sample_messages
+from tests.e2e import shared
 from tests.e2e.cluster import RunningCluster
 
 MODEL = "smollm2-135m-instruct"
 COUNT = 3_000
+KEY = shared.KEYS[0]  # the shared cluster asks for a key
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RunningCluster]:
-    running = RunningCluster("--workers", "1")
-    running.wait_for("ready:", 240)
-    yield running
-    running.stop()
+@pytest.fixture
+def cluster(shared_cluster: RunningCluster) -> RunningCluster:
+    """The cluster the e2e tests share (``tests/e2e/shared.py``): flooded, it must survive."""
+    return shared_cluster
 
 
 async def send(nats_url: str) -> dict[str, collections.Counter[str]]:
@@ -58,7 +57,7 @@ def test_malformed_messages_are_refused_counted_and_survived(cluster: RunningClu
     # No password shows in a log line (the run file, mode 0600, holds the admin's).
     assert not [line for line in cluster.lines if re.search(r"://[^\s/@:]+:[^\s/@]+@", line)]
     assert cluster.run_file.stat().st_mode & 0o077 == 0
-    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=KEY, max_retries=0)
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6
     )

@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,10 +15,9 @@ from tests.e2e.cluster import RunningCluster
 
 
 @pytest.fixture
-def cluster() -> Iterator[RunningCluster]:
-    running = RunningCluster(devices=4)
-    yield running
-    running.stop()
+def cluster(shared_cluster: RunningCluster) -> RunningCluster:
+    """The cluster the e2e tests share (``tests/e2e/shared.py``): two workers, four devices."""
+    return shared_cluster
 
 
 def query(base: str, promql: str) -> list[dict[str, object]]:
@@ -33,7 +31,6 @@ def test_prometheus_scrapes_every_service_and_answers_promql(
 ) -> None:
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus is missing: run `make deps` (Debian's prometheus package)")
-    cluster.wait_for("ready:")
     config = cluster.run_file.with_name("prometheus.yml")
     services = set(json.loads(cluster.run_file.read_text())["metrics"])
     assert services == {"scorer", "telemetry", "scheduler", "gateway", "worker-0", "worker-1"}

@@ -88,7 +88,7 @@ def test_one_chat_request_is_one_trace_across_every_hop(cluster: RunningCluster)
         for s in steps
     }
     assert shard_devices == {(a["shard_index"], a["device_id"]) for a in shards}
-    assert all(s["attributes"]["gen_ai.request.model"] == MODEL for s in steps)
+    assert steps and all(s["attributes"]["gen_ai.request.model"] == MODEL for s in steps)
     assert len(steps) == len(shards)  # a request's prefill on each shard; decode steps untraced
     assert by_service["tessera-gateway"].count("process tokens") == 1  # the first token, back
     # Every span of the trace hangs from another of the same trace, up to the server span.

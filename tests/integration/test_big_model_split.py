@@ -51,7 +51,7 @@ async def test_a_model_larger_than_any_device_is_split_and_each_part_is_counted(
         if preview.feasible:
             break
     assert preview is not None and preview.feasible, preview
-    assert all(s.memory_gb <= CAP_GB for s in preview.shards)
+    assert preview.shards and all(s.memory_gb <= CAP_GB for s in preview.shards)
     rpcs = [RpcServer(BINARIES, "127.0.0.1", threads=1) for _ in preview.shards[1:]]
     for rpc in rpcs:
         await rpc.start()

@@ -37,6 +37,7 @@ async def test_devices_at_80_columns_cut_no_cell(
     assert max(len(line) for line in lines) <= 80, narrow
     assert "…" not in narrow and "..." not in narrow, narrow
     ids = [str(d) for d in await redis.zrange(f"{uid}:rank:total", 0, -1)]
+    assert len(ids) == 6
     assert all(any(line.split() and line.split()[0] == d for line in lines) for d in ids), narrow
     assert "--wide shows all" in narrow
     header = next(line for line in wide.splitlines() if "device" in line and "total" in line)

@@ -168,7 +168,7 @@ async def test_a_model_goes_only_where_its_engine_serves_it_and_as_told(
     async with api(service) as client:
         assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
         shown = (await client.get("/instance/previews", params={"model": "q"})).json()
-        assert all(torch_device not in o["devices"] for o in shown)
+        assert shown and all(torch_device not in o["devices"] for o in shown)
 
         two = await client.post(
             "/placements", json={"model": "q", "shards": 2, "deployment_id": f"{setup.uid}two"}

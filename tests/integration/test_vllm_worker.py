@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +47,13 @@ def worker(nats_server: NatsServer) -> Iterator[LocalWorkers]:
         yield running
 
 
+def vllm_log(worker: LocalWorkers) -> Path:
+    """The log file of the vLLM server the worker started (its "starting vllm" line names it)."""
+    said = [line for line in worker.workers[DEVICE].lines if line.get("msg") == "starting vllm"]
+    assert said, worker.workers[DEVICE].tail()
+    return Path(said[-1]["log"])
+
+
 def reference_tokens(ids: list[int]) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(prepare(), dtype=torch.float32)
     out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -59,6 +67,10 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
     tasks = shard_tasks(deployment, MODEL_NAME, (DEVICE,), [(0, 30)], epoch=1)
     (status,) = await place(nc, tasks, timeout_s=400)
     assert status.state == "loaded", status.reason
+    # "loaded" means the engine has answered: vLLM's log holds a completion already (the
+    # worker's one-token request), so the first request after it does not wait for vLLM's first
+    # forward pass (tens of seconds when it was only up; a few tenths now: printed below).
+    assert "POST /v1/completions" in vllm_log(worker).read_text(errors="replace")
     book = Deployed()
     book.hold(hand_placed(tasks))
     client = GenerationClient(NatsBus(nc), book)
@@ -99,9 +111,7 @@ async def test_vllm_serves_the_whole_model_resumes_and_refuses_layer_shards(
         assert [c.token_id for c in rest if c.token_id is not None] == want[half:]
         assert rest[0].index == half and rest[-1].completion_tokens == len(want)
 
-    # "loaded" means the engine has answered: the first request after it does not wait for
-    # vLLM's first forward pass (tens of seconds when it was only up; a few tenths now).
-    assert first_token_s[0] < 5.0, first_token_s
+    print(f"first token after {first_token_s[0]:.2f} s, then {first_token_s[1:]}")
 
     # A layer shard is not vLLM's to serve: refused, with the reason.
     split = shard_tasks("dep-split", MODEL_NAME, (DEVICE, "vw-gone"), even_split(30, 2), epoch=1)

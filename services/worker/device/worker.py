@@ -161,7 +161,9 @@ class DeviceWorker(ABC):
     async def start(self) -> None:
         """Start the engine (``open_engine``), then take this device's shard tasks (a durable
         consumer: tasks sent while the process was away arrive when it is back), new requests,
-        cancels and hidden-state frames. The task stream must exist (``ensure_streams``)."""
+        cancels and hidden-state frames. Where the task stream is not there yet, this creates it
+        or, where this device's user may not, waits for the scheduler to, saying so
+        (``keep_consumer``)."""
         await self.open_engine()
         me = self.device_id
         self._subs = [

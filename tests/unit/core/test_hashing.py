@@ -15,7 +15,7 @@ def test_adding_a_device_moves_at_most_1_2_over_n_of_the_keys(n: int) -> None:
     before = HashRing(nodes)
     after = HashRing([*nodes, "dev-new"])
     moved = sum(before.lookup(k) != after.lookup(k) for k in KEYS)
-    assert moved / len(KEYS) <= 1.2 / (n + 1)
+    assert 0 < moved / len(KEYS) <= 1.2 / (n + 1)  # the new device took some keys
     # Every moved key went to the new device: nothing shuffles between the old ones.
     assert all(after.lookup(k) == "dev-new" for k in KEYS if before.lookup(k) != after.lookup(k))
 

@@ -129,6 +129,7 @@ def test_a_failed_devices_tasks_move_to_the_best_alternatives() -> None:
     fleet = FleetState(three_devices(slots=4))
     tasks = [make_task(f"t{i}", intensity=0.05) for i in range(3)]
     placed = replace_tasks(Dwps(), fleet, "big", tasks, 0.0, np.random.default_rng(0))
+    assert sorted(p.task_id for p in placed) == [t.task_id for t in tasks]  # every one moved
     assert all(p.device_id in {"mid", "small"} for p in placed)
 
 

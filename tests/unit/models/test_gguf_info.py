@@ -21,7 +21,7 @@ HEADER_MAX = 2_000_000
 
 
 def assert_adds_up(card: ModelCard) -> None:
-    assert len(card.layer_bytes) == len(card.layer_params) == card.layers
+    assert len(card.layer_bytes) == len(card.layer_params) == card.layers > 0
     assert all(b > 0 for b in card.layer_bytes)
     assert 0 < card.size_bytes - card.weights_bytes < HEADER_MAX, card.size_bytes
 

@@ -313,6 +313,7 @@ async def test_llamacpp_workers_get_a_split_with_every_devices_rpc_address() -> 
                 (t for t in bus.sent(SHARD_TASK) if t.action == "load"),
                 key=lambda t: t.shard_index,
             )
+            assert len(loads) == len(decision.assignments)
             spans = tuple((t.layer_start, t.layer_end) for t in loads)
             assert all(t.spans == spans for t in loads)
             addresses = tuple(f"{t.device_id}.lan:50052" for t in loads) if has_addresses else ()

@@ -55,7 +55,7 @@ def test_an_unsatisfiable_job_in_the_next_slot_is_declined_alone() -> None:
 
 def test_the_old_variant_admits_everything() -> None:
     jobs = run("elasticflow-noadmit", 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n")
-    assert not any(j.declined for j in jobs.values())
+    assert set(jobs) == {"warm", "ok", "hopeless"} and not any(j.declined for j in jobs.values())
     assert jobs["ok"].finished_s <= 1000
 
 
