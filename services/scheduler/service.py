@@ -177,7 +177,9 @@ class Scheduler:
         self.log.restore(book)
         self.modes.restore(checkpoint.mode, checkpoint.policy)
         self.tasks.decisions.extend(checkpoint.placements)
-        self.tasks.counters.update(checkpoint.counters)
+        counters = dict(checkpoint.counters)
+        self.modes.changes = counters.pop("mode_changes", 0)  # the mode keeper counts these
+        self.tasks.counters.update(counters)
         self.pending = [(r, None, None) for r in checkpoint.queue]
         log.info(
             "restored checkpoint",

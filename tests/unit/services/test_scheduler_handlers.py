@@ -369,6 +369,7 @@ async def test_a_restored_checkpoint_is_the_book_every_part_of_the_scheduler_rea
         weights={},
         deployments=(restored,),
         deployment_index=7,
+        counters={"mode_changes": 3, "placed": 5},
     )
 
     async def restore() -> None:
@@ -376,6 +377,8 @@ async def test_a_restored_checkpoint_is_the_book_every_part_of_the_scheduler_rea
 
     await service.loop.call(restore, "restore")
     assert service.book.index == 7 and "restored" not in before
+    kept = service.checkpoint(NOW).counters  # counted on from the checkpoint's
+    assert kept["mode_changes"] == 3 and kept["placed"] >= 5
     status = ShardStatus(
         deployment_id="restored", device_id="ws-a", shard_index=0, epoch=4, state="loaded", ts=NOW
     )
