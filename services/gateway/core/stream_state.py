@@ -3,7 +3,7 @@ the gateway sends to a deployment and follows until its last chunk.
 
 ``GenerationClient.stream`` is the I/O shell around it; the shell loops:
 
-1. ``step(now, down, loading)`` with what the route book says now (the devices of the
+1. ``step(now, down, loading)`` with what the deployment book says now (the devices of the
    stream's route that are down, whether its deployment is still loading) returns ``Send``
    (send the request to this route's first shard, then report ``sent``) or ``Wait`` (wait for
    the stream's inbox at most that long). ``sent(taken, now, loading)`` returns the ``Wait``.
@@ -71,7 +71,7 @@ class Arrived:
 
 @dataclass(frozen=True, slots=True)
 class RouteNews:
-    """The route book woke the stream; ``newest`` is its route of the deployment now."""
+    """The deployment book woke the stream; ``newest`` is its route of the deployment now."""
 
     newest: Route | None
 
