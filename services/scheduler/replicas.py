@@ -1,8 +1,9 @@
 """Which replica of a deployed model serves a request: the active policy, on live state.
 
-Each replica is one device to the core: its speed is the tokens/s one stream gets through its
-shards (the partitioner's step time on the devices it holds), its backlog the seconds its
-running requests still need, its other figures those of its first device. The active policy
+Each replica is one device to the core: its decode rate is the tokens/s one stream gets
+through its shards (the partitioner's step time on the devices it holds), its backlog the
+seconds its running requests still need, its other figures (its speed in GFLOP/s among them)
+those of its first device. The active policy
 (DWPS: earliest expected completion first, then fit) picks one when the placement request
 arrives — the gateway asks once per request already, so no round trip is added.
 """
@@ -53,10 +54,9 @@ def replica_device(
         return None
     chain = [d for d in held if d is not None]
     counts = [a.layer_end - a.layer_start for a in shards]
-    if spec is None:  # a model no longer registered: its first device's speed
-        tokens_per_s = chain[0].speed
-    else:
-        tokens_per_s = 1000.0 / max(step_ms(spec, chain, counts), 1e-6)
+    # A model no longer registered: no rate (a request's seconds then come from its first
+    # device's speed, ``work / speed``).
+    tokens_per_s = 0.0 if spec is None else 1000.0 / max(step_ms(spec, chain, counts), 1e-6)
     # Each running request's expected end counts its own wait: a new one gets a slot when
     # the earliest of the last ``slots`` ends.
     left = sorted(r.until - now for r in running if r.replica == deployment.deployment_id)
@@ -64,12 +64,12 @@ def replica_device(
     return dataclasses.replace(
         chain[0],
         device_id=deployment.deployment_id,
-        speed=tokens_per_s,
         slots=slots,
         load=len(left) / slots,
         backlog_s=backlog,
-        prefill_tokens_per_s=0.0,
-        decode_tokens_per_s=0.0,
+        # The request's tokens at the chain's rate (its prompt is not counted: ``choose``).
+        prefill_tokens_per_s=tokens_per_s,
+        decode_tokens_per_s=tokens_per_s,
     )
 
 
@@ -84,7 +84,15 @@ def choose_replica(
     None when no replica can serve (every one has a failed device)."""
     if not candidates:
         return None
-    task = dataclasses.replace(to_task(request), memory_gb=0.0, kind=TaskKind.INFERENCE)
+    # Its seconds on a replica: its output tokens at the replica's decode rate.
+    asked = to_task(request)
+    task = dataclasses.replace(
+        asked,
+        memory_gb=0.0,
+        kind=TaskKind.INFERENCE,
+        prompt_tokens=0,
+        output_tokens=int(asked.work),
+    )
     fleet = FleetState(candidates)
     finish = fleet.completion_s(task)
     [placement] = policy.place(fleet, [task], now, rng)
