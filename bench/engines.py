@@ -72,10 +72,10 @@ def llama_server_rates(prompts: list[str]) -> list[float]:
     import asyncio
 
     import httpx
-    from libs.models.store import gguf_path
-    from services.worker.llama_server import LlamaServer
-    from services.worker.llamacpp import LAYERS, whole_task
 
+    from libs.models.shipped import gguf_path
+    from services.worker.served.llama_server import LlamaServer
+    from services.worker.served.llama_worker import LAYERS, whole_task
     from services.worker.settings import WorkerSettings
 
     task = whole_task("engines", "engines")

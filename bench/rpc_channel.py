@@ -38,9 +38,9 @@ from libs.models.shipped import MODEL_NAME, gguf_path
 from libs.runtime.pki import ClusterCA, Credentials
 from libs.runtime.procs import free_port
 from services.worker.rpc.server import llama_env
+from services.worker.served.chat_templates import tool_template
 from services.worker.served.llama_server import LlamaServer
 from services.worker.served.llama_worker import LAYERS
-from services.worker.served.server import EngineServer
 from services.worker.settings import WorkerSettings
 
 BINARIES = WorkerSettings().llama_bin
@@ -53,8 +53,8 @@ PROMPT = "Write a long story about a fox who finds a key in the snow."
 class DirectLlamaServer(LlamaServer):
     """llama-server given the RPC endpoints as they are (no tunnels): the plain baseline."""
 
-    async def _start(self, timeout_s: float) -> float:
-        return await EngineServer._start(self, timeout_s)
+    async def prepare(self) -> None:
+        self.template = await asyncio.to_thread(tool_template, self.gguf)
 
 
 def plain_lender(host: Host, threads: int) -> tuple[subprocess.Popen[bytes], str]:

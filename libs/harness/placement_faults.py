@@ -21,6 +21,7 @@ deployment events, folded as the gateway folds them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from libs.cluster.launcher import Cluster
 from libs.contracts import (
     GENERATION,
     SHARD_STATUS,
+    DeploymentsSnapshot,
     GenerationRequest,
     ShardStatus,
 )
@@ -77,8 +79,18 @@ class Watcher:
     shard statuses (``on_loading`` runs once, on its first ``loading``) and the model's
     serving statuses."""
 
-    def __init__(self, url: str, seen: Seen, on_loading: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        seen: Seen,
+        on_loading: Callable[[], None] | None,
+        scheduler_urls: list[str],
+    ) -> None:
+        """``scheduler_urls``: where the deployment book is fetched at start and when an event
+        is missing (the first event it gets follows many: without the book, the serving it
+        announces would be seen only at the next snapshot, after the fault)."""
         self.url, self.seen, self.on_loading = url, seen, on_loading
+        self.scheduler_urls = scheduler_urls
         self.ready, self.stop = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
@@ -116,7 +128,8 @@ class Watcher:
             if new is not None and new.phase == "serving" and new != old:
                 seen.serving.append((time.monotonic(), new.route))
 
-        follower = BookFollower()
+        follower = BookFollower(self._fetch)
+        await follower.catch_up()
         follower.on_change(on_change)
 
         subs = [
@@ -137,6 +150,15 @@ class Watcher:
             for sub in subs:
                 await sub.unsubscribe()
             await close_nats(nc)
+
+    async def _fetch(self) -> DeploymentsSnapshot:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            for url in self.scheduler_urls:  # the leader or a standby: each keeps the book
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = await http.get(f"{url}/deployments")
+                    answer.raise_for_status()
+                    return DeploymentsSnapshot.model_validate(answer.json())
+        raise RuntimeError("no scheduler answered GET /deployments")
 
 
 class PlacementFaults:
@@ -167,7 +189,8 @@ class PlacementFaults:
         on_loading = self.extra[special].kill if special == LOADER else None
         self.seen = Seen(special, self.model)
         admin = self.cluster.urls("admin")["nats"]
-        self.watcher = Watcher(admin, self.seen, on_loading).start()
+        schedulers = [f"http://127.0.0.1:{p}" for p in self.cluster.scheduler_ports.values()]
+        self.watcher = Watcher(admin, self.seen, on_loading, schedulers).start()
 
     def _spawn(self, device: str) -> ServiceProcess:
         settings = {

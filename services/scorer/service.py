@@ -51,9 +51,10 @@ from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import score_batch, uptime_and_failure_rate
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
+from services.scorer.histories import load_histories, save_history
 from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
-from services.scorer.table import DeviceRecord, History, check_speeds, significant
+from services.scorer.table import DeviceRecord, check_speeds, significant
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ class Scorer:
         """Record announced devices; load the history of new ones and store every announce,
         in one round trip."""
         new = [a for a in announces if a.device_id not in self.table]
-        histories = await self._load_histories([a.device_id for a in new], now)
+        histories = await load_histories(self.redis, self.keys, [a.device_id for a in new], now)
         pipe = self.redis.pipeline(transaction=False)
         for announce in announces:
             existing = self.table.get(announce.device_id)
@@ -267,7 +268,9 @@ class Scorer:
         lookup = [d for d in unknown if self.unknown_until.get(d, 0.0) <= now]
         stored = await self.redis.mget([self.keys.caps(d) for d in lookup]) if lookup else []
         found = dict(zip(lookup, stored, strict=True))
-        histories = await self._load_histories([d for d in lookup if found[d] is not None], now)
+        histories = await load_histories(
+            self.redis, self.keys, [d for d in lookup if found[d] is not None], now
+        )
         for device_id in unknown:
             raw = found.get(device_id)
             if raw is None:
@@ -358,7 +361,7 @@ class Scorer:
             pipe.sadd(self.keys.failed, record.device_id)
             for name in SCORE_FIELDS:
                 pipe.zrem(self.keys.rank(name), record.device_id)
-            self._save_history(record, pipe)
+            save_history(self.keys, record, pipe)
             event = DeviceFailed(
                 device_id=record.device_id,
                 ts=now,
@@ -386,41 +389,8 @@ class Scorer:
         record.failed = False
         record.last_scored_at = None  # re-score now
         pipe.srem(self.keys.failed, record.device_id)
-        self._save_history(record, pipe)
+        save_history(self.keys, record, pipe)
         event = DeviceRecovered(device_id=record.device_id, ts=now, down_for_s=now - down_since)
         events.append((DEVICE_RECOVERED, event, record.device_id))
         self.metrics.recoveries.inc()
         log.info("device recovered", extra={"device_id": record.device_id})
-
-    def _save_history(self, record: DeviceRecord, pipe: Any) -> None:
-        h = record.history
-        pipe.hset(
-            self.keys.history(record.device_id),
-            mapping={
-                "first_seen": h.first_seen,
-                "down_s": h.down_s,
-                "failures": h.failures,
-                "down_since": h.down_since if h.down_since is not None else "",
-            },
-        )
-
-    async def _load_histories(self, device_ids: list[str], now: float) -> dict[str, History]:
-        if not device_ids:
-            return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for device_id in device_ids:
-            pipe.hgetall(self.keys.history(device_id))
-        histories = {}
-        for device_id, stored in zip(device_ids, await pipe.execute(), strict=True):
-            down_since = stored.get("down_since") or None
-            histories[device_id] = (
-                History(
-                    first_seen=float(stored["first_seen"]),
-                    down_s=float(stored.get("down_s", 0.0)),
-                    failures=int(stored.get("failures", 0)),
-                    down_since=float(down_since) if down_since else None,
-                )
-                if stored
-                else History(first_seen=now)
-            )
-        return histories
