@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -440,3 +441,21 @@ def mixed_fleet() -> list[Device]:
         make_device("laptop", DeviceClass.LAPTOP),
         make_device("workstation", DeviceClass.WORKSTATION),
     ]
+
+
+def unload_task(device_id: str) -> ShardTask:
+    """A one-shard task that unloads ``dep-1`` from ``device_id`` (a message for tests of
+    who may publish and read shard tasks; no worker acts on it)."""
+    return ShardTask(
+        action="unload",
+        deployment_id="dep-1",
+        model="smollm2-135m-instruct",
+        device_id=device_id,
+        shard_index=0,
+        shard_count=1,
+        layer_start=0,
+        layer_end=1,
+        route=(device_id,),
+        epoch=1,
+        ts=time.time(),
+    )

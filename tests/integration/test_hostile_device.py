@@ -26,6 +26,7 @@ from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import connect_nats, ensure_streams
 from libs.weights.local_files import cached_path
 from libs.weights.whole_files import ensure_local, fetch, publish
+from tests.builders import unload_task
 from tests.nats_users import REFUSED, Connection
 from tests.waiting import wait_until
 
@@ -49,22 +50,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     config = ACCESS.write_nats_config(Path(tmp_path_factory.mktemp("nats")) / "nats.conf")
     with NatsServer(config=config) as running:
         yield running  # type: ignore[misc]
-
-
-def task(device_id: str) -> ShardTask:
-    return ShardTask(
-        action="unload",
-        deployment_id="dep-1",
-        model="smollm2-135m-instruct",
-        device_id=device_id,
-        shard_index=0,
-        shard_count=1,
-        layer_start=0,
-        layer_end=1,
-        route=(device_id,),
-        epoch=1,
-        ts=time.time(),
-    )
 
 
 @pytest.fixture
@@ -102,7 +87,7 @@ async def takes_its_tasks(server: NatsServer, admin: NatsClient, device_id: str)
     bus = NatsBus(nc)
     mine = SHARD_TASK.subject(device_id=device_id)
     sub = await bus.consume(SHARD_TASK, on_task, durable=work_consumer(device_id), subject=mine)
-    await NatsBus(admin).publish_durable(SHARD_TASK, task(device_id), device_id=device_id)
+    await NatsBus(admin).publish_durable(SHARD_TASK, unload_task(device_id), device_id=device_id)
     await wait_until(lambda: len(got) == 1, 10)
     await sub.unsubscribe()
     await nc.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,26 +18,11 @@ from libs.contracts import SHARD_TASK, STREAMS, ShardTask
 from libs.contracts.channels import work_consumer
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams, may_administer
+from tests.builders import unload_task
 from tests.waiting import wait_until
 
 ACCESS = AccessControl(["dev-a"])
 STREAM = SHARD_TASK.stream
-
-
-def task(device_id: str) -> ShardTask:
-    return ShardTask(
-        action="unload",
-        deployment_id="dep-1",
-        model="smollm2-135m-instruct",
-        device_id=device_id,
-        shard_index=0,
-        shard_count=1,
-        layer_start=0,
-        layer_end=1,
-        route=(device_id,),
-        epoch=1,
-        ts=time.time(),
-    )
 
 
 @pytest.fixture
@@ -74,7 +58,7 @@ async def test_a_consumer_on_a_server_without_accounts_creates_its_stream(
         try:
             info = await nc.jetstream().stream_info(STREAM)
             assert tuple(info.config.subjects or ()) == STREAMS[STREAM]  # as the scheduler has it
-            await nc.jetstream().publish(subject, SHARD_TASK.encode(task("lone")))
+            await nc.jetstream().publish(subject, SHARD_TASK.encode(unload_task("lone")))
             await wait_until(lambda: len(got) == 1, timeout_s=10)
         finally:
             await consumer.unsubscribe()
@@ -112,7 +96,7 @@ async def test_a_device_that_may_not_create_its_stream_waits_for_it_and_says_so(
         try:
             assert any("stream is there" in r.getMessage() for r in caplog.records)
             await admin.jetstream().publish(
-                SHARD_TASK.subject(device_id="dev-a"), SHARD_TASK.encode(task("dev-a"))
+                SHARD_TASK.subject(device_id="dev-a"), SHARD_TASK.encode(unload_task("dev-a"))
             )
             await wait_until(lambda: len(got) == 1, timeout_s=10)
         finally:

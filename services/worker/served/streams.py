@@ -103,13 +103,8 @@ class Streams:
                 await self.worker.emit(last.model_copy(update={**done, "ts": time.time()}))
                 return
             except Exception as exc:  # the engine refused it, or went away
-                if await alive(server):
-                    log.warning("request failed", extra={"request_id": request.request_id})
-                    with contextlib.suppress(Exception):
-                        await self.worker.emit(failure(request, f"{type(exc).__name__}: {exc}"))
+                if await self.ends_here(server, task, request, exc):
                     return
-                if self.worker.task is not task:
-                    return  # stopped for a newer placement: the owner re-runs it there
                 # The server died under it: carry on from the last token once it is back.
                 await asyncio.sleep(0.1)
 
@@ -172,16 +167,25 @@ class Streams:
                 await self.worker.emit(refused)
                 return
             except Exception as exc:  # the engine went away
-                if await alive(server):
-                    log.warning("request failed", extra={"request_id": request.request_id})
-                    with contextlib.suppress(Exception):
-                        await self.worker.emit(failure(request, f"{type(exc).__name__}: {exc}"))
+                if await self.ends_here(server, task, request, exc):
                     return
-                if self.worker.task is not task:
-                    return  # stopped for a newer placement: the owner re-runs it there
                 # The server died under it: run it again once it is back, skipping what went.
                 request = request.model_copy(update={"delivered": max(index, request.delivered)})
                 await asyncio.sleep(0.1)
+
+    async def ends_here(
+        self, server: EngineServer, task: ShardTask, request: GenerationRequest, exc: Exception
+    ) -> bool:
+        """After ``exc``: whether the request ends here. It does when the engine still runs
+        (it refused the request: the request fails, said on its stream) or when the worker
+        was given a newer placement (the owner re-runs it there); it goes on, once the
+        server is back, when the server died under it."""
+        if await alive(server):
+            log.warning("request failed", extra={"request_id": request.request_id})
+            with contextlib.suppress(Exception):
+                await self.worker.emit(failure(request, f"{type(exc).__name__}: {exc}"))
+            return True
+        return self.worker.task is not task
 
     async def emit_text(self, request: GenerationRequest, index: int, text: str) -> None:
         """A piece of text alone (the hot path, once per token): its ``TokenChunk`` as JSON of
