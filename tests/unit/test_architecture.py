@@ -408,3 +408,17 @@ def test_no_worker_method_extends_its_parents() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: super().{node.attr}")
     assert offenders == []
+
+
+#: The most lines a module of the project's code holds: past it, a file holds more than one room.
+MAX_LINES = 400
+
+
+def test_no_module_of_libs_or_services_is_over_400_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}: {count} lines"
+        for folder in ("libs", "services")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > MAX_LINES
+    ]
+    assert not long, long
