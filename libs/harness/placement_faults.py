@@ -153,7 +153,7 @@ class Watcher:
 
     async def _fetch(self) -> DeploymentsSnapshot:
         async with httpx.AsyncClient(timeout=5.0) as http:
-            for url in self.scheduler_urls:  # the leader or a standby: each keeps the book
+            for url in self.scheduler_urls:  # only the leader listens: a standby refuses
                 with contextlib.suppress(httpx.HTTPError):
                     answer = await http.get(f"{url}/deployments")
                     answer.raise_for_status()
