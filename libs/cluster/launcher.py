@@ -72,6 +72,11 @@ class Cluster:
             **{f"scheduler-{i}": free_port() for i in others},
         }
 
+    @property
+    def scheduler_urls(self) -> list[str]:
+        """Each scheduler replica's HTTP address (only the leader's listens)."""
+        return [f"http://127.0.0.1:{p}" for p in self.scheduler_ports.values()]
+
     # -- environment shared by every child ------------------------------------------------
     def child_env(self) -> dict[str, str]:
         env = child_env()
@@ -82,9 +87,7 @@ class Cluster:
             TESSERA_GATEWAY_PORT=str(self.options.gateway_port),
             TESSERA_TELEMETRY_DEVICES=str(self.options.devices),
             TESSERA_SCHEDULER_HTTP_PORT=str(self.options.scheduler_port),
-            TESSERA_GATEWAY_SCHEDULER_URL=",".join(
-                f"http://127.0.0.1:{p}" for p in self.scheduler_ports.values()
-            ),
+            TESSERA_GATEWAY_SCHEDULER_URL=",".join(self.scheduler_urls),
             TESSERA_SCORER_METRICS_PORT=str(self.metrics_ports["scorer"]),
             TESSERA_TELEMETRY_METRICS_PORT=str(self.metrics_ports["telemetry"]),
             TESSERA_LOG_FORMAT="json",

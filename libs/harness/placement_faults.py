@@ -189,8 +189,7 @@ class PlacementFaults:
         on_loading = self.extra[special].kill if special == LOADER else None
         self.seen = Seen(special, self.model)
         admin = self.cluster.urls("admin")["nats"]
-        schedulers = [f"http://127.0.0.1:{p}" for p in self.cluster.scheduler_ports.values()]
-        self.watcher = Watcher(admin, self.seen, on_loading, schedulers).start()
+        self.watcher = Watcher(admin, self.seen, on_loading, self.cluster.scheduler_urls).start()
 
     def _spawn(self, device: str) -> ServiceProcess:
         settings = {
@@ -229,9 +228,9 @@ class PlacementFaults:
         raise RuntimeError(f"not seen within 60 s: {what}")
 
     def _live(self) -> set[str]:
-        for port in self.cluster.scheduler_ports.values():
+        for url in self.cluster.scheduler_urls:
             try:
-                answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                answer = httpx.get(f"{url}/healthz", timeout=2)
                 return set(answer.json().get("devices", ()))
             except (httpx.HTTPError, ValueError):
                 continue

@@ -1,7 +1,8 @@
-"""Random fleets and tasks for the scheduler's benchmark (``bench/scheduler.py``) and the
-tests that hold its decisions (``tests/unit/core/test_recorded_decisions.py``,
-``test_search.py``): the same draws in the same order for a given generator, so a recorded
-decision stays the one the benchmark measures."""
+"""Random fleets and tasks for the scheduler's benchmark (``bench/scheduler.py``) and the test
+that holds its decisions (``tests/unit/core/test_recorded_decisions.py``): the same draws in
+the same order for a given generator, so a recorded decision stays the one the benchmark
+measures. (``tests/unit/core/test_search.py`` draws harder fleets of its own on purpose:
+twins, failed devices, full memory.)"""
 
 from __future__ import annotations
 
