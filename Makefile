@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # pip's configured extra indexes print a warning per package when absent; keep the output readable.
 QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
 
-.PHONY: help deps venv vllm llama model lint typecheck docs unit integration e2e test up compose-test clean
+.PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up compose-test clean
 
 # Independent set-up steps run side by side: llama.cpp compiles while pip and apt download
 # (`make test` from nothing: docs/getting-started.md). Recipes that must not overlap depend on each other.
@@ -20,25 +20,37 @@ help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
 	@echo "make test    install everything needed, then build the docs, lint, type-check and run every test"
 
-## System packages: real server binaries from Debian, installed only when missing.
-deps:
+## System packages from Debian, installed only when missing: `deps` what `make up` needs (Redis,
+## the compilers of llama.cpp), `deps-test` what only the tests and compose use (Prometheus,
+## Alertmanager, the browser). Services a package would start are kept from starting
+## (policy-rc.d, for the install only); nothing already running is stopped or disabled.
+POLICY_RC ?= /usr/sbin/policy-rc.d
+define install_missing
 	@missing=""; \
-	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
-	command -v cmake >/dev/null || missing="$$missing cmake"; \
-	command -v ninja >/dev/null || missing="$$missing ninja-build"; \
-	command -v g++ >/dev/null || missing="$$missing g++"; \
-	command -v socat >/dev/null || missing="$$missing socat"; \
+	for pair in $(1); do \
+	  command -v "$${pair%%=*}" >/dev/null || missing="$$missing $${pair#*=}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	  $$SUDO systemctl disable --now redis-server prometheus prometheus-alertmanager 2>/dev/null || true; \
+	  own_policy=""; \
+	  if [ ! -e $(POLICY_RC) ]; then \
+	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee $(POLICY_RC) >/dev/null; \
+	    $$SUDO chmod 755 $(POLICY_RC); own_policy=1; \
+	  fi; \
+	  status=0; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null || status=$$?; \
+	  if [ -n "$$own_policy" ]; then $$SUDO rm -f $(POLICY_RC); fi; \
+	  exit $$status; \
 	fi
+endef
+
+deps:
+	$(call install_missing,redis-server=redis-server cmake=cmake ninja=ninja-build g++=g++ socat=socat)
+
+deps-test: deps
+	$(call install_missing,promtool=prometheus prometheus-alertmanager=prometheus-alertmanager chromium=chromium chromedriver=chromium-driver)
 
 ## The virtualenv, rebuilt only when pyproject.toml changes.
 venv: $(STAMP)
@@ -92,16 +104,16 @@ docs: venv
 ## PYTEST_ARGS="--reversed" (tests/conftest.py) to run the tests in another order.
 PYTEST := $(BIN)/pytest -q -rs --durations=25 $(PYTEST_ARGS)
 
-unit: deps venv model
+unit: deps-test venv model
 	$(PYTEST) tests/unit
 
-integration: deps llama venv vllm model
+integration: deps-test llama venv vllm model
 	$(PYTEST) tests/integration
 
-e2e: deps llama venv model
+e2e: deps-test llama venv model
 	$(PYTEST) tests/e2e
 
-test: deps llama venv vllm model lint typecheck docs
+test: deps-test llama venv vllm model lint typecheck docs
 	$(PYTEST) tests/unit tests/integration tests/e2e
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
@@ -111,7 +123,7 @@ up: deps llama venv model
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the
 ## stack up, checks it as a user would and takes it down. ~4 min from nothing, ~2 min again.
-compose-test: venv
+compose-test: deps-test venv
 	$(BIN)/python deploy/compose_test.py $(ARGS)
 
 clean:

@@ -100,6 +100,7 @@ def start_cluster(port: int) -> ServiceProcess:
         "TESSERA_GATEWAY_PORT": str(port),
         "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
         "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
+        "TESSERA_HOME": tempfile.mkdtemp(prefix="tessera-home-"),  # a new cluster each run
     }
     argv = ["-m", "libs.cli.main", "up", "--devices", "0", "--workers", "1"]
     ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731

@@ -284,6 +284,7 @@ def cluster(workers: int, run_dir: Path) -> tuple[object, str, dict[str, str]]:
         "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
         "TESSERA_RUN_FILE": str(run_dir / "cluster.json"),
         "TESSERA_MODEL_DIR": str(run_dir / "models"),
+        "TESSERA_HOME": str(run_dir / "home"),  # a new cluster each run
     }
     argv = ["-m", "libs.cli.main", "up", "--workers", str(workers), "--engine", "llamacpp"]
     ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731

@@ -8,6 +8,7 @@ Each is a plain function; ``libs/cli/main.py`` registers it on the ``tessera`` a
 from __future__ import annotations
 
 import dataclasses
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -84,11 +85,34 @@ def up(
             "smollm2-135m-instruct). Each is followed until it serves, or its refusal is said.",
         ),
     ] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TESSERA_HOME",
+            help="The cluster's home: its models, deployments, users, token and keys, kept "
+            "across restarts. Default: $XDG_DATA_HOME/tessera/default "
+            "(~/.local/share/tessera/default).",
+        ),
+    ] = None,
+    fresh: Annotated[
+        bool,
+        typer.Option("--fresh", help="Start over: delete what the home holds (each item said)."),
+    ] = False,
+    open_lan: Annotated[
+        bool,
+        typer.Option(
+            "--open",
+            help="Serve a gateway bound beyond loopback (TESSERA_GATEWAY_HOST) with no API key "
+            "(refused otherwise; `tessera keys create NAME` makes one).",
+        ),
+    ] = False,
 ) -> None:
-    """Start NATS, Redis and every service on this machine; Ctrl-C stops them all."""
+    """Start NATS, Redis and every service on this machine; Ctrl-C stops them all. Started
+    again on the same home, it is the same cluster: its models, deployments and token."""
     from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
     from libs.cluster.up import run_cluster
     from libs.cluster.up_options import UpOptions, choose_port, choose_run_file
+    from libs.runtime.settings import default_home
 
     if nats_servers == 2:
         raise typer.BadParameter(
@@ -123,6 +147,9 @@ def up(
         if settings.nats_tls_cert and settings.nats_tls_key
         else None,
         nats_ca=settings.nats_ca,
+        home=home or default_home(),
+        fresh=fresh,
+        open_lan=open_lan,
     )
     if deploy:
         options = dataclasses.replace(options, deploy=tuple(deploy))
@@ -238,12 +265,113 @@ def access(
     ] = 1,
 ) -> None:
     """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
-    from libs.cluster.access import COMPOSE_DEVICES, AccessControl, service_grants
+    from libs.cluster.access import AccessControl, service_grants
+    from libs.cluster.compose_access import COMPOSE_DEVICES, write_compose
 
     if nats_servers == 2:
         raise typer.BadParameter("use 1 or 3 (quorum)", param_hint="--nats-servers")
     locks = AccessControl(device or list(COMPOSE_DEVICES))
-    env = locks.write_compose(out, [*service_grants(), "admin"], nats_servers)
+    env = write_compose(locks, out, [*service_grants(), "admin"], nats_servers)
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
     profile = " --profile nats-cluster" if nats_servers > 1 else ""
     typer.echo(f"start with: docker compose{profile} --env-file {env} up")
+
+
+def reset(
+    home: Annotated[
+        Path | None, typer.Option(envvar="TESSERA_HOME", help="The home (default: as `up`).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
+) -> None:
+    """Start over: delete what a stopped cluster's home holds (its models, deployments,
+    users, join token and keys), each item said. Refused while a cluster runs on it."""
+    from libs.cluster.home import Home, HomeRefused
+    from libs.runtime.settings import default_home
+
+    place = Home(home or default_home())
+    try:
+        place.check_owner()
+        lock = place.lock()
+    except HomeRefused as exc:
+        typer.echo(f"tessera reset: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        items = place.contents()
+        if not items:
+            typer.echo(f"{place.path} holds nothing to delete")
+            return
+        for line in items:
+            typer.echo(f"will delete {line}")
+        if not yes and not typer.confirm("delete all of it?"):
+            raise typer.Exit(1)
+        for line in place.wipe():
+            typer.echo(f"deleted {line}")
+    finally:
+        os.close(lock)
+
+
+keys_app = typer.Typer(
+    help="The gateway's API keys, kept hashed in the cluster's home.", no_args_is_help=True
+)
+HomeOption = Annotated[
+    Path | None, typer.Option(envvar="TESSERA_HOME", help="The home (default: as `up`).")
+]
+
+
+def keys_file(home: Path | None) -> Path:
+    from libs.cluster.home import Home, HomeRefused
+    from libs.runtime.settings import default_home
+
+    place = Home(home or default_home())
+    try:
+        place.prepare()
+    except HomeRefused as exc:
+        typer.echo(f"tessera keys: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    return place.keys_file
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Argument(help="What the key is for (a person, a program).")],
+    home: HomeOption = None,
+) -> None:
+    """Make a key: printed once here, stored only as its hash. The gateway asks for a key
+    from now on (a running cluster that was open: from its next start)."""
+    from libs.runtime.api_keys import create_key
+
+    try:
+        key = create_key(keys_file(home), name)
+    except ValueError as exc:
+        typer.echo(f"tessera keys create: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"key {name}: {key}")
+    typer.echo("shown only now: keep it (clients send it as `Authorization: Bearer KEY`)")
+
+
+@keys_app.command("list")
+def keys_list(home: HomeOption = None) -> None:
+    """The keys by name and date made (never the keys themselves)."""
+    import datetime
+
+    from libs.runtime.api_keys import read_keys
+
+    found = read_keys(keys_file(home))
+    if not found:
+        typer.echo("no keys: the gateway is open on loopback, refused on the LAN without --open")
+    for key in found:
+        made = datetime.datetime.fromtimestamp(key.created).isoformat(timespec="seconds")
+        typer.echo(f"{key.name}  made {made}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="The key's name.")], home: HomeOption = None
+) -> None:
+    """Remove a key: the gateway refuses it within a second, without a restart."""
+    from libs.runtime.api_keys import revoke_key
+
+    if not revoke_key(keys_file(home), name):
+        typer.echo(f"tessera keys revoke: no key named {name!r}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {name}")

@@ -1,7 +1,7 @@
 """``tessera``: start the local cluster and operate it.
 
 The app and its whole command tree, in the order ``tessera --help`` lists it. The commands live
-by what they do: ``cluster_commands.py`` (up, join, token, revoke, access),
+by what they do: ``cluster_commands.py`` (up, join, token, revoke, access, reset, keys),
 ``scheduling_commands.py`` (preview, deploy, placements, mode), ``model_commands.py``
 (``models …``), ``simulate_commands.py`` (``simulate``); the few that stand alone (devices,
 calibrate, chat, version) are here. ``main`` is the ``tessera`` entry point.
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from libs.cli.cluster_commands import access, join, revoke, token_app, up
+from libs.cli.cluster_commands import access, join, keys_app, reset, revoke, token_app, up
 from libs.cli.model_commands import models_app
 from libs.cli.scheduling_commands import deploy, mode, placements, preview
 from libs.cli.simulate_commands import simulate_app
@@ -102,6 +102,8 @@ app.add_typer(simulate_app, name="simulate")
 app.add_typer(models_app, name="models")
 app.command()(chat)
 app.command()(access)
+app.command()(reset)
+app.add_typer(keys_app, name="keys")
 app.command()(version)
 
 

@@ -25,7 +25,7 @@ The **services** (``service_grants``):
 - ``scorer``: scores, device failed/recovered and announce requests out; announces,
   telemetry, leaving and mode changes in. No JetStream.
 - ``scheduler``: placements, deployment status, shard tasks (into the work stream), hints,
-  mode changes and checkpoints out; placement requests, scores, device events and shard
+  mode changes, checkpoints and announce requests (when it starts) out; placement requests, scores, device events and shard
   status in. It is the cluster's JetStream administrator: it creates the streams and its
   key-value buckets (leader lease, checkpoints) and reads and writes them, so it keeps
   ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``). Removing a model
@@ -151,9 +151,6 @@ JOIN_USER = "join"
 #: Names a joining device may not take.
 RESERVED = frozenset({"admin", JOIN_USER})
 
-#: The worker devices of docker-compose.yml (the last one in its `gpu` profile).
-COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
-
 
 def service_grants() -> dict[str, Grant]:
     """What each service (not device-bound) may publish and subscribe to (the module's
@@ -187,6 +184,7 @@ def service_grants() -> dict[str, Grant]:
                 DVFS_HINT.wildcard,
                 MODE_CHANGE.wildcard,
                 CHECKPOINT.wildcard,
+                ANNOUNCE_REQUEST.wildcard,  # a restarted scheduler asks devices to announce
                 *JETSTREAM_ADMIN,
                 *MODEL_DELETE,
             ),
@@ -253,14 +251,36 @@ def device_grant(device_id: str) -> Grant:
 
 @dataclass
 class AccessControl:
-    """The users of one cluster, with passwords drawn for it."""
+    """The users of one cluster, with passwords drawn for it. With a ``path`` (the cluster
+    home's ``access.json``) they are read from it and written back at every change, before
+    the change is answered: a restarted cluster keeps its token, and its joined hosts their
+    users."""
 
     devices: list[str]
     passwords: dict[str, str] = field(default_factory=dict)
+    #: The devices that joined from other hosts (``tessera join``), in joining order.
+    joined: list[str] = field(default_factory=list)
+    path: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in [*service_grants(), *self.devices, "admin", JOIN_USER]:
+        if self.path is not None and self.path.exists():
+            kept = json.loads(self.path.read_text())
+            self.passwords = {**kept["passwords"], **self.passwords}
+            self.joined = [d for d in kept.get("joined", ()) if d in self.passwords]
+            self.devices += [d for d in self.joined if d not in self.devices]
+        for name in [*service_grants(), *self.devices, "admin", JOIN_USER, "redis-default"]:
             self.passwords.setdefault(name, secrets.token_urlsafe(18))
+        self.save()
+
+    def save(self) -> None:
+        """Write the users to ``path`` (owner-only, replaced whole: never half-written)."""
+        if self.path is None:
+            return
+        kept = {"passwords": self.passwords, "joined": self.joined}
+        part = self.path.with_name(f".{self.path.name}.part")
+        part.touch(mode=0o600)
+        part.write_text(json.dumps(kept, indent=2))
+        part.replace(self.path)
 
     @property
     def token(self) -> str:
@@ -270,6 +290,7 @@ class AccessControl:
     def rotate_token(self) -> str:
         """A new join token; the old one is refused once the server has the new config."""
         self.passwords[JOIN_USER] = secrets.token_urlsafe(24)
+        self.save()
         return self.token
 
     def admit(self, device_id: str, password: str | None = None) -> str:
@@ -283,7 +304,16 @@ class AccessControl:
         if device_id not in self.devices:
             self.devices.append(device_id)
         self.passwords[device_id] = password or secrets.token_urlsafe(18)
+        self.save()
         return self.passwords[device_id]
+
+    def admit_joined(self, device_id: str, password: str) -> str:
+        """``admit`` a host that joined from elsewhere, remembered as such."""
+        admitted = self.admit(device_id, password)
+        if device_id not in self.joined:
+            self.joined.append(device_id)
+            self.save()
+        return admitted
 
     def revoke(self, device_id: str) -> bool:
         """Remove ``device_id``'s user: once the server has the new config it closes the
@@ -292,6 +322,9 @@ class AccessControl:
             return False
         self.devices.remove(device_id)
         del self.passwords[device_id]
+        if device_id in self.joined:
+            self.joined.remove(device_id)
+        self.save()
         return True
 
     def grants(self) -> dict[str, Grant]:
@@ -327,7 +360,7 @@ class AccessControl:
     def redis_acl(self, prefix: str = "tessera") -> list[str]:
         """Redis users (``user`` directives): the scorer writes device rows, ranks and
         histories; the scheduler reads them and writes only its mode and checkpoints; the
-        gateway only reads; the default user is off."""
+        gateway only reads; the default user is locked (a password nobody is given)."""
         p = prefix
         scorer = " ".join(
             f"~{p}:{k}" for k in ("dev:*", "caps:*", "hist:*", "rank:*", "failed", "stats")
@@ -345,46 +378,16 @@ class AccessControl:
             "admin": "~* &* +@all",
         }
         users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]
-        return ["default off", *users]
+        # The default user is not "off" but locked by a password drawn here and never given
+        # out: Redis (7.0 to 7.2; valkey-io/valkey#3983, redis/redis#14541) replays an
+        # append-only file's MULTI/EXEC blocks as the default user and drops them, silently,
+        # when that user is off, so a restarted cluster would lose its model registry.
+        return [f"default on >{self.passwords['redis-default']} ~* &* +@all", *users]
 
     def redis_url(self, base: str, user: str) -> str:
         """``base`` (redis://host:port/db) with ``user``'s credentials."""
         scheme, _, rest = base.partition("://")
         return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
-
-    def write_compose(self, folder: Path, services: list[str], nats_servers: int = 1) -> Path:
-        """Files for ``docker compose``: nats.conf, users.acl and access.env (every service's
-        URLs with its credentials and an API key for the gateway, for ``docker compose
-        --env-file``). Returns the env file. ``nats_servers`` 3: the compose profile
-        ``nats-cluster`` (``nats``, ``nats-2``, ``nats-3`` routed into one cluster; the
-        services are given all three)."""
-        folder.mkdir(parents=True, exist_ok=True)
-        names = ["nats", *(f"nats-{i}" for i in range(2, nats_servers + 1))]
-        config = self.nats_config()
-        if nats_servers > 1:  # the same file for every member; a route to itself is skipped
-            routes = [f"nats://{name}:6222" for name in names]
-            config["cluster"] = {"name": "tessera", "listen": "0.0.0.0:6222", "routes": routes}
-        (folder / "nats.conf").write_text(json.dumps(config, indent=2))
-        acl = folder / "users.acl"
-        acl.write_text("".join(f"user {rule}\n" for rule in self.redis_acl()))
-        lines = [
-            f"TESSERA_REDIS_ADMIN_PASSWORD={self.passwords['admin']}",
-            f"TESSERA_API_KEY={secrets.token_urlsafe(24)}",  # the gateway's, for its users
-        ]
-        for name in [*services, *self.devices]:
-            key = name.upper().replace("-", "_")
-            servers = ",".join(f"nats://{n}:4222" for n in names)
-            lines.append(f"TESSERA_NATS_URL_{key}={self.nats_url(servers, name)}")
-            if name in REDIS_USERS:
-                db = 1 if name == "batch" else 0
-                url = self.redis_url(f"redis://redis:6379/{db}", name)
-                lines.append(f"TESSERA_REDIS_URL_{key}={url}")
-        env = folder / "access.env"
-        env.write_text("\n".join(lines) + "\n")
-        env.chmod(0o600)  # read by `docker compose` only
-        for mounted in (folder / "nats.conf", acl):  # read inside the containers' own users
-            mounted.chmod(0o644)
-        return env
 
     def nats_url(self, base: str, user: str) -> str:
         """``base`` (nats://host:port) with ``user``'s credentials."""

@@ -73,12 +73,16 @@ class JoinDesk:
         self.access, self.server, self.admin_url = access, server, admin_url
         self.ca_file = ca_file  #: the CA of the server's certificate, when NATS requires TLS
         self.rpc_ca = rpc_ca  #: signs joining devices' certificates (llama.cpp's RPC channel)
-        self.joined: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="join-desk", daemon=True)
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
+
+    @property
+    def joined(self) -> list[str]:
+        """The devices that joined from other hosts (kept with the users)."""
+        return self.access.joined
 
     def start(self, timeout_s: float = 10.0) -> JoinDesk:
         self._thread.start()
@@ -126,7 +130,7 @@ class JoinDesk:
             certificate = ""
             if ask.csr_pem and self.rpc_ca is not None:
                 certificate = self.rpc_ca.sign(ask.csr_pem, ask.device_id)
-            password = self.access.admit(ask.device_id, ask.password)
+            password = self.access.admit_joined(ask.device_id, ask.password)
         except ValueError as exc:
             answer = JoinAnswer(device_id=ask.device_id, refused=str(exc))
         else:
@@ -137,8 +141,6 @@ class JoinDesk:
                 certificate_pem=certificate,
                 ca_pem=self.rpc_ca.cert_pem if certificate and self.rpc_ca is not None else "",
             )
-            if ask.device_id not in self.joined:
-                self.joined.append(ask.device_id)
             log.info("host joined", extra={"device_id": ask.device_id, "hostname": ask.hostname})
         if msg.reply:
             await self.bus.reply(msg.reply, JOIN_ANSWER, answer)
@@ -158,8 +160,6 @@ class JoinDesk:
         if not self.access.revoke(device):
             answer = RevocationAnswer(device_id=device, refused=f"{device!r} has no user here")
         else:
-            if device in self.joined:
-                self.joined.remove(device)
             await self._reload(None, "")
             deadline = time.monotonic() + 5  # the reload is applied: the old password fails
             for url in server_list(self.server.url):

@@ -9,7 +9,9 @@ What it starts is ``UpOptions`` (``libs/cluster/up_options.py``).
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import time
 import urllib.request
 
@@ -20,11 +22,13 @@ from libs.cluster import runfile
 from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import Announcement
+from libs.cluster.home import Home, open_home
 from libs.cluster.joining import JoinDesk
 from libs.cluster.prometheus_config import write_prometheus_config
 from libs.cluster.servers import HOST, NatsCluster, RedisServer
 from libs.cluster.shipped_model import register_shipped_model
-from libs.cluster.up_options import UpOptions, available_services, choose_port
+from libs.cluster.up_options import UpOptions, available_services, choose_port, lan_exposure
+from libs.runtime.api_keys import read_keys
 from libs.runtime.pki import ClusterCA, rpc_env
 from libs.runtime.procs import ServiceProcess, free_port
 from libs.runtime.settings import child_env
@@ -39,26 +43,48 @@ class Cluster:
     def __init__(self, options: UpOptions, console: Console | None = None) -> None:
         self.options = options
         self.console = console or Console(highlight=False)
+        #: The home's lock (``Home.lock``), held until ``stop``; what opening the home did.
+        self.home: Home | None = None
+        self.home_lock: int | None = None
+        self.home_notes: list[str] = []
+        if options.home is not None:
+            self.home, self.home_lock, self.home_notes = open_home(options.home, options.fresh)
+        #: The gateway's keys: the home's, and one of this run's for ``tessera up``'s own first
+        #: request (kept in the children's environment only).
+        self.keys_file = (
+            self.home.keys_file if self.home and read_keys(self.home.keys_file) else None
+        )
+        self.run_key = f"tsk-run-{secrets.token_urlsafe(24)}"
+        given = "TESSERA_GATEWAY_API_KEYS" in {**child_env(), **options.extra_env}
+        warning = lan_exposure(
+            options.gateway_host, given or self.keys_file is not None, options.open_lan
+        )
+        if warning:
+            self.home_notes.append(warning)
         workers = [name for name, _ in self.worker_names()]
-        self.access = AccessControl(workers) if options.access else None
+        self.access = (
+            AccessControl(workers, path=self.home.access_file if self.home else None)
+            if options.access
+            else None
+        )
         self.nats = NatsCluster(
             options.nats_servers,
             host=options.listen or HOST,
-            first_port=choose_port(options.listen, 4222) if options.listen else None,
+            first_port=self._nats_port(),
             tls=options.nats_tls,
+            data_dir=self.home.nats_dir if self.home else None,
         )
         self.desk: JoinDesk | None = None
         self.announcement: Announcement | None = None
-        self.redis = RedisServer(acl=self.access.redis_acl() if self.access else None)
+        self.redis = RedisServer(
+            acl=self.access.redis_acl() if self.access else None,
+            data_dir=self.home.redis_dir if self.home else None,
+        )
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
         #: Signs the devices' certificates for llama.cpp's RPC between hosts (libs/runtime/pki.py),
-        #: kept beside the NATS users' passwords.
-        self.rpc_ca = (
-            ClusterCA.create(self.nats.data_dir / "rpc-ca")
-            if options.access and options.listen
-            else None
-        )
+        #: kept in the home (joined hosts' certificates stay valid), else beside the NATS users.
+        self.rpc_ca = self._rpc_ca() if options.access and options.listen else None
         self.children: list[ServiceProcess] = []
         #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``).
         self.run_lock: int | None = None
@@ -71,6 +97,22 @@ class Cluster:
             "scheduler": options.scheduler_port,
             **{f"scheduler-{i}": free_port() for i in others},
         }
+
+    def _nats_port(self) -> int | None:
+        """With ``--listen``: the port of the home's last run when it is free (joined hosts
+        reconnect there), else 4222 when free, else any; kept in the home. None: any free."""
+        if not self.options.listen:
+            return None
+        kept = self.home.settings().get("nats_port") if self.home else None
+        port = choose_port(self.options.listen, kept or 4222)
+        if self.home is not None:
+            self.home.keep(nats_port=port)
+        return port
+
+    def _rpc_ca(self) -> ClusterCA:
+        if self.home is None:
+            return ClusterCA.create(self.nats.data_dir / "rpc-ca")
+        return ClusterCA.kept_in(self.home.rpc_ca_dir)
 
     @property
     def scheduler_urls(self) -> list[str]:
@@ -93,7 +135,10 @@ class Cluster:
             TESSERA_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
-        # On this machine the gateway is open unless keys are given; anywhere else it is not.
+        if self.keys_file is not None:  # the home's keys, and this run's own
+            env["TESSERA_GATEWAY_KEYS_FILE"] = str(self.keys_file)
+            env.setdefault("TESSERA_GATEWAY_API_KEYS", json.dumps([self.run_key]))
+        # Open only when no key exists: on loopback, or on the LAN with --open (lan_exposure).
         env.setdefault(
             "TESSERA_GATEWAY_AUTH", "keys" if "TESSERA_GATEWAY_API_KEYS" in env else "off"
         )
@@ -119,6 +164,8 @@ class Cluster:
         self._deadline = time.monotonic() + self.options.ready_timeout_s
         self.nats.start()
         self.redis.start()
+        for note in self.home_notes:
+            self.say("cluster", note, "white")
         self.say("cluster", f"nats {self.nats.url}, redis {self.redis.url}", "white")
         if self.options.engines_note:
             self.say("cluster", f"engines: {self.options.engines_note}", "white")
@@ -295,6 +342,9 @@ class Cluster:
         if self.options.run_file is not None and self.run_lock is not None:
             runfile.release(self.options.run_file, self.run_lock)
             self.run_lock = None
+        if self.home_lock is not None:
+            os.close(self.home_lock)
+            self.home_lock = None
 
     def _write_run_file(self) -> None:
         """Tell `tessera devices` and friends where this cluster's servers listen."""

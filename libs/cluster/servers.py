@@ -1,9 +1,10 @@
 """Real nats-server and redis-server processes on free loopback ports (NATS also as a
 cluster of several servers).
 
-Used by the test fixtures and by ``tessera up``. Each server gets a temporary data directory,
-is started, waited on until it accepts connections, and stopped cleanly. ``restart()`` keeps
-the port and the data directory, for fault tests.
+Used by the test fixtures and by ``tessera up``. Each server gets a data directory: a
+temporary one, or the cluster home's folder (``libs/cluster/home.py``), which outlives it (Redis
+then keeps an append-only file). It is started, waited on until it accepts connections, and
+stopped cleanly. ``restart()`` keeps the port and the data directory, for fault tests.
 """
 
 from __future__ import annotations
@@ -50,15 +51,23 @@ def find_redis_server() -> Path:
 
 
 class EmbeddedServer(ABC):
-    """A server process bound to ``HOST:port`` with its own temporary directory."""
+    """A server process bound to ``HOST:port`` with its data directory: ``data_dir`` (kept),
+    else a temporary one (removed at ``close``)."""
 
     name = "server"
 
-    def __init__(self, port: int | None = None, *, log_path: Path | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, *, log_path: Path | None = None, data_dir: Path | None = None
+    ) -> None:
         self.port = port or free_port()
         self.host = HOST
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"tessera-{self.name}-")
-        self.data_dir = Path(self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"tessera-{self.name}-")
+            data_dir = Path(self._tmp.name)
+        self.kept = self._tmp is None
+        self.data_dir = data_dir
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path or self.data_dir / f"{self.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -87,8 +96,14 @@ class EmbeddedServer(ABC):
         except Exception as exc:
             self.stop()
             tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{self.name} failed to start: {exc}\n{tail}") from exc
+            raise RuntimeError(
+                f"{self.name} failed to start: {exc}{self.advice(tail)}\n{tail}"
+            ) from exc
         return self
+
+    def advice(self, log_tail: str) -> str:
+        """What to do about a start that failed as ``log_tail`` says ("" when nothing to add)."""
+        return ""
 
     def stop(self) -> None:
         if self.process is not None:
@@ -108,7 +123,8 @@ class EmbeddedServer(ABC):
 
     def close(self) -> None:
         self.stop()
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()
@@ -195,7 +211,8 @@ class NatsServer(EmbeddedServer):
 class NatsCluster:
     """``size`` nats-servers routed to one another (one NATS cluster; JetStream replicates
     across them), sharing one config file. With ``size`` 1 it is a plain ``NatsServer``.
-    ``url`` names every member, comma-separated, as the services take it."""
+    ``url`` names every member, comma-separated, as the services take it. ``data_dir``: where
+    they keep their stores (a folder per member), kept after they stop; None: temporary."""
 
     def __init__(
         self,
@@ -204,6 +221,7 @@ class NatsCluster:
         host: str = HOST,
         first_port: int | None = None,
         tls: tuple[Path, Path] | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         if size < 1 or size == 2:
             raise ValueError(f"a NATS cluster has 1 server, or 3 or more (quorum), not {size}")
@@ -215,6 +233,7 @@ class NatsCluster:
                 route=Route(f"nats-{i}", ports[i], tuple(ports[:i] + ports[i + 1 :]))
                 if size > 1
                 else None,
+                data_dir=None if data_dir is None else data_dir / f"server-{i}",
             )
             for i in range(size)
         ]
@@ -254,7 +273,9 @@ class NatsCluster:
 
 
 class RedisServer(EmbeddedServer):
-    """redis-server keeping nothing on disk; ``acl``: its users, one ``user`` directive each."""
+    """redis-server; ``acl``: its users, one ``user`` directive each. With a ``data_dir`` of its
+    own (a cluster's home) it keeps an append-only file, written to disk every second; with a
+    temporary one it keeps nothing."""
 
     name = "redis"
 
@@ -268,12 +289,22 @@ class RedisServer(EmbeddedServer):
             "--port", str(self.port),
             "--bind", self.host,
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.kept else "no",
+            "--appendfsync", "everysec",
             "--dir", str(self.data_dir),
             "--daemonize", "no",
             "--protected-mode", "yes",
             *[arg for rule in self.acl for arg in ("--user", *rule.split())],
         ]  # fmt: skip
+
+    def advice(self, log_tail: str) -> str:
+        if self.kept and ("append only" in log_tail.lower() or "aof" in log_tail.lower()):
+            return (
+                f"; its append-only file in {self.data_dir} is damaged. Nothing was deleted: "
+                f"`redis-check-aof --fix {self.data_dir}/appendonlydir/*.manifest` mends it "
+                "(a copy first), or `tessera up --fresh` starts over"
+            )
+        return ""
 
     @property
     def url(self) -> str:

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from libs.cluster.child_output import exit_text
 from libs.cluster.launcher import Cluster
-from libs.cluster.up_options import UpOptions
+from libs.cluster.up_options import StartRefused, UpOptions
 
 
 def post_until_answered(
@@ -172,6 +172,29 @@ def deploy_model(
     return f"could not deploy {model}: {phase_text(deployment_id, status, load_timeout_s)}"
 
 
+def restored_deployments(options: UpOptions) -> list[dict[str, Any]]:
+    """The deployments the scheduler took up from its last checkpoint (a home's cluster
+    started again): every one not stopped, as ``GET /placements`` gives them."""
+    try:
+        book = get_json(f"http://127.0.0.1:{options.scheduler_port}/placements")
+    except (OSError, ValueError):
+        return []
+    return [d for d in book if d.get("phase") not in ("refused", "failed")]
+
+
+def follow_restored(
+    options: UpOptions, deployment: dict[str, Any], load_timeout_s: float = 300.0
+) -> tuple[bool, str]:
+    """Follow a restored deployment until it serves again; whether it does, and what to say."""
+    name = deployment["deployment_id"]
+    base = f"http://127.0.0.1:{options.scheduler_port}"
+    status = follow_deployment(base, name, load_timeout_s)
+    if status is not None and status["phase"] == "serving":
+        devices = ", ".join(s["device_id"] for s in status.get("shards", ()))
+        return True, f"restored {name} ({deployment['model']}), serving on {devices}"
+    return False, f"restored {name}, not serving: {phase_text(name, status, load_timeout_s)}"
+
+
 def first_answer(
     url: str, env: dict[str, str], model: str, timeout_s: float = 120.0
 ) -> tuple[bool, str]:
@@ -193,7 +216,11 @@ def first_answer(
 
 def run_cluster(options: UpOptions, console: Console | None = None) -> int:
     """Run until Ctrl-C/SIGTERM (exit 0) or until a service dies (exit 1)."""
-    cluster = Cluster(options, console)
+    try:
+        cluster = Cluster(options, console)
+    except StartRefused as exc:
+        (console or Console(highlight=False, stderr=True)).print(f"tessera up: {exc}")
+        return 2
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -208,8 +235,16 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
             return 1
         url = f"http://{options.gateway_host}:{options.gateway_port}"
         has_workers = any(cluster.is_worker(c) for c in cluster.children)
-        deployed = []
+        deployed, restored = [], []
+        for deployment in restored_deployments(options):  # what the home's cluster served
+            serves, said = follow_restored(options, deployment)
+            cluster.say("cluster", said, "white" if serves else "bold red")
+            if serves:
+                deployed.append(deployment["model"])
+                restored.append(deployment["deployment_id"])
         for model in options.deploy if has_workers else ():
+            if model in deployed:
+                continue
             said = deploy_model(
                 options,
                 model,
@@ -234,7 +269,8 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         if silent:  # up, but not ready: the user sees why and the cluster stays to be looked at
             cluster.say("cluster", f"up, not serving {', '.join(silent)}: {where}", "bold red")
         else:
-            cluster.say("cluster", f"ready: {names}; {where}", "bold green")
+            back = f" (restored: {', '.join(restored)})" if restored else ""
+            cluster.say("cluster", f"ready: {names}; {where}{back}", "bold green")
         lost: set[str] = set()
         while True:
             for worker in cluster.exited_workers() - lost:

@@ -55,6 +55,38 @@ class UpOptions:
     #: TLS on NATS: (certificate chain, key) of its servers, and the CA services trust.
     nats_tls: tuple[Path, Path] | None = None
     nats_ca: Path | None = None
+    #: The cluster's home (``libs/cluster/home.py``): what a restart keeps. None: temporary
+    #: folders, gone when it stops (the test and benchmark harnesses' clusters).
+    home: Path | None = None
+    #: Delete what the home holds before starting (``tessera up --fresh``).
+    fresh: bool = False
+    #: A gateway reachable from the LAN with no API key (``--open``): said at every start.
+    open_lan: bool = False
+
+
+class StartRefused(RuntimeError):
+    """``tessera up`` must not start as asked: the message says why and what to do."""
+
+
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def lan_exposure(gateway_host: str, has_keys: bool, open_lan: bool) -> str | None:
+    """A warning to say at start for a gateway the LAN reaches with no key (``--open``);
+    None when it asks for keys or only this machine reaches it. ``StartRefused`` without
+    ``--open``: the LAN never gets an open gateway by default."""
+    if gateway_host.startswith(LOOPBACK) or has_keys:
+        return None
+    if not open_lan:
+        raise StartRefused(
+            f"the gateway would listen on {gateway_host} with no API key: anyone on the LAN "
+            "could use the cluster and its admin API. Make a key first (`tessera keys create "
+            "NAME`), or pass --open to serve it without keys anyway"
+        )
+    return (
+        f"WARNING: --open: the gateway on {gateway_host} asks no API key; anyone who reaches "
+        "it uses the cluster and its admin API"
+    )
 
 
 def choose_port(host: str, preferred: int) -> int:

@@ -121,6 +121,14 @@ class ClusterCA:
         return cls(key, cert)
 
     @classmethod
+    def kept_in(cls, folder: Path) -> ClusterCA:
+        """The CA kept in ``folder`` (a cluster's home), made there the first time."""
+        if (folder / "ca.pem").exists():
+            return cls.load(folder)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return cls.create(folder)
+
+    @classmethod
     def load(cls, folder: Path) -> ClusterCA:
         key = serialization.load_pem_private_key((folder / "ca-key.pem").read_bytes(), None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):

@@ -9,6 +9,7 @@ reads the environment.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -88,6 +89,16 @@ class LauncherSettings(BaseSettings):
                 "TESSERA_NATS_CA together"
             )
         return self
+
+
+def default_home(env: Mapping[str, str] | None = None, name: str = "default") -> Path:
+    """A cluster's home (``libs/cluster/home.py``): ``TESSERA_HOME``, else
+    ``$XDG_DATA_HOME/tessera/<name>`` (``~/.local/share`` when unset)."""
+    env = os.environ if env is None else env
+    if env.get("TESSERA_HOME"):
+        return Path(env["TESSERA_HOME"]).expanduser()
+    data = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser() / "tessera" / name
 
 
 def model_cache_dir() -> Path:

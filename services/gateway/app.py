@@ -111,7 +111,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.deployments = deployments
     app.state.key_prefix = settings.key_prefix  # the model registry's keys
     install_errors(app)
-    install_limits(app, settings)
+    install_limits(app, settings, registry)
     app.include_router(openai_router(settings))
     app.include_router(anthropic_router())
     app.include_router(ollama_router())

@@ -27,6 +27,9 @@ class GatewaySettings(ServiceSettings):
     #: `tessera up` sets for a cluster on this machine; started any other way without keys,
     #: the gateway refuses to start.
     api_keys: list[str] = Field(default_factory=list)
+    #: A cluster home's keys (names and digests, ``libs/runtime/api_keys.py``), read again when
+    #: it changes: ``tessera keys create`` and ``revoke`` take effect without a restart.
+    keys_file: Path | None = None
     auth: Literal["keys", "off"] = "keys"
     #: HTTPS: a certificate and its private key (PEM); both or neither.
     tls_certfile: Path | None = None
@@ -42,7 +45,9 @@ class GatewaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _locked(self) -> GatewaySettings:
-        if self.auth == "keys" and not self.api_keys:
+        if self.auth == "off":
+            self.api_keys, self.keys_file = [], None
+        if self.auth == "keys" and not self.api_keys and self.keys_file is None:
             raise ValueError(
                 "no API keys: set TESSERA_GATEWAY_API_KEYS='[\"…\"]', or "
                 "TESSERA_GATEWAY_AUTH=off for a gateway only you can reach"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.contracts import (
@@ -47,6 +48,8 @@ class DeploymentLog:
     def __init__(self, bus: Bus, deployer: Deployer, metrics: SchedulerMetrics, term: str) -> None:
         self.bus, self.deployer, self.metrics = bus, deployer, metrics
         self.book = DeploymentBook(term=term)
+        #: Restored plans whose tasks wait to go out again: their epoch, and until when.
+        self.waiting: dict[str, tuple[int, float]] = {}
 
     def restore(self, book: DeploymentBook) -> None:
         """Start from a checkpoint's book (numbered on under this leader's term)."""
@@ -115,17 +118,36 @@ class DeploymentLog:
     async def publish_snapshot(self, now: float) -> None:
         await self.bus.publish(DEPLOYMENTS_SNAPSHOT, self.book.snapshot(now))
 
-    async def resend(self, now: float, epochs: dict[str, int] | None = None) -> None:
-        """After a restart: the load tasks of every live plan go out again, so workers
-        report (reports sent while no scheduler led were lost; a worker that serves the
-        shard answers ``loaded`` again, one that dropped it since the checkpoint loads it);
-        with ``epochs``, only those of deployments still at the epoch it gives."""
+    def await_devices(self, epochs: dict[str, int], until: float) -> None:
+        """After a restart: each live plan of ``epochs`` (its deployment's epoch at the
+        restore) waits, until ``until``, for its devices to announce again (``resend``)."""
+        self.waiting = {d: (epoch, until) for d, epoch in epochs.items()}
+
+    async def resend(self, now: float, announced: Callable[[str], bool]) -> None:
+        """The load tasks of each waiting plan go out again once every device of its route
+        ``announced`` since the restart (so the tasks carry the addresses their workers have
+        now: after a whole cluster's restart they are not the checkpoint's), or when its wait
+        ends. Workers report again (reports sent while no scheduler led were lost; a worker
+        that serves the shard answers ``loaded`` again, one that dropped it loads it). A plan
+        re-planned meanwhile waits no more: its new tasks went out."""
         for deployment in self.book.live():
-            if epochs is None or epochs.get(deployment.deployment_id) == deployment.epoch:
-                tasks = self.deployer.shard_tasks(deployment, "load", now)
-                await asyncio.gather(
-                    *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
-                )
+            held = self.waiting.get(deployment.deployment_id)
+            if held is None:
+                continue
+            epoch, until = held
+            ready = all(announced(d) for d in deployment.route) or now >= until
+            if deployment.epoch == epoch and not ready:
+                continue
+            del self.waiting[deployment.deployment_id]
+            if deployment.epoch != epoch:
+                continue
+            self.deployer.heard_plan(deployment, now)  # its silence counts from now
+            tasks = self.deployer.shard_tasks(deployment, "load", now)
+            await asyncio.gather(
+                *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
+            )
+        live = {d.deployment_id for d in self.book.live()}
+        self.waiting = {d: held for d, held in self.waiting.items() if d in live}
 
     async def unload_stale(self, status: ShardStatus, now: float) -> None:
         """Tell a worker still holding a re-planned epoch to drop it (once)."""

@@ -18,7 +18,6 @@ hints), ``Checkpointer`` (snapshots stored by a writer).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
@@ -58,6 +57,7 @@ from services.scheduler.loop import CommandLoop
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.mode_keeper import ModeKeeper
 from services.scheduler.planning import Planner
+from services.scheduler.restart import reconcile
 from services.scheduler.routing import Router
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.state import Pending, TaskState
@@ -143,26 +143,16 @@ class Scheduler:
             await self.bus.subscribe(DEVICE_RECOVERED, self.on_recovered, rejected=rejected),
             await self.bus.subscribe(SHARD_STATUS, self.on_shard_status, rejected=rejected),
         ]
-        # Reconcile with live telemetry: devices gone since the checkpoint count as failed;
-        # plans still loading are sent again, as their workers' reports may have been lost.
-        known = set(self.view.rows)
-        gone = {
-            device
-            for deployment in self.book
-            for device in deployment.route
-            if device not in known or device in self.view.failed
-        }
-        for device_id in sorted(gone):
-            self.loop.post(functools.partial(self._fail, device_id), "reconcile")
-        epochs = {d.deployment_id: d.epoch for d in self.book}
-
-        async def resume() -> None:
-            now = self.clock()
-            self.deployer.restored(self.book, now)
-            await self.log.resend(now, epochs)  # the plans not re-planned just now
-            await self.log.publish_snapshot(now)
-
-        self.loop.post(resume, "resume")
+        await reconcile(
+            self.view,
+            self.log,
+            self.loop,
+            self.bus,
+            self.background,
+            self._fail,
+            self.clock,
+            self.settings.resume_wait_s,
+        )
         self.background.every(
             SNAPSHOT_EVERY_S,
             lambda: self.loop.call(lambda: self.log.publish_snapshot(self.clock()), "snapshot"),

@@ -19,6 +19,9 @@ class SchedulerSettings(ServiceSettings):
     cycle_ms: int = Field(200, ge=100, le=500)
     #: Scheduler state is checkpointed this often (every 10 minutes) and at shutdown.
     checkpoint_interval_s: float = Field(600.0, gt=0)
+    #: After a restart, how long a restored plan's tasks wait for its devices to announce
+    #: again before they go out anyway (a device that stays silent is then failed as usual).
+    resume_wait_s: float = Field(60.0, ge=0)
     checkpoints_kept: int = Field(5, ge=1, le=100)
     #: How often the cluster's throughput and tokens/J are measured for mode switching.
     mode_eval_s: float = Field(10.0, gt=0)

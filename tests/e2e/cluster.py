@@ -42,7 +42,8 @@ def alive(pid: int) -> bool:
 
 
 class RunningCluster:
-    """``tessera up`` in a subprocess (``python -m libs.cli.main up``), its output kept."""
+    """``tessera up`` in a subprocess (``python -m libs.cli.main up``), its output kept. Its
+    home is ``home``, else a new temporary folder (each test's cluster starts new)."""
 
     def __init__(
         self,
@@ -50,10 +51,14 @@ class RunningCluster:
         devices: int = 0,
         env: dict[str, str] | None = None,
         prefix: Sequence[str] = (),
+        home: Path | None = None,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.run_file = Path(tempfile.mkdtemp()) / "cluster.json"
+        self.home = home or Path(tempfile.mkdtemp(prefix="tessera-home-"))
         env = {
+            "TESSERA_HOME": str(self.home),
             "TESSERA_GATEWAY_PORT": str(self.port),
             "TESSERA_RUN_FILE": str(self.run_file),
             "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),

@@ -41,6 +41,7 @@ README_GATEWAY = "127.0.0.1:8000"
 README_ADDRESS = "192.168.1.20"
 STEPS = ("Start it", "Chat through any OpenAI client", "Open the dashboard")
 OWN_MODEL, SECOND_MACHINE = "Add and deploy your own model", "Join a second machine"
+RESTART = "Stop it and start it again"
 
 
 def tour() -> dict[str, str]:
@@ -84,7 +85,7 @@ KNOWN = re.compile(
 
 def test_the_tour_shows_only_commands_this_test_runs() -> None:
     steps = tour()
-    assert list(steps) == [*STEPS, OWN_MODEL, SECOND_MACHINE]
+    assert list(steps) == [*STEPS, OWN_MODEL, RESTART, SECOND_MACHINE]
     every = [command for body in steps.values() for command in commands(body)]
     assert [c for c in every if not KNOWN.fullmatch(c)] == []
     recipe = (ROOT / "Makefile").read_text().split("\nup:", 1)[1].split("\n\n", 1)[0]
@@ -136,7 +137,10 @@ def one_machine() -> Iterator[RunningCluster]:
 
 
 class TestOnOneMachine:
-    """Steps 1–4 on the cluster `make up` starts (stopped before the second machine's step)."""
+    """Steps 1–5 on the cluster `make up` starts, then on the same home started again."""
+
+    #: What the own model said, greedily, before the restart.
+    said_before: str = ""
 
     def test_start_chat_and_open_the_dashboard(
         self, one_machine: RunningCluster, tmp_path: Path
@@ -181,6 +185,42 @@ class TestOnOneMachine:
         assert name in [model.id for model in client.models.list()]
         reply = client.completions.create(model=name, prompt="Hello", max_tokens=4)
         assert reply.model == name and reply.choices[0].finish_reason in ("stop", "length")
+        TestOnOneMachine.said_before = greedy(client, name)
+
+    def test_stop_it_and_start_it_again(self, one_machine: RunningCluster, tmp_path: Path) -> None:
+        """SIGTERM, then `make up` on the same home: the own model is listed, answers the same
+        greedy text once `ready` is printed (its deployment named there), and the token is
+        the same."""
+        start_again, listed = commands(tour()[RESTART])
+        name = commands(tour()[OWN_MODEL])[1].split()[-1]
+        assert TestOnOneMachine.said_before, "the own model's step did not run"
+        token = json.loads((one_machine.home / "access.json").read_text())["passwords"]["join"]
+        one_machine.stop()
+        again = RunningCluster(
+            *up_args(start_again),
+            devices=int(LauncherSettings.model_fields["devices"].default),
+            home=one_machine.home,
+            port=one_machine.port,
+        )
+        try:
+            ready = again.wait_for("ready:", 300)
+            restored = re.search(r"\(restored: (.*)\)", ready)
+            assert restored, ready
+            placed = httpx.get(f"{again.base_url}/v1/cluster/placements", timeout=10).json()
+            own = [p["deployment_id"] for p in placed if p["model"] == name]
+            assert own and own[0] in restored.group(1), (own, ready)
+            assert name in run(listed, again, tmp_path)
+            client = openai.OpenAI(base_url=f"{again.base_url}/v1", api_key="-")
+            assert greedy(client, name) == TestOnOneMachine.said_before
+            kept = json.loads((again.home / "access.json").read_text())["passwords"]["join"]
+            assert kept == token
+        finally:
+            again.stop()
+
+
+def greedy(client: openai.OpenAI, model: str) -> str:
+    reply = client.completions.create(model=model, prompt="Hello", max_tokens=8, temperature=0)
+    return reply.choices[0].text or ""
 
 
 def test_join_a_second_machine(tmp_path: Path) -> None:

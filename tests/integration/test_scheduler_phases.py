@@ -242,7 +242,8 @@ async def test_progress_is_published_and_it_serves_only_once_every_shard_is_load
     assert not early.placed and "not_serving" in (early.reason or "")
     second = max(pending.assignments, key=lambda a: a.shard_index)
     await workers.start(setup.uid)  # the workers take their tasks now
-    await service.loop.call(lambda: service.log.resend(NOW), "resend")
+    service.log.await_devices({d.deployment_id: d.epoch for d in service.book}, NOW)
+    await service.loop.call(lambda: service.log.resend(NOW, lambda device: True), "resend")
     await wait_until(lambda: any(s.progress == 0.75 for s in setup.statuses), 10)
     assert setup.phase(service, "d") == "loading"
     assert not (await setup.route("d", 1)).placed
@@ -358,7 +359,8 @@ async def test_a_restarted_scheduler_keeps_each_deployments_phase(setup: Setup) 
     await service.stop()
     setup.services.remove(service)
     sent = len(workers.tasks)
-    again = await setup.scheduler()
+    # No agent answers this test's announce request: the plan waits 0.5 s for its devices.
+    again = await setup.scheduler(resume_wait_s=0.5)
     assert setup.phase(again, "gone") == "refused" and setup.phase(again, "half") == "loading"
     assert REASON in (again.book.by_id[f"{setup.uid}gone"].reason or "")
     # The plan still loading is sent again (its workers' reports may have been lost).

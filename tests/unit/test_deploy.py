@@ -92,9 +92,12 @@ def test_alertmanager_config_is_valid() -> None:
 
 
 def test_tessera_access_writes_every_credential_compose_asks_for(tmp_path: Path) -> None:
-    from libs.cluster.access import COMPOSE_DEVICES, AccessControl, service_grants
+    from libs.cluster.access import AccessControl, service_grants
+    from libs.cluster.compose_access import COMPOSE_DEVICES, write_compose
 
-    env = AccessControl(list(COMPOSE_DEVICES)).write_compose(tmp_path, [*service_grants(), "admin"])
+    env = write_compose(
+        AccessControl(list(COMPOSE_DEVICES)), tmp_path, [*service_grants(), "admin"]
+    )
     defined = {line.split("=", 1)[0] for line in env.read_text().splitlines()}
     asked = set(
         re.findall(
@@ -111,9 +114,10 @@ def test_tessera_access_writes_every_credential_compose_asks_for(tmp_path: Path)
 def test_tessera_access_for_three_nats_servers_routes_the_compose_profiles_servers(
     tmp_path: Path,
 ) -> None:
-    from libs.cluster.access import COMPOSE_DEVICES, AccessControl
+    from libs.cluster.access import AccessControl
+    from libs.cluster.compose_access import COMPOSE_DEVICES, write_compose
 
-    env = AccessControl(list(COMPOSE_DEVICES)).write_compose(tmp_path, ["scorer"], nats_servers=3)
+    env = write_compose(AccessControl(list(COMPOSE_DEVICES)), tmp_path, ["scorer"], nats_servers=3)
     cluster = json.loads((tmp_path / "nats.conf").read_text())["cluster"]
     servers = ["nats", "nats-2", "nats-3"]
     assert cluster["routes"] == [f"nats://{s}:6222" for s in servers]

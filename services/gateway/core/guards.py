@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry, Counter
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.core.errors import ApiError, error_response
+from services.gateway.core.keyring import KeyRing
 from services.gateway.core.rates import RateLimiter
 from services.gateway.settings import GatewaySettings
 
@@ -119,9 +120,9 @@ class Limits:
     Anthropic's, Ollama's) before anything else runs. Plain ASGI, not ``@app.middleware``:
     that wraps every response in a task and a memory stream, a hop per streamed token."""
 
-    def __init__(self, app: ASGIApp, settings: GatewaySettings) -> None:
-        self.app, self.settings = app, settings
-        self.keys = [k.encode() for k in settings.api_keys]
+    def __init__(self, app: ASGIApp, settings: GatewaySettings, by_key: Counter) -> None:
+        self.app, self.settings, self.by_key = app, settings, by_key
+        self.keys = KeyRing(settings.api_keys, settings.keys_file)
         self.rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,15 +138,15 @@ class Limits:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if "x-api-key" in headers:  # Anthropic's clients send the key so
             scheme, token = "bearer", headers["x-api-key"]
-        if self.keys and (
-            scheme.lower() != "bearer"
-            or not any(secrets.compare_digest(token.encode(), k) for k in self.keys)
-        ):
+        name = self.keys.name_of(token) if scheme.lower() == "bearer" else None
+        if self.keys.required and name is None:
             return error_response(
                 401, "missing or invalid API key", "authentication_error", "invalid_api_key"
             )
+        if name is not None:
+            self.by_key.labels(name).inc()  # the key's name, never the key
         address = scope.get("client")
-        client = token if self.keys else (address[0] if address else "")
+        client = name if name is not None else (address[0] if address else "")
         wait = self.rates.take(client)
         if wait > 0:
             settings = self.settings
@@ -160,7 +161,13 @@ class Limits:
         return None
 
 
-def install_limits(app: FastAPI, settings: GatewaySettings) -> None:
+def install_limits(app: FastAPI, settings: GatewaySettings, registry: CollectorRegistry) -> None:
+    by_key = Counter(
+        "tessera_gateway_key_requests",
+        "API requests accepted, by the name of the key that made them",
+        ["key"],
+        registry=registry,
+    )
     # Added first, so it runs inside the key and rate checks (they answer first).
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(Limits, settings=settings)
+    app.add_middleware(Limits, settings=settings, by_key=by_key)

@@ -1,0 +1,50 @@
+"""The users and passwords of a ``docker compose`` stack (``tessera access``): the files the
+stack's NATS, Redis and services read, with the grants of ``libs/cluster/access.py``."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+from libs.cluster.access import REDIS_USERS, AccessControl
+
+#: The worker devices of docker-compose.yml (the last one in its `gpu` profile).
+COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
+
+
+def write_compose(
+    access: AccessControl, folder: Path, services: list[str], nats_servers: int = 1
+) -> Path:
+    """Files for ``docker compose``: nats.conf, users.acl and access.env (every service's
+    URLs with its credentials and an API key for the gateway, for ``docker compose
+    --env-file``). Returns the env file. ``nats_servers`` 3: the compose profile
+    ``nats-cluster`` (``nats``, ``nats-2``, ``nats-3`` routed into one cluster; the
+    services are given all three)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["nats", *(f"nats-{i}" for i in range(2, nats_servers + 1))]
+    config = access.nats_config()
+    if nats_servers > 1:  # the same file for every member; a route to itself is skipped
+        routes = [f"nats://{name}:6222" for name in names]
+        config["cluster"] = {"name": "tessera", "listen": "0.0.0.0:6222", "routes": routes}
+    (folder / "nats.conf").write_text(json.dumps(config, indent=2))
+    acl = folder / "users.acl"
+    acl.write_text("".join(f"user {rule}\n" for rule in access.redis_acl()))
+    lines = [
+        f"TESSERA_REDIS_ADMIN_PASSWORD={access.passwords['admin']}",
+        f"TESSERA_API_KEY={secrets.token_urlsafe(24)}",  # the gateway's, for its users
+    ]
+    for name in [*services, *access.devices]:
+        key = name.upper().replace("-", "_")
+        servers = ",".join(f"nats://{n}:4222" for n in names)
+        lines.append(f"TESSERA_NATS_URL_{key}={access.nats_url(servers, name)}")
+        if name in REDIS_USERS:
+            db = 1 if name == "batch" else 0
+            url = access.redis_url(f"redis://redis:6379/{db}", name)
+            lines.append(f"TESSERA_REDIS_URL_{key}={url}")
+    env = folder / "access.env"
+    env.write_text("\n".join(lines) + "\n")
+    env.chmod(0o600)  # read by `docker compose` only
+    for mounted in (folder / "nats.conf", acl):  # read inside the containers' own users
+        mounted.chmod(0o644)
+    return env

@@ -1,0 +1,67 @@
+"""``make deps`` touches only what it installs: with a package missing it installs it (here
+through a stand-in ``apt-get``, as nothing may be installed by a test), keeps a service the
+package would start from starting (policy-rc.d, for the install only), and leaves a Redis that
+was running, running. ``make up`` needs only ``deps``; the browser and Alertmanager come with
+``deps-test``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import redis
+
+from libs.cluster.servers import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+#: What ``deps`` looks for; ``socat`` is left out of the test's PATH, so it is "missing".
+PRESENT = ("redis-server", "cmake", "ninja", "g++", "id", "tee", "chmod", "rm", "printf")
+
+
+def stand_in(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_make_deps_installs_what_is_missing_and_stops_nothing(tmp_path: Path) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for name in PRESENT:
+        found = shutil.which(name)
+        assert found, f"{name} is needed (make deps installs it)"
+        (bin_dir / name).symlink_to(found)
+    policy = tmp_path / "policy-rc.d"
+    # apt-get records its arguments and whether services were held back while it ran.
+    held = f'$([[ -e {policy} && "$(<{policy})" == *"exit 101"* ]] && echo held)'
+    stand_in(bin_dir, "apt-get", f'echo "apt-get $* services={held}" >> {log}')
+    for name in ("systemctl", "service", "invoke-rc.d"):
+        stand_in(bin_dir, name, f'echo "{name} $*" >> {log}')
+    make = shutil.which("make")
+    assert make
+    with RedisServer() as running:  # a Redis the user already runs
+        # The Makefile's own recipe, with only the stand-ins and the tools above on its PATH.
+        done = os.system(
+            f"cd {ROOT} && env PATH={bin_dir} {make} --no-print-directory deps "
+            f"POLICY_RC={policy} > {tmp_path / 'out'} 2>&1"
+        )
+        said = (tmp_path / "out").read_text()
+        assert done == 0, said
+        calls = log.read_text().splitlines()
+        assert "installing Debian packages: socat" in said
+        assert any(c.startswith("apt-get install") and "socat" in c for c in calls), calls
+        assert all("services=held" in c for c in calls if c.startswith("apt-get")), calls
+        assert not [c for c in calls if not c.startswith("apt-get")], calls  # nothing stopped
+        assert not policy.exists()  # held back for the install only
+        assert redis.Redis(port=running.port).ping()
+
+
+def test_make_up_needs_no_browser_or_alertmanager() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    deps = makefile.split("\ndeps:\n", 1)[1].split("\n\n", 1)[0]
+    assert "chromium" not in deps and "alertmanager" not in deps and "prometheus" not in deps
+    up = makefile.split("\nup:", 1)[1].split("\n", 1)[0]
+    assert "deps-test" not in up
+    assert "systemctl" not in makefile
