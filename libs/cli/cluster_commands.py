@@ -1,5 +1,6 @@
 """The commands that start, join and guard a cluster: ``tessera up``, ``join``, ``token
-rotate``, ``revoke`` and ``access`` (the users and passwords for ``docker compose``).
+rotate``, ``revoke``, ``access`` (the users and passwords for ``docker compose``), ``reset``
+and ``keys``.
 
 Each is a plain function; ``libs/cli/main.py`` registers it on the ``tessera`` app (the
 ``token`` group, ``token_app``, is built here).
@@ -98,6 +99,13 @@ def up(
         bool,
         typer.Option("--fresh", help="Start over: delete what the home holds (each item said)."),
     ] = False,
+    restart: Annotated[
+        str,
+        typer.Option(
+            help="on-failure: a service that exits is started again, with backoff (`tessera "
+            "status` shows restarts); no: one that exits stops the cluster.",
+        ),
+    ] = "on-failure",
     open_lan: Annotated[
         bool,
         typer.Option(
@@ -119,6 +127,8 @@ def up(
             "two servers lose JetStream's quorum when one goes: use 1, or 3 or more",
             param_hint="--nats-servers",
         )
+    if restart not in ("on-failure", "no"):
+        raise typer.BadParameter(f"{restart!r}: on-failure or no", param_hint="--restart")
     try:
         settings = LauncherSettings()
     except ValidationError as exc:  # say what is wrong in one line per setting
@@ -150,6 +160,7 @@ def up(
         home=home or default_home(),
         fresh=fresh,
         open_lan=open_lan,
+        restart=restart == "on-failure",
     )
     if deploy:
         options = dataclasses.replace(options, deploy=tuple(deploy))

@@ -17,6 +17,7 @@ from libs.cli.cluster_commands import access, join, keys_app, reset, revoke, tok
 from libs.cli.model_commands import models_app
 from libs.cli.scheduling_commands import deploy, mode, placements, preview
 from libs.cli.simulate_commands import simulate_app
+from libs.cli.status import status
 from libs.runtime.settings import LauncherSettings
 
 app = typer.Typer(
@@ -102,6 +103,7 @@ app.add_typer(simulate_app, name="simulate")
 app.add_typer(models_app, name="models")
 app.command()(chat)
 app.command()(access)
+app.command()(status)
 app.command()(reset)
 app.add_typer(keys_app, name="keys")
 app.command()(version)

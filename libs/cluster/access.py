@@ -25,9 +25,10 @@ The **services** (``service_grants``):
 - ``scorer``: scores, device failed/recovered and announce requests out; announces,
   telemetry, leaving and mode changes in. No JetStream.
 - ``scheduler``: placements, deployment status, shard tasks (into the work stream), hints,
-  mode changes, checkpoints and announce requests (when it starts) out; placement requests, scores, device events and shard
-  status in. It is the cluster's JetStream administrator: it creates the streams and its
-  key-value buckets (leader lease, checkpoints) and reads and writes them, so it keeps
+  mode changes, checkpoints and announce requests (when it starts) out; placement
+  requests, scores, device events and shard status in. It is the cluster's JetStream
+  administrator: it creates the streams and its key-value buckets (leader lease,
+  checkpoints) and reads and writes them, so it keeps
   ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``). Removing a model
   (``DELETE /models/NAME``) removes its weights from the object store: it may write an
   object's meta (the deletion marker, ``MODEL_DELETE``) and purge its chunks (``$JS.API``),

@@ -86,8 +86,10 @@ class Cluster:
         #: kept in the home (joined hosts' certificates stay valid), else beside the NATS users.
         self.rpc_ca = self._rpc_ca() if options.access and options.listen else None
         self.children: list[ServiceProcess] = []
-        #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``).
+        #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``),
+        #: and what it holds.
         self.run_lock: int | None = None
+        self.run_contents: dict[str, object] = {}
         self.colours: dict[str, str] = {}
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
@@ -354,24 +356,28 @@ class Cluster:
         self.options.run_file, self.run_lock = runfile.claim(self.options.run_file)
         url = f"http://{self.options.gateway_host}:{self.options.gateway_port}"
         admin = self.urls("admin")
-        runfile.write(
-            self.run_lock,
-            {
-                "nats_url": admin["nats"],
-                "nats_ca": str(self.options.nats_ca) if self.options.nats_ca else None,
-                "redis_url": admin["redis"],
-                "gateway_url": url,
-                "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
-                "metrics": self.metrics_targets(),
-                "pid": os.getpid(),
-            },
-        )
+        self.run_contents = {
+            "nats_url": admin["nats"],
+            "nats_ca": str(self.options.nats_ca) if self.options.nats_ca else None,
+            "redis_url": admin["redis"],
+            "gateway_url": url,
+            "scheduler_url": f"http://127.0.0.1:{self.options.scheduler_port}",
+            "metrics": self.metrics_targets(),
+            "pid": os.getpid(),
+        }
+        runfile.write(self.run_lock, self.run_contents)
         write_prometheus_config(
             self.options.run_file.with_name(
                 self.options.run_file.stem.replace("cluster", "prometheus") + ".yml"
             ),
             self.metrics_targets(),
         )
+
+    def record_services(self, services: dict[str, dict[str, object]]) -> None:
+        """What each service is doing (running, restarting, failed), for ``tessera status``."""
+        if self.run_lock is not None:
+            self.run_contents["services"] = services
+            runfile.write(self.run_lock, self.run_contents)
 
     def metrics_targets(self) -> dict[str, str]:
         """host:port of every service's /metrics."""

@@ -3,9 +3,11 @@
 Prints one ``ready`` line once every service is up and every deployed model serves (its
 workers said so; their loading progress is printed meanwhile, a refusal with its reasons) and
 has answered a request through the gateway (so the first user request finds its shards loaded
-and warm, not a placement still on its way). A service that exits is reported and brings the
-cluster down (nothing is restarted silently), except a worker: a worker is a device, and losing
-one is a failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the servers.
+and warm, not a placement still on its way). A service that exits is started again, said on the
+console and kept in the run file for ``tessera status`` (``supervise``); with ``--restart no``
+one that exits brings the cluster down instead, except a worker: a worker is a device, and
+losing one is a failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the
+servers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.console import Console
 
 from libs.cluster.child_output import exit_text
 from libs.cluster.launcher import Cluster
+from libs.cluster.supervision import BURST, WINDOW_S, ServiceState, Supervisor
 from libs.cluster.up_options import StartRefused, UpOptions
 
 
@@ -214,6 +217,37 @@ def first_answer(
     return True, f"{model} answered in {time.monotonic() - started:.1f} s"
 
 
+def supervise(cluster: Cluster) -> None:
+    """Start each service that exits again (``libs/cluster/supervision.py``: backoff, and
+    marked failed when it keeps crashing); what each is doing is in the run file, for
+    ``tessera status``. Returns only by Ctrl-C or SIGTERM (``KeyboardInterrupt``)."""
+    supervisor = Supervisor({c.name: ServiceState() for c in cluster.children})
+    cluster.record_services(supervisor.report())
+    while True:
+        for child in list(cluster.children):
+            if child.alive or supervisor.failed(child.name):
+                continue
+            how = exit_text(child.returncode)
+            delay = supervisor.exited(child.name, how, time.monotonic())
+            cluster.record_services(supervisor.report())
+            if delay is None:
+                said = f"{child.name} {how}, {BURST} restarts in {WINDOW_S:.0f} s: marked failed"
+                cluster.say("cluster", f"{said}; the rest goes on (`tessera status`)", "bold red")
+                continue
+            cluster.say(
+                "cluster", f"{child.name} {how}; restarting it in {delay:.1f} s", "bold yellow"
+            )
+            time.sleep(delay)
+            started = time.monotonic()
+            back = cluster.respawn(child.name)
+            supervisor.restarted(child.name, time.monotonic())
+            cluster.record_services(supervisor.report())
+            took = time.monotonic() - started
+            if back:
+                cluster.say("cluster", f"{child.name} back after {took:.1f} s", "white")
+        time.sleep(0.2)
+
+
 def run_cluster(options: UpOptions, console: Console | None = None) -> int:
     """Run until Ctrl-C/SIGTERM (exit 0) or until a service dies (exit 1)."""
     try:
@@ -271,6 +305,8 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         else:
             back = f" (restored: {', '.join(restored)})" if restored else ""
             cluster.say("cluster", f"ready: {names}; {where}{back}", "bold green")
+        if options.restart:
+            supervise(cluster)  # until Ctrl-C or SIGTERM
         lost: set[str] = set()
         while True:
             for worker in cluster.exited_workers() - lost:

@@ -62,6 +62,9 @@ class UpOptions:
     fresh: bool = False
     #: A gateway reachable from the LAN with no API key (``--open``): said at every start.
     open_lan: bool = False
+    #: Start a service that exits again (``libs/cluster/supervision.py``); False: one that
+    #: exits stops the cluster (a worker's device is lost instead).
+    restart: bool = True
 
 
 class StartRefused(RuntimeError):

@@ -38,6 +38,7 @@ def cluster() -> Iterator[RunningCluster]:
     running = RunningCluster(
         "--workers",
         "2",
+        *("--restart", "no"),  # the killed worker stays failed, as the page is to show
         devices=2,
         env={
             "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',

@@ -39,6 +39,7 @@ def cluster() -> Iterator[RunningCluster]:
         "llamacpp",
         "--workers",
         "3",
+        *("--restart", "no"),  # a killed worker stays gone: these tests are about its loss
         env={
             "TESSERA_GATEWAY_API_KEYS": f'["{KEY}"]',
             "TESSERA_GATEWAY_MAX_CONCURRENT": "2",
