@@ -104,6 +104,7 @@ def start_cluster(
         "TESSERA_GATEWAY_PORT": str(port),
         "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
         "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
+        "TESSERA_HOME": tempfile.mkdtemp(prefix="tessera-home-"),  # a new cluster each run
     }
     argv = ["-m", "libs.cli.main", "up"] + ([] if workers is None else ["--workers", str(workers)])
     ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731
@@ -177,7 +178,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     # llama.cpp's GGUF with 8 slots' f16 KV cache counts 0.72 GB whole, 0.50 a half: 0.75 GB.
     engine = choose_cpu_engine(args.engine)[0]
     split, split_url = start_cluster(None, "0.75" if engine == "llamacpp" else "0.55", engine)
-    whole, whole_url = start_cluster(1, None, engine)
+    try:
+        whole, whole_url = start_cluster(1, None, engine)
+    except RuntimeError:
+        split.stop(timeout_s=30)  # nothing left running by a benchmark that failed
+        raise
     await vllm.start()
     servers: list[EngineServer] = [vllm]
     urls = {"tessera_split": split_url, "tessera_whole": whole_url, "vllm_direct": f"{vllm.url}/v1"}

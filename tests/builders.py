@@ -71,8 +71,8 @@ from libs.contracts import (
     WeightsProgress,
     WeightsWant,
 )
-from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER
-from libs.contracts.control import DeviceRevocation, RevocationAnswer
+from libs.contracts.channels import DEVICE_REVOKE, REVOKE_ANSWER, SERVICE_RESTART
+from libs.contracts.control import DeviceRevocation, RevocationAnswer, ServiceRestarted
 from libs.core.model import Device, Task
 
 NOW = 1_700_000_000.0
@@ -348,6 +348,13 @@ def sample_messages(
         (TOKEN_ANSWER, TokenAnswer(token="t" * 24), {}),
         (DEVICE_REVOKE, DeviceRevocation(device_id=device_id, ts=NOW), {}),
         (REVOKE_ANSWER, RevocationAnswer(device_id=device_id), {}),
+        (
+            SERVICE_RESTART,
+            ServiceRestarted(
+                service="scorer", how="stopped by SIGKILL", restarts=1, state="running", ts=NOW
+            ),
+            {"service": "scorer"},
+        ),
         (
             WEIGHTS_PROGRESS,
             WeightsProgress(

@@ -38,13 +38,15 @@ class HostAgent:
         return self.device.sample(self.seq, time.time(), self.rng)
 
     async def run(self, stop: asyncio.Event) -> None:
-        announce = self.device.announce(time.time(), self.interval_s)
-
-        async def again(request: AnnounceRequest, msg: Delivery) -> None:
+        async def again(
+            request: AnnounceRequest | None = None, msg: Delivery | None = None
+        ) -> None:
+            # Dated now: a restarted scheduler waits for announces made since it started.
+            announce = self.device.announce(time.time(), self.interval_s)
             await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
 
         await self.bus.subscribe(ANNOUNCE_REQUEST, again)
-        await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
+        await again()
         while not stop.is_set():
             sample = await self.sample()
             await self.bus.publish(TELEMETRY, sample, device_id=self.device_id)

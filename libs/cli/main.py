@@ -16,6 +16,7 @@ import typer
 from libs.cli.cluster_commands import access, join, keys_app, reset, revoke, token_app, up
 from libs.cli.model_commands import models_app
 from libs.cli.scheduling_commands import deploy, mode, placements, preview
+from libs.cli.service_unit import service_app
 from libs.cli.simulate_commands import simulate_app
 from libs.cli.status import status
 from libs.runtime.settings import LauncherSettings
@@ -106,6 +107,7 @@ app.command()(access)
 app.command()(status)
 app.command()(reset)
 app.add_typer(keys_app, name="keys")
+app.add_typer(service_app, name="service")
 app.command()(version)
 
 

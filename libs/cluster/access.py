@@ -37,7 +37,7 @@ The **services** (``service_grants``):
   add-shipped``): writes the model weights' object store (``MODEL_WRITE``), nothing else.
 - ``gateway``: placement requests, generation requests and cancels out; every token chunk
   (filtered by route), placements, device events, scores, deployment status, weights progress
-  (the event feed's bars) and mode changes in. No JetStream.
+  (the event feed's bars), mode changes and service restarts in. No JetStream.
 - ``batch``: placement requests and decisions in (it watches). No JetStream.
 - ``join``: the join token's user: may only ask to join (``JOIN``, never read it: the request
   carries the joining device's password) and read its own replies (every join answer, none
@@ -74,6 +74,7 @@ from libs.contracts import (
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
     SCORE,
+    SERVICE_RESTART,
     SHARD_STATUS,
     SHARD_TASK,
     TELEMETRY,
@@ -210,6 +211,7 @@ def service_grants() -> dict[str, Grant]:
                 DEPLOYMENTS_SNAPSHOT.wildcard,
                 WEIGHTS_PROGRESS.wildcard,  # the feed's weights progress bars
                 MODE_CHANGE.wildcard,
+                SERVICE_RESTART.wildcard,  # the feed's restarts, and their metric
                 ANNOUNCE_REQUEST.wildcard,
             ),
         ),

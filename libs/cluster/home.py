@@ -11,6 +11,7 @@ What it holds (``Home``'s properties name each):
 - ``keys.json``: the gateway's API keys, each by name, stored hashed (``libs/runtime/api_keys.py``);
 - ``settings.json``: what the cluster keeps of its own settings: the NATS port joined hosts
   reconnect to;
+- ``logs/access.log``: the gateway's access log (each request's key by name, never the key);
 - ``version``: the layout's version. A home of a newer layout is refused, never overwritten.
 
 One ``tessera up`` per home: it holds ``lock`` (an ``flock``, dropped by the kernel however the
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.cluster.up_options import StartRefused
+from libs.cluster.up_options import StartRefused, choose_port
 
 #: The layout this version writes; ``MIGRATIONS`` bring an older one up to it.
 VERSION = 1
@@ -89,6 +90,17 @@ class Home:
         part = self.settings_file.with_name(".settings.json.part")
         part.write_text(json.dumps({**self.settings(), **changes}, indent=2))
         part.replace(self.settings_file)
+
+    def nats_port(self, listen: str) -> tuple[int, str | None]:
+        """NATS's port on ``listen``: the one of the last run when it is free (joined hosts
+        reconnect there), else 4222 when free, else any, kept for the next run; and what to
+        say when the kept one was taken."""
+        kept = self.settings().get("nats_port")
+        port = choose_port(listen, kept or 4222)
+        self.keep(nats_port=port)
+        if kept and port != kept:
+            return port, f"NATS's port {kept} is taken: on {port}, joined hosts must join again"
+        return port, None
 
     @property
     def version_file(self) -> Path:
@@ -187,13 +199,14 @@ class Home:
             self.rpc_ca_dir: "the CA of llama.cpp's RPC certificates",
             self.keys_file: "the gateway's API keys",
             self.settings_file: "the cluster's kept settings (its NATS port)",
+            self.path / "logs": "the gateway's access log",
         }
         return [f"{path}: {what}" for path, what in said.items() if path.exists()]
 
     def wipe(self) -> list[str]:
         """Delete what the home holds (a held lock is kept: the caller holds it); what went."""
         gone = self.contents()
-        for path in (self.nats_dir, self.redis_dir, self.rpc_ca_dir):
+        for path in (self.nats_dir, self.redis_dir, self.rpc_ca_dir, self.path / "logs"):
             shutil.rmtree(path, ignore_errors=True)
         for path in (self.access_file, self.keys_file, self.settings_file, self.version_file):
             path.unlink(missing_ok=True)

@@ -101,14 +101,13 @@ class Cluster:
         }
 
     def _nats_port(self) -> int | None:
-        """With ``--listen``: the port of the home's last run when it is free (joined hosts
-        reconnect there), else 4222 when free, else any; kept in the home. None: any free."""
+        """With ``--listen``: the home's kept port (``Home.nats_port``); None: any free."""
         if not self.options.listen:
             return None
-        kept = self.home.settings().get("nats_port") if self.home else None
-        port = choose_port(self.options.listen, kept or 4222)
-        if self.home is not None:
-            self.home.keep(nats_port=port)
+        if self.home is None:
+            return choose_port(self.options.listen, 4222)
+        port, note = self.home.nats_port(self.options.listen)
+        self.home_notes += [note] if note else []
         return port
 
     def _rpc_ca(self) -> ClusterCA:
@@ -137,6 +136,10 @@ class Cluster:
             TESSERA_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
+        if self.home is not None:
+            env.setdefault(
+                "TESSERA_GATEWAY_ACCESS_LOG", str(self.home.path / "logs" / "access.log")
+            )
         if self.keys_file is not None:  # the home's keys, and this run's own
             env["TESSERA_GATEWAY_KEYS_FILE"] = str(self.keys_file)
             env.setdefault("TESSERA_GATEWAY_API_KEYS", json.dumps([self.run_key]))

@@ -12,6 +12,7 @@ servers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -28,6 +29,9 @@ from libs.cluster.child_output import exit_text
 from libs.cluster.launcher import Cluster
 from libs.cluster.supervision import BURST, WINDOW_S, ServiceState, Supervisor
 from libs.cluster.up_options import StartRefused, UpOptions
+from libs.contracts import SERVICE_RESTART, ServiceRestarted
+from libs.runtime.bus import NatsBus
+from libs.runtime.nats_client import close_nats, connect_nats
 
 
 def post_until_answered(
@@ -233,6 +237,7 @@ def supervise(cluster: Cluster) -> None:
             if delay is None:
                 said = f"{child.name} {how}, {BURST} restarts in {WINDOW_S:.0f} s: marked failed"
                 cluster.say("cluster", f"{said}; the rest goes on (`tessera status`)", "bold red")
+                tell(cluster, child.name, supervisor, "failed")
                 continue
             cluster.say(
                 "cluster", f"{child.name} {how}; restarting it in {delay:.1f} s", "bold yellow"
@@ -245,7 +250,31 @@ def supervise(cluster: Cluster) -> None:
             took = time.monotonic() - started
             if back:
                 cluster.say("cluster", f"{child.name} back after {took:.1f} s", "white")
+                tell(cluster, child.name, supervisor, "running")
         time.sleep(0.2)
+
+
+def tell(cluster: Cluster, name: str, supervisor: Supervisor, state: str) -> None:
+    """Publish a restart (or a service given up on) to the cluster: the dashboard's feed and
+    the gateway's metrics hear it. A cluster that cannot be told is said so, and goes on."""
+    service = supervisor.services[name]
+    event = ServiceRestarted(
+        service=name, how=service.last_exit, restarts=service.restarts, state=state, ts=time.time()
+    )
+
+    async def send() -> None:
+        nc = await connect_nats(
+            cluster.urls("admin")["nats"], "tessera-up", ca_file=cluster.options.nats_ca
+        )
+        try:
+            await NatsBus(nc).publish(SERVICE_RESTART, event, service=name)
+        finally:
+            await close_nats(nc)
+
+    try:
+        asyncio.run(send())
+    except Exception as exc:  # the restart stands; only its telling failed
+        cluster.say("cluster", f"could not tell the cluster of {name}'s restart: {exc!r}", "yellow")
 
 
 def run_cluster(options: UpOptions, console: Console | None = None) -> int:

@@ -22,6 +22,7 @@ from libs.contracts.control import (
     ModeChange,
     RevocationAnswer,
     SchedulerCheckpoint,
+    ServiceRestarted,
     TokenAnswer,
     TokenRotation,
 )
@@ -190,6 +191,10 @@ WEIGHTS_PROGRESS = Channel(
 #: A device asks the holders of a model's file to lend it (``WeightsWant``); each holder
 #: answers on the reply subject (``WeightsOffer``: its lender's address and a one-use ticket).
 WEIGHTS_WANT = Channel("weights_want", "tessera.v1.weights.want.{device_id}", WeightsWant)
+#: ``tessera up`` restarted one of its services, or gave up on it (``ServiceRestarted``).
+SERVICE_RESTART = Channel(
+    "service_restart", "tessera.v1.cluster.service.{service}", ServiceRestarted
+)
 CHECKPOINT = Channel(
     "checkpoint", "tessera.v1.scheduler.checkpoint", SchedulerCheckpoint, stream="TESSERA_STATE"
 )
@@ -222,6 +227,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     TOKEN_ANSWER,
     DEVICE_REVOKE,
     REVOKE_ANSWER,
+    SERVICE_RESTART,
 )  # type: ignore[assignment]
 
 

@@ -93,3 +93,18 @@ class RevocationAnswer(WireModel):
     device_id: DeviceId
     #: Why it was not revoked ("" when it was).
     refused: Annotated[str, Field(max_length=500)] = ""
+
+
+class ServiceRestarted(WireModel):
+    """``tessera up`` started one of its services again after it exited (``state``
+    ``running``), or gave up on one that kept crashing (``failed``): the dashboard's feed
+    shows it, the gateway counts it (``tessera_cluster_service_restarts_total``)."""
+
+    #: The service's name in ``tessera up`` (``scheduler``, ``worker-1``, …).
+    service: DeviceId
+    #: How it ended (``stopped by SIGKILL``, ``exited with code 1``).
+    how: Annotated[str, Field(max_length=200)]
+    #: Restarts since the cluster started.
+    restarts: Annotated[int, Field(ge=0)]
+    state: Literal["running", "failed"]
+    ts: Timestamp

@@ -86,6 +86,7 @@ COUNTED = {
             "mode_change",
             "deployment_event",
             "deployments_snapshot",
+            "service_restart",
         ),
     ),
     "scheduler": (

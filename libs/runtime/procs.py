@@ -52,8 +52,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be listened on at ``host`` now."""
+    """Whether ``port`` can be listened on at ``host`` now, as servers listen (address reuse:
+    the connections of a server just stopped, left in TIME_WAIT, do not hold it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -64,7 +64,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         metrics = GatewayMetrics(registry)
         bus = NatsBus(nc)
         watch = await deployments.watch(bus, metrics.on_rejected)
-        hub = EventHub(app.state.redis, Keys(settings.key_prefix), metrics.recent_ttft)
+        hub = EventHub(
+            app.state.redis,
+            Keys(settings.key_prefix),
+            metrics.recent_ttft,
+            on_restart=metrics.on_restart,
+        )
         deployments.follower.on_change(hub.on_deployments)
         watch += await hub.watch(bus, metrics.on_rejected)
         await nc.flush()  # the server holds our subscriptions before the app serves

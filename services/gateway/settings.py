@@ -31,6 +31,8 @@ class GatewaySettings(ServiceSettings):
     #: it changes: ``tessera keys create`` and ``revoke`` take effect without a restart.
     keys_file: Path | None = None
     auth: Literal["keys", "off"] = "keys"
+    #: A JSON line per API request (its key's name, status, duration); unset: none.
+    access_log: Path | None = None
     #: HTTPS: a certificate and its private key (PEM); both or neither.
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None

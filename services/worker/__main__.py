@@ -29,7 +29,6 @@ from services.worker.rpc.server import RpcServer
 from services.worker.served.llama_worker import LlamaWorker
 from services.worker.served.llama_worker import server_factory as llama_servers
 from services.worker.settings import WorkerSettings
-from services.worker.torch.worker import TorchWorker
 
 log = logging.getLogger("services.worker")
 
@@ -115,10 +114,17 @@ def make_worker(
             device,
             llama_servers(settings),
             rpc,
+            measured_file=settings.cache_dir
+            / "measured"
+            / f"{settings.device_id}-llamacpp-{threads}t.json",
             max_active=settings.max_active,
             park_s=settings.park_s,
             metrics=metrics,
         )
+    # torch and transformers (~2.5 s to import) only for the engine that runs them: a llama.cpp
+    # worker started again by its supervisor is back that much sooner.
+    from services.worker.torch.worker import TorchWorker
+
     return TorchWorker(
         bus,
         device,

@@ -1,6 +1,8 @@
 """Two `tessera up` on one machine, each on its own home: each finds free ports for what was
 not given, the second keeps its own run file, and both reach ready and answer. A third on the
-first's home is refused, naming the first."""
+first's home is refused, naming the first. The second faces the LAN (0.0.0.0): refused with no
+API key, started once its home has one, which the gateway then asks for, logs by name and
+refuses once revoked."""
 
 from __future__ import annotations
 
@@ -10,11 +12,23 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
 
 from libs.runtime.procs import ServiceProcess
+
+
+def tessera(env: dict[str, str], *args: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, " ".join((done.stdout + done.stderr).split())
 
 
 def test_two_clusters_side_by_side_both_reach_ready() -> None:
@@ -29,16 +43,17 @@ def test_two_clusters_side_by_side_both_reach_ready() -> None:
     second = ServiceProcess("second", {**env, "TESSERA_HOME": homes[1]}, argv, ready_line=ready)
     try:
         # One cluster per home: a second `tessera up` on the first's home is refused, naming it.
-        again = subprocess.run(
-            [sys.executable, *argv],
-            env={**os.environ, **env, "TESSERA_HOME": homes[0]},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        said = " ".join((again.stdout + again.stderr).split())
-        assert again.returncode == 2, said
+        code, said = tessera({**env, "TESSERA_HOME": homes[0]}, *argv[2:])
+        assert code == 2, said
         assert f"another `tessera up` (pid {first.process.pid}) runs on {homes[0]}" in said, said
+        # The second faces the LAN: refused with no key, started once its home has one.
+        lan = {**env, "TESSERA_HOME": homes[1], "TESSERA_GATEWAY_HOST": "0.0.0.0"}
+        code, said = tessera(lan, *argv[2:])
+        assert code == 2 and "with no API key" in said and "--open" in said, said
+        code, said = tessera(lan, "keys", "create", "phone")
+        key = re.search(r"key phone: (\S+)", said)
+        assert code == 0 and key, said
+        second.env.update(lan)
         second.start(ready_timeout_s=180)
         urls = []
         for cluster in (first, second):
@@ -54,6 +69,17 @@ def test_two_clusters_side_by_side_both_reach_ready() -> None:
         [own] = [p for p in run_file.parent.glob("cluster-*.json")]
         assert json.loads(own.read_text())["gateway_url"] == urls[1]
         assert any(str(own) in str(e.get("msg", "")) for e in second.lines)
+        assert httpx.get(f"{urls[1]}/v1/models", timeout=10).status_code == 401
+        auth = {"authorization": f"Bearer {key.group(1)}"}
+        assert httpx.get(f"{urls[1]}/v1/models", headers=auth, timeout=10).status_code == 200
+        logged = [json.loads(line) for line in (Path(homes[1]) / "logs/access.log").open()]
+        assert {(e["key"], e["status"]) for e in logged} >= {("-", 401), ("phone", 200)}
+        assert key.group(1) not in (Path(homes[1]) / "logs/access.log").read_text()
+        assert tessera(lan, "keys", "revoke", "phone")[0] == 0
+        deadline = time.monotonic() + 5  # the gateway reads its keys again within a second
+        while httpx.get(f"{urls[1]}/v1/models", headers=auth, timeout=10).status_code != 401:
+            assert time.monotonic() < deadline, "a revoked key is still let in"
+            time.sleep(0.2)
     finally:
         second.stop(timeout_s=30)
         first.stop(timeout_s=30)

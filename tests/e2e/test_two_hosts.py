@@ -4,7 +4,8 @@ in the other (finding the cluster over mDNS), as a user would on two machines, N
 (the cluster's own CA, handed to the joining host as the join command says); the joined host
 serves shards of a model split across both hosts, and the greedy tokens equal the whole
 model's; when the joined host's link goes down mid-stream, the stream completes on the workers
-that remain; Ctrl-C on a joined host moves its shards before it exits, and nothing is lost."""
+that remain; Ctrl-C on a joined host moves its shards before it exits, and nothing is lost;
+the head stopped and started again on its home finds the joined host back by itself."""
 
 from __future__ import annotations
 
@@ -248,6 +249,33 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert left and "before its shards moved" not in left[0], said[-20:]
         gap = max(later[0] - earlier[0] for earlier, later in itertools.pairwise(pieces))
         print(f"the spare: {left[0].strip()}; longest wait between pieces {gap:.2f} s")
+
+        # The head stops (SIGTERM) and starts again on its home. Host B is left as it is: its
+        # worker reconnects by itself with the password it keeps, and laptop-b is back in
+        # `tessera devices` within 15 s of ready, with no command run on host B.
+        seen = len(joined[0].lines)
+        head.stop()
+        head = RunningCluster(
+            "--listen", address, "--workers", "1",
+            env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB, **tls},
+            prefix=on_a, home=head.home, port=head.port,
+        )  # fmt: skip
+        again = re.search(
+            r"tessera join (\S+) --token (\S+) --ca (\S+)",
+            head.wait_for("other hosts join with:", 60),
+        )
+        assert again and again.groups() == found.groups()  # the same address, token and CA
+        head.wait_for("ready:", 240)
+        ready_at = time.monotonic()
+        wait_alive(on_a, {"TESSERA_RUN_FILE": str(head.run_file)}, "laptop-b")
+        back_s = time.monotonic() - ready_at
+        print(f"laptop-b back in `tessera devices` {back_s:.2f} s after ready")
+        assert back_s <= 15.0
+        assert joined[0].process is not None and joined[0].process.poll() is None
+        after = [str(line.get("msg", "")) for line in joined[0].lines[seen:]]
+        assert not [m for m in after if "joined" in m], after  # it did not join again
+        streamed = run_in(on_a, {}, "-c", STREAM, f"{head.base_url}/v1").splitlines()
+        assert "".join(json.loads(line)[1] for line in streamed) == reference
     finally:
         stop_all(joined)
         head.stop()

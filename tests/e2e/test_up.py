@@ -63,9 +63,16 @@ def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
     assert [pid for pid in children if alive(pid)] == []
 
 
-def test_a_service_that_dies_is_reported_and_brings_the_cluster_down(
-    cluster: RunningCluster,
-) -> None:
+def test_with_restart_no_a_service_that_dies_is_reported_and_brings_the_cluster_down() -> None:
+    """``--restart no``: nothing is started again (``test_supervision.py``: the default)."""
+    cluster = RunningCluster("--restart", "no")
+    try:
+        dies_and_takes_the_cluster_down(cluster)
+    finally:
+        cluster.stop()
+
+
+def dies_and_takes_the_cluster_down(cluster: RunningCluster) -> None:
     cluster.wait_for("ready:")
     children = descendants(cluster.process.pid)
     gateway = next(

@@ -5,11 +5,11 @@ One subscription per channel for the whole gateway; each client has a bounded qu
 oldest event is dropped for a client that does not keep up, and counted), and at most
 ``max_clients`` clients at once. Kinds of event (``type``): ``device`` (a device's row, after
 it is scored or fails or recovers), ``failed``, ``recovered``, ``placement`` (a deployment
-placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's
-phase and progress, each time the deployment book changes it), ``weights`` (a device's bytes of a
-model received so far, of those it needs, as its worker publishes them; a client that connects
-while weights move gets the last of each first), ``mode``, and
-``stats`` every
+placed or moved: ``migration`` when its epoch passed 1), ``deployment`` (a deployment's phase
+and progress, each time the deployment book changes it), ``weights`` (a device's bytes of a
+model received so far, of those it needs, as its worker publishes them; a client that
+connects while weights move gets the last of each first), ``mode``, ``service`` (``tessera
+up`` started one of its services again, or gave up on one), and ``stats`` every
 ``stats_every_s`` (cluster tokens/s and tokens/J from the devices' samples, the gateway's
 median time to first token over the last minute).
 """
@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -32,6 +32,7 @@ from libs.contracts import (
     MODE_CHANGE,
     PLACEMENT_DECISION,
     SCORE,
+    SERVICE_RESTART,
     WEIGHTS_PROGRESS,
     DeviceFailed,
     DeviceRecovered,
@@ -39,6 +40,7 @@ from libs.contracts import (
     ModeChange,
     PlacementDecision,
     ScoreUpdate,
+    ServiceRestarted,
     WeightsProgress,
 )
 from libs.contracts.keys import Keys
@@ -63,11 +65,14 @@ class EventHub:
         keys: Keys,
         ttfts: Ttfts,
         *,
+        on_restart: Callable[[str, bool], None] = lambda service, failed: None,
         max_clients: int = 32,
         queue_size: int = 512,
         stats_every_s: float = 2.0,
     ) -> None:
         self.redis, self.keys, self.ttfts = redis, keys, ttfts
+        #: Counts a service restarted (or given up on: True) in the gateway's metrics.
+        self.on_restart = on_restart
         self.max_clients, self.queue_size, self.stats_every_s = (
             max_clients,
             queue_size,
@@ -152,6 +157,10 @@ class EventHub:
         async def on_mode(change: ModeChange, msg: Delivery) -> None:
             self.push({"type": "mode", **change.model_dump(mode="json")})
 
+        async def on_restart(event: ServiceRestarted, msg: Delivery) -> None:
+            self.on_restart(event.service, event.state == "failed")
+            self.push({"type": "service", **event.model_dump(mode="json")})
+
         return [
             await bus.subscribe(SCORE, on_score, rejected=rejected),
             await bus.subscribe(MODE_CHANGE, on_mode, rejected=rejected),
@@ -160,6 +169,7 @@ class EventHub:
             # Counted here: the deployment book follows events, not this broadcast.
             await bus.subscribe(PLACEMENT_DECISION, on_decision, rejected=rejected),
             await bus.subscribe(WEIGHTS_PROGRESS, on_weights, rejected=rejected),
+            await bus.subscribe(SERVICE_RESTART, on_restart, rejected=rejected),
         ]
 
     def on_deployments(self, before: DeploymentBook, after: DeploymentBook) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +18,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.gateway.core.access_log import AccessLog
 from services.gateway.core.errors import ApiError, error_response
 from services.gateway.core.keyring import KeyRing
 from services.gateway.core.rates import RateLimiter
@@ -123,22 +125,43 @@ class Limits:
     def __init__(self, app: ASGIApp, settings: GatewaySettings, by_key: Counter) -> None:
         self.app, self.settings, self.by_key = app, settings, by_key
         self.keys = KeyRing(settings.api_keys, settings.keys_file)
+        self.access = AccessLog(settings.access_log)
         self.rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/api/")):
-            refused = self.refusal(scope)
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or not scope["path"].startswith(("/v1/", "/api/")):
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), [500]
 
-    def refusal(self, scope: Scope) -> Response | None:
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        name = self.key_name(scope)
+        try:
+            refused = self.refusal(scope, name)
+            if refused is not None:
+                await refused(scope, receive, sent)
+            else:
+                await self.app(scope, receive, sent)
+        finally:
+            address = scope.get("client")
+            self.access.write(
+                scope["method"], scope["path"], name, status[0], started,
+                address[0] if address else "",
+            )  # fmt: skip
+
+    def key_name(self, scope: Scope) -> str | None:
+        """The name of the key the request carries, when it is one of the gateway's."""
         headers = Headers(scope=scope)
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if "x-api-key" in headers:  # Anthropic's clients send the key so
             scheme, token = "bearer", headers["x-api-key"]
-        name = self.keys.name_of(token) if scheme.lower() == "bearer" else None
+        return self.keys.name_of(token) if scheme.lower() == "bearer" else None
+
+    def refusal(self, scope: Scope, name: str | None) -> Response | None:
         if self.keys.required and name is None:
             return error_response(
                 401, "missing or invalid API key", "authentication_error", "invalid_api_key"

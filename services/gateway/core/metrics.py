@@ -9,7 +9,7 @@ import statistics
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -92,5 +92,27 @@ class GatewayMetrics:
             registry=r,
         )
 
+        #: What ``tessera up`` says of its services (``ServiceRestarted``): the alerts'
+        #: ``TesseraServiceRestarting`` and ``TesseraServiceFailed`` read these.
+        self.restarts = Counter(
+            "tessera_cluster_service_restarts",
+            "Services of tessera up started again after they exited, by service",
+            ["service"],
+            registry=r,
+        )
+        self.service_failed = Gauge(
+            "tessera_cluster_service_failed",
+            "1 while tessera up has given up on a service that kept crashing",
+            ["service"],
+            registry=r,
+        )
+
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
         self.rejected.labels(channel, reason).inc()
+
+    def on_restart(self, service: str, failed: bool) -> None:
+        if failed:
+            self.service_failed.labels(service).set(1)
+        else:
+            self.restarts.labels(service).inc()
+            self.service_failed.labels(service).set(0)

@@ -11,6 +11,7 @@ newer epoch, the head starts its server on the new route, and the owner re-sends
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,9 @@ from services.worker.served.worker import ServedWorker
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+#: How long a measurement of this device is taken again without measuring (a worker that
+#: crashed and was started again by its supervisor is back the sooner).
+MEASURE_KEPT_S = 600.0
 #: The shipped model's layers (``shipped_card().layers``), for servers of it built by hand.
 LAYERS = 30
 
@@ -48,11 +52,14 @@ class LlamaWorker(ServedWorker):
         device: EmulatedDevice,
         make_server: Callable[[ShardTask], EngineServer],
         rpc: RpcServer,
+        measured_file: Path | None = None,
         **options: Any,
     ) -> None:
-        """``options``: ``ServedWorker``'s (max_active, park_s, start_s, metrics, clock)."""
+        """``options``: ``ServedWorker``'s (max_active, park_s, start_s, metrics, clock).
+        ``measured_file``: where ``preload`` keeps its measurement for a restart soon after."""
         super().__init__(bus, device, make_server, **{"start_s": 120.0, **options})
         self.rpc = rpc
+        self.measured_file = measured_file
         #: Shards of other heads' placements that this device's RPC server runs.
         self.lent: dict[str, ShardTask] = {}
 
@@ -96,6 +103,11 @@ class LlamaWorker(ServedWorker):
         """Measure this device on the model before any work: the whole model's greedy decode
         for ``new_tokens`` (2 FLOPs per parameter per token), as the torch worker's warm-up
         measures its steps, so the scorer checks the announced speed from the first report."""
+        kept = self.kept_measure()
+        if kept is not None:  # a worker started again: the host has not changed meanwhile
+            self.device.measured_gflops = kept
+            log.info("measured", extra={"gflops": round(kept, 2), "kept_from_last_start": True})
+            return
         server = self.make_server(whole_task("measure", self.device_id))
         try:
             await server.start(self.start_s)
@@ -112,6 +124,19 @@ class LlamaWorker(ServedWorker):
             flops = 2.0 * shipped_card().params * (len(times) - 2)
             self.device.measured_gflops = flops / (times[-1] - times[1]) / 1e9
             log.info("measured", extra={"gflops": round(self.device.measured_gflops, 2)})
+            if self.measured_file is not None:
+                self.measured_file.parent.mkdir(parents=True, exist_ok=True)
+                self.measured_file.write_text(json.dumps(self.device.measured_gflops))
+
+    def kept_measure(self) -> float | None:
+        """The measurement of a start less than ``MEASURE_KEPT_S`` ago, if any."""
+        path = self.measured_file
+        try:
+            if path is None or time.time() - path.stat().st_mtime > MEASURE_KEPT_S:
+                return None
+            return float(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
 
     def refusal(self, task: ShardTask) -> str | None:
         """Why this worker cannot take ``task``: a model llama.cpp does not run, or (on the

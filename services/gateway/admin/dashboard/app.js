@@ -288,6 +288,12 @@ function onEvent(event) {
     case "weights":
       weightsMoved(event);
       break;
+    case "service":
+      note(event.state === "failed"
+        ? `${event.service} ${event.how}, kept crashing: given up (${event.restarts} restarts)`
+        : `${event.service} ${event.how}: started again (restart ${event.restarts})`,
+        event.state === "failed" ? "failed" : "restart");
+      break;
     case "mode":
       note(`mode ${event.previous} → ${event.mode}: ${event.reason}`, "mode");
       loadMode().catch(() => {});
