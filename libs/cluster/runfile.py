@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,12 @@ def claim(preferred: Path) -> tuple[Path, int]:
 
 
 def write(fd: int, contents: dict[str, Any]) -> None:
-    """Replace the claimed file's contents (through the locked descriptor)."""
+    """Replace the claimed file's contents (through the locked descriptor): written over,
+    then cut to its length, so a reader never finds it empty (``read`` reads again a file
+    caught mid-write)."""
     data = json.dumps(contents).encode()
-    os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
 
 
 def release(path: Path, fd: int) -> None:
@@ -77,5 +80,11 @@ def read(path: Path) -> dict[str, Any]:
             f"no running cluster found: {path} was left by a cluster that is gone; "
             "start one with `make up`, or pass its address"
         )
-    recorded: dict[str, Any] = json.loads(path.read_text())
+    for _ in range(20):  # the cluster may be rewriting it (what its services are doing)
+        try:
+            recorded: dict[str, Any] = json.loads(path.read_text())
+            return recorded
+        except ValueError:
+            time.sleep(0.05)
+    recorded = json.loads(path.read_text())
     return recorded

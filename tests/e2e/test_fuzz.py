@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import re
 import time
 
 import openai
 import pytest
 
+from libs.cluster import runfile
 from libs.harness.fuzz import flood, tally
 from libs.runtime.nats_client import close_nats, connect_nats
 from tests.builders import sample_messages
@@ -41,7 +41,7 @@ async def send(nats_url: str) -> dict[str, collections.Counter[str]]:
 
 
 def test_malformed_messages_are_refused_counted_and_survived(cluster: RunningCluster) -> None:
-    run = json.loads(cluster.run_file.read_text())
+    run = runfile.read(cluster.run_file)
     sent = asyncio.run(send(run["nats_url"]))
     assert sum(sum(kinds.values()) for kinds in sent.values()) == COUNT
     deadline = time.monotonic() + 20

@@ -22,6 +22,7 @@ import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
+from libs.cluster import runfile
 from libs.runtime.procs import free_port
 from tests.e2e.api_helpers import FORCED, WEATHER, streamed_calls
 from tests.e2e.cluster import RunningCluster, process_with_env
@@ -59,7 +60,7 @@ def cluster() -> Iterator[RunningCluster]:
 def open_gateway(cluster: RunningCluster) -> Iterator[str]:
     """A second gateway on the same cluster with auth off (as `tessera up` runs it without
     keys); its base URL."""
-    run = json.loads(cluster.run_file.read_text())
+    run = runfile.read(cluster.run_file)
     port = free_port()
     gateway = ServiceProcess(
         "gateway",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -10,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from libs.cluster import runfile
 from libs.runtime.procs import child_kwargs, free_port, stop_process
 from tests.e2e.cluster import RunningCluster
 
@@ -32,7 +32,7 @@ def test_prometheus_scrapes_every_service_and_answers_promql(
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus is missing: run `make deps` (Debian's prometheus package)")
     config = cluster.run_file.with_name("prometheus.yml")
-    services = set(json.loads(cluster.run_file.read_text())["metrics"])
+    services = set(runfile.read(cluster.run_file)["metrics"])
     assert services == {"scorer", "telemetry", "scheduler", "gateway", "worker-0", "worker-1"}
     port = free_port()
     prometheus = subprocess.Popen(
@@ -64,6 +64,8 @@ def test_prometheus_scrapes_every_service_and_answers_promql(
         assert float(temperature[0]["value"][1]) > 0  # type: ignore[index]
         assert {s["metric"]["le"] for s in decisions} >= {"0.0001", "+Inf"}  # type: ignore[index]
         rules = httpx.get(f"{base}/api/v1/rules", timeout=5).json()["data"]["groups"]
-        assert sum(len(g["rules"]) for g in rules) == 11
+        assert (
+            sum(len(g["rules"]) for g in rules) == 13
+        )  # deploy/prometheus/rules/tessera.yml: 11, and the two of restarts
     finally:
         stop_process(prometheus)

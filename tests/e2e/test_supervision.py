@@ -2,7 +2,7 @@
 under a steady stream of chat requests, is started again by the cluster itself (nothing here
 restarts anything), back within 5 s; every request completes with the same greedy text (a
 client retries what it is told to retry, as OpenAI's does), none lost, none corrupt; `tessera
-status` counts each restart.
+status` counts each restart, and the gateway's metrics count those told to the cluster.
 
 It uses the shared cluster last (its module sorts after the others that share it)."""
 
@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -112,6 +113,11 @@ def test_each_service_killed_under_load_is_started_again_and_nothing_is_lost(
         timeout=60,
     )
     assert status.returncode == 0, status.stderr
+    # Each restart told to the cluster: the gateway counts those it heard (it was restarted
+    # itself after the first three, and counts from there: its own restart, then the worker's).
+    metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=10).text
+    for name in ("gateway", "worker-1"):
+        assert f'tessera_cluster_service_restarts_total{{service="{name}"}} 1.0' in metrics
     for name in KILLED:
         row = next(line for line in status.stdout.splitlines() if line.startswith(f"{name} "))
         assert "running" in row and "restarts 1" in row and "SIGKILL" in row, row

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from libs.cluster import runfile
 from libs.runtime.procs import ServiceProcess
 
 
@@ -65,9 +66,9 @@ def test_two_clusters_side_by_side_both_reach_ready() -> None:
         for url in urls:
             assert httpx.get(f"{url}/healthz", timeout=10).json()["status"] == "ok"
         # The first cluster's run file is still the first's; the second wrote its own.
-        assert json.loads(run_file.read_text())["gateway_url"] == urls[0]
+        assert runfile.read(run_file)["gateway_url"] == urls[0]
         [own] = [p for p in run_file.parent.glob("cluster-*.json")]
-        assert json.loads(own.read_text())["gateway_url"] == urls[1]
+        assert runfile.read(own)["gateway_url"] == urls[1]
         assert any(str(own) in str(e.get("msg", "")) for e in second.lines)
         assert httpx.get(f"{urls[1]}/v1/models", timeout=10).status_code == 401
         auth = {"authorization": f"Bearer {key.group(1)}"}

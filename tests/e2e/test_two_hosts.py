@@ -243,7 +243,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         ctrl_c = ["kill", "-INT", str(spare.process.pid)]
         pieces = stream_and(on_a, f"{head.base_url}/v1", ctrl_c)
         assert "".join(p for _, p in pieces) == reference
-        assert spare.process.wait(timeout=60) == 0
+        assert spare.process.wait(timeout=120) == 0  # a bound (a shared machine), not a goal
         said = [str(line.get("msg", "")) for line in spare.lines]
         left = [m for m in said if "left" in m and "device_id=spare-a" in m]
         assert left and "before its shards moved" not in left[0], said[-20:]
