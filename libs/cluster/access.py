@@ -84,6 +84,7 @@ from libs.contracts import (
 )
 from libs.contracts.channels import MODEL_BUCKET, STREAMS, work_consumer
 from libs.runtime.nats_client import inbox_of, server_list
+from libs.runtime.private_files import write_private_json
 
 #: The users that talk to Redis (the rest have no Redis user at all).
 REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
@@ -280,10 +281,7 @@ class AccessControl:
         if self.path is None:
             return
         kept = {"passwords": self.passwords, "joined": self.joined}
-        part = self.path.with_name(f".{self.path.name}.part")
-        part.touch(mode=0o600)
-        part.write_text(json.dumps(kept, indent=2))
-        part.replace(self.path)
+        write_private_json(self.path, kept)
 
     @property
     def token(self) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.cluster.up_options import StartRefused, choose_port
+from libs.runtime.private_files import write_private_json
 
 #: The layout this version writes; ``MIGRATIONS`` bring an older one up to it.
 VERSION = 1
@@ -87,9 +88,7 @@ class Home:
 
     def keep(self, **changes: Any) -> None:
         """Write ``changes`` into ``settings.json`` (replaced whole)."""
-        part = self.settings_file.with_name(".settings.json.part")
-        part.write_text(json.dumps({**self.settings(), **changes}, indent=2))
-        part.replace(self.settings_file)
+        write_private_json(self.settings_file, {**self.settings(), **changes})
 
     def nats_port(self, listen: str) -> tuple[int, str | None]:
         """NATS's port on ``listen``: the one of the last run when it is free (joined hosts

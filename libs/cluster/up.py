@@ -30,6 +30,7 @@ from libs.cluster.launcher import Cluster
 from libs.cluster.supervision import BURST, WINDOW_S, ServiceState, Supervisor
 from libs.cluster.up_options import StartRefused, UpOptions
 from libs.contracts import SERVICE_RESTART, ServiceRestarted
+from libs.deployments import phases
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats
 
@@ -186,7 +187,7 @@ def restored_deployments(options: UpOptions) -> list[dict[str, Any]]:
         book = get_json(f"http://127.0.0.1:{options.scheduler_port}/placements")
     except (OSError, ValueError):
         return []
-    return [d for d in book if d.get("phase") not in ("refused", "failed")]
+    return [d for d in book if d.get("phase") not in phases.FINAL]
 
 
 def follow_restored(

@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from libs.runtime.private_files import write_private_json
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -38,10 +40,7 @@ def read_keys(path: Path) -> list[StoredKey]:
 
 
 def _write(path: Path, keys: list[StoredKey]) -> None:
-    part = path.with_name(f".{path.name}.part")
-    part.touch(mode=0o600)
-    part.write_text(json.dumps({"keys": [asdict(k) for k in keys]}, indent=2))
-    part.replace(path)  # whole or not at all
+    write_private_json(path, {"keys": [asdict(k) for k in keys]})
 
 
 def create_key(path: Path, name: str) -> str:

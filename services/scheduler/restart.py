@@ -60,7 +60,9 @@ async def reconcile(
         await log.resend(now, announced)
         await log.publish_snapshot(now)
 
+    async def resend_waiting() -> None:
+        if log.waiting:  # nothing to do once every restored plan went out
+            await loop.call(lambda: log.resend(clock(), announced), "resend")
+
     loop.post(resume, "resume")
-    background.every(
-        RESEND_EVERY_S, lambda: loop.call(lambda: log.resend(clock(), announced), "resend")
-    )
+    background.every(RESEND_EVERY_S, resend_waiting)

@@ -5,13 +5,12 @@ revoked with ``tessera keys revoke`` is refused from the next request on."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import time
 from pathlib import Path
 
-from libs.runtime.api_keys import read_keys
+from libs.runtime.api_keys import digest, read_keys
 
 #: How often the file's change time is looked at (a revocation takes effect within this).
 RECHECK_S = 1.0
@@ -20,11 +19,9 @@ RECHECK_S = 1.0
 class KeyRing:
     def __init__(self, given: list[str], path: Path | None) -> None:
         #: (name, SHA-256 digest) of every key; the given ones are named by their place.
-        self.given = [
-            (f"env-{i}", hashlib.sha256(k.encode()).digest()) for i, k in enumerate(given)
-        ]
+        self.given = [(f"env-{i}", digest(k)) for i, k in enumerate(given)]
         self.path = path
-        self.stored: list[tuple[str, bytes]] = []
+        self.stored: list[tuple[str, str]] = []
         self._seen: float | None = None
         self._checked = 0.0
         self._reload()
@@ -39,7 +36,7 @@ class KeyRing:
         if changed == self._seen:
             return
         self._seen = changed
-        self.stored = [(k.name, bytes.fromhex(k.sha256)) for k in read_keys(self.path)]
+        self.stored = [(k.name, k.sha256) for k in read_keys(self.path)]
 
     @property
     def required(self) -> bool:
@@ -52,7 +49,7 @@ class KeyRing:
         if now - self._checked >= RECHECK_S:
             self._checked = now
             self._reload()
-        presented = hashlib.sha256(key.encode()).digest()
+        presented = digest(key)
         found = None
         for name, held in [*self.given, *self.stored]:  # every one compared: no early exit
             if secrets.compare_digest(presented, held):
