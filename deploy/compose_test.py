@@ -333,6 +333,36 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
         )
     if "nats-2" in stack.states():
         kill_a_nats_server(stack, docker, client, reference)
+    restart_redis_and_scheduler(stack, client, reference)
+
+
+def registered(stack: Stack) -> list[str]:
+    cards = stack.http.get("/v1/cluster/models").raise_for_status().json()
+    return [c["name"] for c in cards]
+
+
+def restart_redis_and_scheduler(stack: Stack, client: OpenAI, reference: str) -> None:
+    """Redis keeps its data in a volume (an append-only file): restarted, then the scheduler
+    after it, the model is still registered and its deployment serves the same answer."""
+    with step("docker compose restart redis, then scheduler: the registry and deployment kept"):
+        before = registered(stack)
+        stack("restart", "--timeout", "10", "redis")
+        stack("restart", "--timeout", "10", "scheduler")
+        after = until("the registry read again", lambda: registered(stack) or None, 120, "redis")
+        if MODEL not in after or set(after) != set(before):
+            raise CheckFailed(f"registered before: {before}; after: {after}", "redis")
+        until("a placement", lambda: placement(stack), 120, "scheduler")
+
+        def answered() -> str:  # until's: an error counts as not yet
+            chat = client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=48, temperature=0
+            )
+            return chat.choices[0].message.content or ""
+
+        answer = until("an answer", answered, 180, "scheduler")
+        if answer != reference:
+            raise CheckFailed(f"after the restarts: {answer!r}, before: {reference!r}", "worker")
+        print(f"   registered: {after}; the same answer", flush=True)
 
 
 def kill_a_nats_server(stack: Stack, docker: str, client: OpenAI, reference: str) -> None:

@@ -1,6 +1,6 @@
 """The commands that start, join and guard a cluster: ``tessera up``, ``join``, ``token
-rotate``, ``revoke``, ``access`` (the users and passwords for ``docker compose``), ``reset``
-and ``keys``.
+rotate``, ``revoke`` and ``access`` (the users and passwords for ``docker compose``); those of
+a home, ``reset`` and ``keys``, are ``home_commands.py``'s.
 
 Each is a plain function; ``libs/cli/main.py`` registers it on the ``tessera`` app (the
 ``token`` group, ``token_app``, is built here).
@@ -9,7 +9,6 @@ Each is a plain function; ``libs/cli/main.py`` registers it on the ``tessera`` a
 from __future__ import annotations
 
 import dataclasses
-import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -244,13 +243,24 @@ def running_admin() -> tuple[str, Path | None]:
     return admin, Path(ca) if ca else None
 
 
-def revoke(device_id: Annotated[str, typer.Argument(help="The joined device to remove.")]) -> None:
+def revoke(
+    device_id: Annotated[str, typer.Argument(help="The joined device to remove.")],
+    home: Annotated[
+        Path | None, typer.Option(envvar="TESSERA_HOME", help="The home (default: as `up`).")
+    ] = None,
+) -> None:
     """Remove one joined device's NATS user at once: its connection is closed, its shards
-    move, it cannot come back without the join token (rotate it too if that leaked)."""
+    move, it cannot come back without the join token (rotate it too if that leaked). With no
+    cluster running, it is removed from the home: refused from the next `tessera up` on."""
     import asyncio
 
     from libs.cluster.joining import revoke_device
 
+    if not runfile.held(LauncherSettings().run_file):
+        from libs.cli.home_commands import revoke_offline
+
+        revoke_offline(device_id, home)
+        return
     admin, ca = running_admin()
     try:
         refused = asyncio.run(revoke_device(admin, device_id, ca))
@@ -286,103 +296,3 @@ def access(
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
     profile = " --profile nats-cluster" if nats_servers > 1 else ""
     typer.echo(f"start with: docker compose{profile} --env-file {env} up")
-
-
-def reset(
-    home: Annotated[
-        Path | None, typer.Option(envvar="TESSERA_HOME", help="The home (default: as `up`).")
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
-) -> None:
-    """Start over: delete what a stopped cluster's home holds (its models, deployments,
-    users, join token and keys), each item said. Refused while a cluster runs on it."""
-    from libs.cluster.home import Home, HomeRefused
-    from libs.runtime.settings import default_home
-
-    place = Home(home or default_home())
-    try:
-        place.check_owner()
-        lock = place.lock()
-    except HomeRefused as exc:
-        typer.echo(f"tessera reset: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    try:
-        items = place.contents()
-        if not items:
-            typer.echo(f"{place.path} holds nothing to delete")
-            return
-        for line in items:
-            typer.echo(f"will delete {line}")
-        if not yes and not typer.confirm("delete all of it?"):
-            raise typer.Exit(1)
-        for line in place.wipe():
-            typer.echo(f"deleted {line}")
-    finally:
-        os.close(lock)
-
-
-keys_app = typer.Typer(
-    help="The gateway's API keys, kept hashed in the cluster's home.", no_args_is_help=True
-)
-HomeOption = Annotated[
-    Path | None, typer.Option(envvar="TESSERA_HOME", help="The home (default: as `up`).")
-]
-
-
-def keys_file(home: Path | None) -> Path:
-    from libs.cluster.home import Home, HomeRefused
-    from libs.runtime.settings import default_home
-
-    place = Home(home or default_home())
-    try:
-        place.prepare()
-    except HomeRefused as exc:
-        typer.echo(f"tessera keys: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    return place.keys_file
-
-
-@keys_app.command("create")
-def keys_create(
-    name: Annotated[str, typer.Argument(help="What the key is for (a person, a program).")],
-    home: HomeOption = None,
-) -> None:
-    """Make a key: printed once here, stored only as its hash. The gateway asks for a key
-    from now on (a running cluster that was open: from its next start)."""
-    from libs.runtime.api_keys import create_key
-
-    try:
-        key = create_key(keys_file(home), name)
-    except ValueError as exc:
-        typer.echo(f"tessera keys create: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    typer.echo(f"key {name}: {key}")
-    typer.echo("shown only now: keep it (clients send it as `Authorization: Bearer KEY`)")
-
-
-@keys_app.command("list")
-def keys_list(home: HomeOption = None) -> None:
-    """The keys by name and date made (never the keys themselves)."""
-    import datetime
-
-    from libs.runtime.api_keys import read_keys
-
-    found = read_keys(keys_file(home))
-    if not found:
-        typer.echo("no keys: the gateway is open on loopback, refused on the LAN without --open")
-    for key in found:
-        made = datetime.datetime.fromtimestamp(key.created).isoformat(timespec="seconds")
-        typer.echo(f"{key.name}  made {made}")
-
-
-@keys_app.command("revoke")
-def keys_revoke(
-    name: Annotated[str, typer.Argument(help="The key's name.")], home: HomeOption = None
-) -> None:
-    """Remove a key: the gateway refuses it within a second, without a restart."""
-    from libs.runtime.api_keys import revoke_key
-
-    if not revoke_key(keys_file(home), name):
-        typer.echo(f"tessera keys revoke: no key named {name!r}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"revoked {name}")

@@ -1,10 +1,10 @@
 """``tessera``: start the local cluster and operate it.
 
 The app and its whole command tree, in the order ``tessera --help`` lists it. The commands live
-by what they do: ``cluster_commands.py`` (up, join, token, revoke, access, reset, keys),
-``scheduling_commands.py`` (preview, deploy, placements, mode), ``model_commands.py``
-(``models …``), ``simulate_commands.py`` (``simulate``); the few that stand alone (devices,
-calibrate, chat, version) are here. ``main`` is the ``tessera`` entry point.
+by what they do: ``cluster_commands.py`` (up, join, token, revoke, access), ``home_commands.py``
+(reset, keys), ``scheduling_commands.py`` (preview, deploy, placements, mode),
+``model_commands.py`` (``models …``), ``simulate_commands.py`` (``simulate``); the few that
+stand alone (devices, calibrate, chat, version) are here. ``main`` is the ``tessera`` entry point.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from libs.cli.cluster_commands import access, join, keys_app, reset, revoke, token_app, up
+from libs.cli.cluster_commands import access, join, revoke, token_app, up
+from libs.cli.home_commands import keys_app, reset
 from libs.cli.model_commands import models_app
 from libs.cli.scheduling_commands import deploy, mode, placements, preview
 from libs.cli.service_unit import service_app

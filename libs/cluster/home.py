@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libs.cluster.jetstream_check import damaged
 from libs.cluster.up_options import StartRefused, choose_port
 from libs.runtime.private_files import write_private_json
 
@@ -169,6 +170,21 @@ class Home:
         self.version_file.write_text(f"{VERSION}\n")
         return done
 
+    def check_store(self) -> None:
+        """Refuse a JetStream store nats-server would cut (``jetstream_check.py``), naming
+        the damaged blocks and what to do; nothing is changed."""
+        found = damaged(self.nats_dir)
+        if not found:
+            return
+        first = found[0].split(": ", 1)[0]
+        raise HomeRefused(
+            f"the NATS store in {self.nats_dir} is damaged ({'; '.join(found)}): nats-server "
+            "would drop every message of that block from the damaged record on. Nothing was "
+            f"changed. Restore {self.path} from a backup; or, to start without what that "
+            f"block holds, move it aside (`mv {first} {first}.damaged`) and start again; or "
+            "start over (`tessera up --fresh`)"
+        )
+
     # -- one cluster per home ---------------------------------------------------------------
     def lock(self) -> int:
         """Hold the home for this process (the descriptor: keep it open while the cluster
@@ -221,7 +237,9 @@ def open_home(path: Path, fresh: bool = False) -> tuple[Home, int, list[str]]:
     lock = home.lock()
     try:
         notes = [f"deleted {line}" for line in home.wipe()] if fresh else []
-        return home, lock, notes + home.prepare()
+        notes += home.prepare()
+        home.check_store()
+        return home, lock, notes
     except BaseException:
         os.close(lock)
         raise

@@ -54,6 +54,34 @@ def local_address(url: str) -> str:
         return str(sock.getsockname()[0])
 
 
+#: Said when the cluster keeps refusing this host's secret.
+REFUSED = (
+    "the cluster at {url} refuses this host's secret (NATS: authorization violation): "
+    "{device_id} was revoked there, or the cluster was started over (`tessera up --fresh`). "
+    "Nothing here was deleted. To serve it again, ask its owner for the join command "
+    "(`tessera token rotate` prints a new token) and run `tessera join` with it"
+)
+
+
+class Refusals:
+    """Counts the worker's reconnects refused for their credentials: ``LIMIT`` in a row
+    (none accepted between) means the secret is no longer the cluster's."""
+
+    LIMIT = 3
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def hear(self, line: dict[str, object]) -> None:
+        if line.get("msg") == "nats reconnected":
+            self.count = 0
+        elif line.get("msg") == "nats error" and "authorization" in str(line.get("error")).lower():
+            self.count += 1
+
+    def refused(self) -> bool:
+        return self.count >= self.LIMIT
+
+
 def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     """Exit 0 after Ctrl-C/SIGTERM; 1 when the cluster cannot be reached or refuses, or the
     worker dies."""
@@ -110,12 +138,13 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         env["TESSERA_WORKER_MEMORY_GB"] = str(options.memory_gb)
     if options.ca_file is not None:
         env["TESSERA_NATS_CA"] = str(options.ca_file.resolve())
-    worker = ServiceProcess(
-        "worker",
-        env,
-        ["-m", "services.worker"],
-        on_line=lambda line: say(render(line)),
-    )
+    refusals = Refusals()
+
+    def heard(line: dict[str, object]) -> None:
+        say(render(line))
+        refusals.hear(line)
+
+    worker = ServiceProcess("worker", env, ["-m", "services.worker"], on_line=heard)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -128,6 +157,9 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
             return 1
         say(f"ready: this host serves as {device_id}; Ctrl-C leaves", "bold green")
         while worker.alive:
+            if refusals.refused():
+                say(REFUSED.format(device_id=device_id, url=url), "bold red")
+                return 1
             time.sleep(0.2)
         say(f"the worker {exit_text(worker.returncode)}", "bold red")
         return 1

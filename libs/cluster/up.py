@@ -4,7 +4,7 @@ Prints one ``ready`` line once every service is up and every deployed model serv
 workers said so; their loading progress is printed meanwhile, a refusal with its reasons) and
 has answered a request through the gateway (so the first user request finds its shards loaded
 and warm, not a placement still on its way). A service that exits is started again, said on the
-console and kept in the run file for ``tessera status`` (``supervise``); with ``--restart no``
+console and kept in the run file for ``tessera status`` (``supervising.py``); with ``--restart no``
 one that exits brings the cluster down instead, except a worker: a worker is a device, and
 losing one is a failure the cluster survives. Ctrl-C or SIGTERM stops every child, then the
 servers.
@@ -12,7 +12,6 @@ servers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import signal
@@ -27,12 +26,9 @@ from rich.console import Console
 
 from libs.cluster.child_output import exit_text
 from libs.cluster.launcher import Cluster
-from libs.cluster.supervision import BURST, WINDOW_S, ServiceState, Supervisor
+from libs.cluster.supervising import supervise
 from libs.cluster.up_options import StartRefused, UpOptions
-from libs.contracts import SERVICE_RESTART, ServiceRestarted
 from libs.deployments import phases
-from libs.runtime.bus import NatsBus
-from libs.runtime.nats_client import close_nats, connect_nats
 
 
 def post_until_answered(
@@ -220,62 +216,6 @@ def first_answer(
     if answer is None:
         return False, f"{model} did not answer within {timeout_s:.0f} s: {last}"
     return True, f"{model} answered in {time.monotonic() - started:.1f} s"
-
-
-def supervise(cluster: Cluster) -> None:
-    """Start each service that exits again (``libs/cluster/supervision.py``: backoff, and
-    marked failed when it keeps crashing); what each is doing is in the run file, for
-    ``tessera status``. Returns only by Ctrl-C or SIGTERM (``KeyboardInterrupt``)."""
-    supervisor = Supervisor({c.name: ServiceState() for c in cluster.children})
-    cluster.record_services(supervisor.report())
-    while True:
-        for child in list(cluster.children):
-            if child.alive or supervisor.failed(child.name):
-                continue
-            how = exit_text(child.returncode)
-            delay = supervisor.exited(child.name, how, time.monotonic())
-            cluster.record_services(supervisor.report())
-            if delay is None:
-                said = f"{child.name} {how}, {BURST} restarts in {WINDOW_S:.0f} s: marked failed"
-                cluster.say("cluster", f"{said}; the rest goes on (`tessera status`)", "bold red")
-                tell(cluster, child.name, supervisor, "failed")
-                continue
-            cluster.say(
-                "cluster", f"{child.name} {how}; restarting it in {delay:.1f} s", "bold yellow"
-            )
-            time.sleep(delay)
-            started = time.monotonic()
-            back = cluster.respawn(child.name)
-            supervisor.restarted(child.name, time.monotonic())
-            cluster.record_services(supervisor.report())
-            took = time.monotonic() - started
-            if back:
-                cluster.say("cluster", f"{child.name} back after {took:.1f} s", "white")
-                tell(cluster, child.name, supervisor, "running")
-        time.sleep(0.2)
-
-
-def tell(cluster: Cluster, name: str, supervisor: Supervisor, state: str) -> None:
-    """Publish a restart (or a service given up on) to the cluster: the dashboard's feed and
-    the gateway's metrics hear it. A cluster that cannot be told is said so, and goes on."""
-    service = supervisor.services[name]
-    event = ServiceRestarted(
-        service=name, how=service.last_exit, restarts=service.restarts, state=state, ts=time.time()
-    )
-
-    async def send() -> None:
-        nc = await connect_nats(
-            cluster.urls("admin")["nats"], "tessera-up", ca_file=cluster.options.nats_ca
-        )
-        try:
-            await NatsBus(nc).publish(SERVICE_RESTART, event, service=name)
-        finally:
-            await close_nats(nc)
-
-    try:
-        asyncio.run(send())
-    except Exception as exc:  # the restart stands; only its telling failed
-        cluster.say("cluster", f"could not tell the cluster of {name}'s restart: {exc!r}", "yellow")
 
 
 def run_cluster(options: UpOptions, console: Console | None = None) -> int:

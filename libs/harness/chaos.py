@@ -45,6 +45,7 @@ from libs.contracts.keys import DeviceRow, Keys
 from libs.harness import placement_faults
 from libs.harness.chaos_outcomes import Outcome
 from libs.harness.chat_load import ChatLoad
+from libs.harness.placement import model_devices
 from libs.harness.placement_faults import PlacementFaults
 from libs.runtime.bus import publish
 from libs.runtime.nats_client import close_nats, connect_nats
@@ -247,17 +248,7 @@ class Chaos:
 
     def _placement(self) -> list[str]:
         """The model's devices, from whichever replica leads (through the gateway)."""
-        try:
-            rows = httpx.get(f"{self.url}/v1/cluster/placements", timeout=3).json()
-        except (httpx.HTTPError, ValueError):
-            return []
-        if not isinstance(rows, list):
-            return []
-        for row in rows:
-            if row["deployment_id"] == MODEL:
-                ordered = sorted(row["assignments"], key=lambda a: a["shard_index"])
-                return [a["device_id"] for a in ordered]
-        return []
+        return model_devices(self.url, MODEL)
 
     def _redis(self) -> redis.Redis:
         url = self.cluster.urls("admin")["redis"]

@@ -18,6 +18,9 @@ class Outcome:
     counts: Counter[str] = field(default_factory=Counter)
     recovery_s: float | None = None
     elapsed_s: float = 0.0  #: the whole run of this fault's requests
+    #: Supervised faults: from the kill until ``tessera up`` said the process was back (for a
+    #: power cut, until the new ``tessera up`` said ``ready``).
+    back_s: float | None = None
     #: Placement faults: requests sent to the refusing (or still loading) worker, and seconds
     #: from its refusal (or kill) until the model served again.
     misrouted: int | None = None
@@ -29,9 +32,12 @@ class Outcome:
             "failed": self.counts["failed"],
             "lost": self.counts["lost"],
             "corrupt": self.counts["corrupt"],
+            "retried": self.counts["retried"],
             "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
             "elapsed_s": round(self.elapsed_s, 1),
         }
+        if self.back_s is not None:
+            row["back_s"] = round(self.back_s, 2)
         if self.fault in placement_faults.FAULTS:
             replace = None if self.replace_s is None else round(self.replace_s, 2)
             row.update(misrouted=self.misrouted, replace_s=replace)
@@ -41,9 +47,9 @@ class Outcome:
 def table(outcomes: list[Outcome]) -> str:
     """The results as a Markdown table."""
     lines = [
-        "| fault | completed | failed | lost | corrupt | recovery (s) | misrouted "
-        "| re-placement (s) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| fault | completed | failed | lost | corrupt | retried | recovery (s) | back (s) "
+        "| misrouted | re-placement (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for o in outcomes:
         r = o.row()
@@ -51,7 +57,9 @@ def table(outcomes: list[Outcome]) -> str:
         replace = r.get("replace_s", "")
         lines.append(
             f"| {o.fault} | {r['completed']} | {r['failed']} | {r['lost']} | {r['corrupt']} "
+            f"| {r['retried']} "
             f"| {r['recovery_s'] if r['recovery_s'] is not None else 'not recovered'} "
+            f"| {'' if o.back_s is None else round(o.back_s, 2)} "
             f"| {'' if misrouted is None else misrouted} "
             f"| {'not seen' if replace is None else replace} |"
         )

@@ -5,6 +5,12 @@ the prompts of a run in turn, and each request is counted as ``completed`` (the 
 an undisturbed run, ``expected``: nothing missing, nothing repeated), ``failed`` (an error the
 client could read), ``corrupt`` (completed with other text) or ``lost`` (no answer at all).
 ``streams_again`` tells whether a fresh request streams its first token (serving again).
+
+With ``retry_for_s``, each client tries a request again as OpenAI's client does (a refused or
+cut connection, 408, 409, 429 or 5xx, and an error event in the stream, which the gateway sends
+only for a fault of its own), after 0.5 s doubling to 8 s, for up to ``retry_for_s`` from its
+first try; a request that needed more than one try is also counted ``retried``, and its outcome
+is its last try's.
 """
 
 from __future__ import annotations
@@ -12,20 +18,27 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from typing import Any
 
 import httpx
 
+#: Statuses a client tries again (OpenAI's client's rule), besides every 5xx.
+RETRY_STATUSES = frozenset({408, 409, 429})
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
 PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
 
 
 class ChatLoad:
     """Chat requests for ``model`` through the gateway at ``url``, ``max_tokens`` each."""
 
-    def __init__(self, url: str, model: str, max_tokens: int, concurrency: int) -> None:
+    def __init__(
+        self, url: str, model: str, max_tokens: int, concurrency: int, retry_for_s: float = 0.0
+    ) -> None:
         self.url, self.model = url, model
         self.max_tokens, self.concurrency = max_tokens, concurrency
+        self.retry_for_s = retry_for_s
         #: Each prompt's answer in an undisturbed run (``learn_answers``).
         self.expected: dict[str, str] = {}
 
@@ -61,8 +74,8 @@ class ChatLoad:
         async def client(http: httpx.AsyncClient) -> None:
             while not queue.empty():
                 prompt = queue.get_nowait()
-                counts[await self.stream(http, prompt)] += 1
-                if sum(counts.values()) >= max(1, requests // 3):
+                counts.update(await self.request(http, prompt))
+                if counts.total() - counts["retried"] >= max(1, requests // 3):
                     third.set()
 
         async with httpx.AsyncClient(timeout=httpx.Timeout(90.0)) as http:
@@ -84,8 +97,23 @@ class ChatLoad:
             pass
         return False
 
-    async def stream(self, http: httpx.AsyncClient, prompt: str) -> str:
-        """One streamed request's outcome: completed, failed, corrupt or lost."""
+    async def request(self, http: httpx.AsyncClient, prompt: str) -> list[str]:
+        """One request, tried again while ``retry_for_s`` allows: its outcome, and
+        ``retried`` when it took more than one try."""
+        first = time.monotonic()
+        pause, tries = RETRY_FIRST_S, 0
+        while True:
+            tries += 1
+            outcome, retryable = await self.stream(http, prompt)
+            waited = time.monotonic() - first
+            if not retryable or waited + pause > self.retry_for_s:
+                return [outcome, "retried"] if tries > 1 else [outcome]
+            await asyncio.sleep(pause)
+            pause = min(RETRY_MAX_S, pause * 2)
+
+    async def stream(self, http: httpx.AsyncClient, prompt: str) -> tuple[str, bool]:
+        """One streamed request's outcome (completed, failed, corrupt or lost), and whether a
+        client would try it again."""
         parts: list[str] = []
         finished = False
         try:
@@ -93,22 +121,22 @@ class ChatLoad:
             async with http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
                 if r.status_code != 200:
                     await r.aread()
-                    return (
-                        "failed"
-                        if r.headers.get("content-type", "").startswith("application/json")
-                        else "lost"
-                    )
+                    json_error = r.headers.get("content-type", "").startswith("application/json")
+                    again = r.status_code in RETRY_STATUSES or r.status_code >= 500
+                    return ("failed" if json_error else "lost"), again
                 async for line in r.aiter_lines():
                     if not line.startswith("data: {"):
                         continue
                     event = json.loads(line[6:])
                     if "error" in event:
-                        return "failed"
+                        return "failed", True
                     for choice in event.get("choices", ()):
                         parts.append(choice.get("delta", {}).get("content") or "")
                         finished = finished or choice.get("finish_reason") is not None
-        except (httpx.TransportError, json.JSONDecodeError):
-            return "lost"
+        except httpx.TransportError:
+            return "lost", True
+        except json.JSONDecodeError:
+            return "lost", False
         if not finished:
-            return "lost"
-        return "completed" if "".join(parts) == self.expected[prompt] else "corrupt"
+            return "lost", True
+        return ("completed" if "".join(parts) == self.expected[prompt] else "corrupt"), False

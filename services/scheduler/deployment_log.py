@@ -149,6 +149,25 @@ class DeploymentLog:
         live = {d.deployment_id for d in self.book.live()}
         self.waiting = {d: held for d, held in self.waiting.items() if d in live}
 
+    async def resend_to(self, devices: set[str], now: float) -> None:
+        """``devices`` announced themselves again: a worker started again (by ``tessera up``'s
+        supervision, sooner than the failure detector notices) holds no shard, and its RPC
+        server listens at a new address. Each live plan on one of them, not waiting already
+        (``resend``), sends its load tasks again: that worker loads its shard, the split's
+        head gets the new address; a worker that still serves answers ``loaded`` again."""
+        for deployment in self.book.live():
+            if deployment.deployment_id in self.waiting or not devices & set(deployment.route):
+                continue
+            log.info(
+                "tasks sent again",
+                extra={"deployment_id": deployment.deployment_id, "announced": sorted(devices)},
+            )
+            self.deployer.heard_plan(deployment, now)
+            tasks = self.deployer.shard_tasks(deployment, "load", now)
+            await asyncio.gather(
+                *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
+            )
+
     async def unload_stale(self, status: ShardStatus, now: float) -> None:
         """Tell a worker still holding a re-planned epoch to drop it (once)."""
         task = self.deployer.stale_unload(self.book, status, now)

@@ -345,6 +345,9 @@ class Scheduler:
     async def cycle(self, read: Read | None = None) -> None:
         now = self.clock()
         self.view.apply(read or [])
+        # Devices started again since: their plans' tasks, with the addresses of now.
+        if renewed := self.view.take_renewed():
+            await self.log.resend_to(renewed, now)
         await self._commit(self.deployer.check_silence(self.book, now), now)
         batch, self.pending = self.pending, []
         self.metrics.queue.set(len(batch))

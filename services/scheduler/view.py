@@ -110,6 +110,8 @@ class ClusterView:
         self.failed: set[str] = set()
         #: Score updates received since the last ``take_received``, the newest per device.
         self.received: dict[str, ScoreUpdate] = {}
+        #: Devices that announced again since ``take_renewed`` (``apply``).
+        self.renewed: set[str] = set()
 
     async def load(self) -> None:
         """Every device the scorer ranks, plus the failed ones, in one pipeline each."""
@@ -152,9 +154,20 @@ class ClusterView:
         return [(row_of(u), self.announces[u.device_id]) for u in received.values()]
 
     def apply(self, read: Read) -> None:
+        """Take ``read``, noting in ``renewed`` the devices that announced themselves again
+        since the view last heard them (a worker started again: it holds no shard, and may
+        listen elsewhere)."""
         for row, announce in read:
+            held = self.announces.get(row.device_id)
+            if held is not None and announce.ts > held.ts:
+                self.renewed.add(row.device_id)
             self.rows[row.device_id] = row
             self.announces[row.device_id] = announce
+
+    def take_renewed(self) -> set[str]:
+        """The devices that announced again since the last call."""
+        renewed, self.renewed = self.renewed, set()
+        return renewed
 
     def mark_failed(self, device_id: str) -> None:
         self.failed.add(device_id)

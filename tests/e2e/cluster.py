@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from libs.runtime.proc_tree import alive, descendants, process_with_env
 from libs.runtime.procs import ServiceProcess, free_port
 
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+__all__ = ["RunningCluster", "alive", "descendants", "process_with_env"]
 
 
 class RunningCluster:
@@ -98,15 +70,3 @@ class RunningCluster:
 
     def stop(self) -> None:
         self.child.stop(timeout_s=30)
-
-
-def process_with_env(root: int, key: str, value: str) -> int | None:
-    """The descendant of ``root`` whose environment has ``key=value``."""
-    wanted = f"{key}={value}".encode()
-    for pid in descendants(root):
-        try:
-            if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                return pid
-        except OSError:
-            continue
-    return None

@@ -15,41 +15,26 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from libs.runtime.proc_tree import unit_pid
 from tests.e2e import shared
-from tests.e2e.cluster import RunningCluster, descendants
+from tests.e2e.cluster import RunningCluster
 
 MODEL = "smollm2-135m-instruct"
 KEY = shared.KEYS[0]
-#: Each service in turn; a worker last (its device's shards move, then it is back).
-KILLED = ("scorer", "telemetry", "scheduler", "gateway", "worker-1")
+#: Each service in turn, then Redis and nats-server; a worker last (its device's shards
+#: move, then it is back).
+KILLED = ("scorer", "telemetry", "scheduler", "gateway", "redis", "nats", "worker-1")
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
 def cluster(shared_cluster: RunningCluster) -> RunningCluster:
     return shared_cluster
-
-
-def service_pid(root: int, name: str) -> int:
-    """The process of ``name`` (a service, or a worker by its device id) below ``root``."""
-    for pid in descendants(root):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if name.startswith("worker-"):
-            if f"TESSERA_WORKER_DEVICE_ID={name}".encode() in env and b"services.worker" in argv:
-                return pid
-        elif f"services.{name}".encode() in argv:
-            return pid
-    raise AssertionError(f"no process of {name} under {root}")
 
 
 def greedy(client: openai.OpenAI) -> str:
@@ -86,7 +71,7 @@ def test_each_service_killed_under_load_is_started_again_and_nothing_is_lost(
         for name in KILLED:
             seen = len(cluster.lines)
             before = len(answers)
-            os.kill(service_pid(cluster.process.pid, name), signal.SIGKILL)
+            os.kill(unit_pid(cluster.process.pid, name), signal.SIGKILL)
             killed = time.monotonic()
             back = cluster.wait_for(f"{name} back after", 60)
             took[name] = time.monotonic() - killed

@@ -58,10 +58,11 @@ class Cluster:
         self.processes: list[ServiceProcess] = []
         self.scheduler: ServiceProcess | None = None
 
-    def fleet(self, name: str, spec: dict[str, Any]) -> ServiceProcess:
+    def fleet(self, name: str, spec: dict[str, Any], **extra: str) -> ServiceProcess:
         path = self.tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump({"prefix": f"{self.uid}{name}", **spec}))
-        process = ServiceProcess("telemetry", {**self.env, "TESSERA_TELEMETRY_FLEET": str(path)})
+        env = {**self.env, "TESSERA_TELEMETRY_FLEET": str(path), **extra}
+        process = ServiceProcess("telemetry", env)
         self.processes.append(process.start())
         return process
 
@@ -99,6 +100,17 @@ def cluster(
     running.start_scorer()
     yield running
     running.stop()
+
+
+async def collected(nc: NatsClient, channel: Any) -> list[Any]:
+    """Every message of ``channel`` from now on, as it arrives."""
+    into: list[Any] = []
+
+    async def collect(message: Any, msg: Msg) -> None:
+        into.append(message)
+
+    await subscribe(nc, channel, collect)
+    return into
 
 
 async def decisions_of(nc: NatsClient, into: list[Any]) -> None:
@@ -219,6 +231,36 @@ async def test_a_silent_device_has_its_shards_moved_and_the_deployment_keeps_ser
         await wait_until(lambda: any(t.epoch == 2 and t.action == "load" for t in loads), 30)
         listed = (await client.get("/placements")).json()
         assert listed[0]["epoch"] == 2 and listed[0]["assignments"][0]["device_id"] != host
+
+
+async def test_a_device_started_again_before_it_is_missed_gets_its_shard_tasks_again(
+    cluster: Cluster, redis: Redis, nc: NatsClient
+) -> None:
+    """A worker started again by its supervisor (sooner than 3 missed heartbeats) holds no
+    shard: its new announce makes the scheduler send its plan's tasks again, same epoch."""
+    cluster.fleet("a", {"seed": 6, "devices": {"laptop": 2}})
+    slow = {"TESSERA_TELEMETRY_INTERVAL_S": "4"}  # missed only after 12 s
+    big = cluster.fleet("b", {"seed": 7, "devices": {"cloud_gpu": 1}}, **slow)
+    await cluster.wait_scored(redis, 3)
+    cluster.start_scheduler()
+    got = await collected(nc, PLACEMENT_DECISION)
+    loads = await collected(nc, SHARD_TASK)
+    async with httpx.AsyncClient(base_url=cluster.api) as client:
+        first = (
+            await client.post("/placements", json={"model": SMOL, "deployment_id": "d"})
+        ).json()
+    host = first["assignments"][0]["device_id"]
+    assert host == f"{cluster.uid}b-cloudgpu-0"
+
+    def loads_to_host() -> int:
+        return sum(t.device_id == host and t.action == "load" and t.epoch == 1 for t in loads)
+
+    await wait_until(lambda: loads_to_host() == 1, 30)
+    big.kill()
+    cluster.processes.remove(big)
+    cluster.fleet("b", {"seed": 7, "devices": {"cloud_gpu": 1}}, **slow)
+    await wait_until(lambda: loads_to_host() == 2, 30)
+    assert not [d for d in got if d.task_id == "d" and d.epoch > 1]  # not re-planned
 
 
 async def test_a_killed_scheduler_restores_deployments_and_mode_and_skips_a_corrupt_checkpoint(

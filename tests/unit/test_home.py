@@ -127,3 +127,42 @@ def test_a_gateway_facing_the_lan_needs_a_key_or_open_said_at_start() -> None:
         lan_exposure("0.0.0.0", has_keys=False, open_lan=False)
     warning = lan_exposure("192.168.1.20", has_keys=False, open_lan=True)
     assert warning is not None and warning.startswith("WARNING")
+
+
+def test_a_joined_host_is_revoked_on_the_home_while_no_cluster_runs(tmp_path: Path) -> None:
+    """`tessera revoke` with the head stopped: the device leaves the home's users (refused from
+    the next start); an unknown device, or a home in use, is refused, naming why."""
+    from typer.testing import CliRunner
+
+    from libs.cli.main import app
+
+    home = tmp_path / "home"
+    _, lock, _ = open_home(home)
+    AccessControl(["worker-0"], path=home / "access.json").admit_joined("laptop", "p" * 20)
+    env = {"TESSERA_RUN_FILE": str(tmp_path / "none.json")}  # no cluster runs
+    in_use = CliRunner().invoke(app, ["revoke", "laptop", "--home", str(home)], env=env)
+    assert in_use.exit_code == 2 and "another `tessera up`" in in_use.output
+    os.close(lock)
+    unknown = CliRunner().invoke(app, ["revoke", "phone", "--home", str(home)], env=env)
+    assert unknown.exit_code == 1 and "joined: laptop" in unknown.output
+    done = CliRunner().invoke(app, ["revoke", "laptop", "--home", str(home)], env=env)
+    assert done.exit_code == 0 and "next `tessera up`" in done.output, done.output
+    kept = AccessControl(["worker-0"], path=home / "access.json")
+    assert "laptop" not in kept.passwords and kept.joined == []
+
+
+def test_a_joined_host_gives_up_once_its_secret_keeps_being_refused() -> None:
+    """Three refusals in a row (none accepted between): revoked, or the cluster started over."""
+    from libs.cluster.joined import Refusals
+
+    refusals = Refusals()
+    refused = {"msg": "nats error", "error": "Error(\"nats: 'Authorization Violation'\")"}
+    for _ in range(2):
+        refusals.hear(refused)
+    refusals.hear({"msg": "nats reconnected"})  # accepted between: a passing refusal
+    refusals.hear(refused)
+    refusals.hear({"msg": "nats error", "error": "ConnectionRefusedError()"})
+    assert not refusals.refused()
+    refusals.hear(refused)
+    refusals.hear(refused)
+    assert refusals.refused()

@@ -38,9 +38,10 @@ from services.worker.served.worker import ServedWorker
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-#: How long a measurement of this device is taken again without measuring (a worker that
-#: crashed and was started again by its supervisor is back the sooner).
-MEASURE_KEPT_S = 600.0
+#: How long a measurement of this device is taken again without measuring: a host's speed
+#: does not change within a day, and a worker that crashed and was started again by its
+#: supervisor (or a cluster started again after a reboot) is back the sooner.
+MEASURE_KEPT_S = 24 * 3600.0
 #: The shipped model's layers (``shipped_card().layers``), for servers of it built by hand.
 LAYERS = 30
 
