@@ -44,7 +44,7 @@ from libs.contracts import ANNOUNCE, ContractError, DeviceAnnounce
 from libs.contracts.keys import DeviceRow, Keys
 from libs.harness import placement_faults
 from libs.harness.chaos_outcomes import Outcome
-from libs.harness.chat_load import ChatLoad
+from libs.harness.chat_load import ChatLoad, load_env
 from libs.harness.placement import model_devices
 from libs.harness.placement_faults import PlacementFaults
 from libs.runtime.bus import publish
@@ -93,13 +93,7 @@ class Chaos:
             scheduler_port=free_port(),
             scheduler_replicas=2,
             nats_servers=nats_servers,
-            extra_env={
-                "TESSERA_WORKER_INTERVAL_S": str(interval_s),
-                "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
-                # A stream whose tokens were lost (nats-server restarting) fails in 10 s.
-                "TESSERA_GATEWAY_STALL_S": "10",
-                "TESSERA_GATEWAY_MAX_CONCURRENT": "64",
-            },
+            extra_env=load_env(interval_s),
         )
         self.cluster = Cluster(self.options, Console(file=log, width=200))
         access = self.cluster.access

@@ -27,6 +27,19 @@ import httpx
 #: Statuses a client tries again (OpenAI's client's rule), besides every 5xx.
 RETRY_STATUSES = frozenset({408, 409, 429})
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
+
+
+def load_env(interval_s: float) -> dict[str, str]:
+    """The cluster settings both chaos harnesses run under: reports every ``interval_s``, a
+    stream whose tokens were lost (nats-server restarting) failing in 10 s, room for the load."""
+    return {
+        "TESSERA_WORKER_INTERVAL_S": str(interval_s),
+        "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
+        "TESSERA_GATEWAY_STALL_S": "10",
+        "TESSERA_GATEWAY_MAX_CONCURRENT": "64",
+    }
+
+
 PROMPTS = ("Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.")
 
 

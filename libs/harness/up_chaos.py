@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from libs.cluster import runfile
 from libs.harness.chaos_outcomes import Outcome
-from libs.harness.chat_load import ChatLoad
+from libs.harness.chat_load import ChatLoad, load_env
 from libs.harness.placement import model_devices
 from libs.runtime.proc_tree import descendants, unit_pid
 from libs.runtime.procs import Line, ServiceProcess, free_port
@@ -78,11 +78,7 @@ class UpChaos:
             "TESSERA_RUN_FILE": str(self.run_file),
             "TESSERA_GATEWAY_PORT": str(port),
             "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
-            "TESSERA_WORKER_INTERVAL_S": str(interval_s),
-            "TESSERA_TELEMETRY_INTERVAL_S": str(interval_s),
-            # A stream whose tokens were lost (nats-server restarting) fails in 10 s.
-            "TESSERA_GATEWAY_STALL_S": "10",
-            "TESSERA_GATEWAY_MAX_CONCURRENT": "64",
+            **load_env(interval_s),
             "COLUMNS": "200",
         }
         self.argv = ["-m", "libs.cli.main", "up", "--devices", "2", "--workers", "2"]
@@ -113,9 +109,8 @@ class UpChaos:
         self.up = ServiceProcess("tessera up", self.env, self.argv, on_line=self._heard)
         self.up.start(ready_timeout_s=None)
         said = self._wait_said("ready:", started, BOOT_TIMEOUT_S)
-        assert said is not None  # required: raised otherwise
-        engines = self._wait_said("engines:", started, 1.0, required=False)
-        note = "" if engines is None else self._text_after(engines, "engines:")
+        # Said before `ready`, when it starts: which engine the CPU workers run.
+        note = next((t.split("engines:", 1)[1] for at, t in self.said if "engines:" in t), "")
         self.engine = "llamacpp" if "llama" in note.split(";")[0] else "torch"
         return said
 
@@ -126,9 +121,7 @@ class UpChaos:
             self.log.write(text + "\n")
             self.log.flush()
 
-    def _wait_said(
-        self, text: str, since: float, timeout_s: float, required: bool = True
-    ) -> float | None:
+    def _wait_said(self, text: str, since: float, timeout_s: float) -> float:
         """When ``tessera up`` first said ``text`` after ``since`` (monotonic s)."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -136,15 +129,9 @@ class UpChaos:
                 if at >= since and text in said:
                     return at
             if time.monotonic() > deadline or (self.up is not None and not self.up.alive):
-                if not required:
-                    return None
                 tail = "\n".join(s for _, s in self.said[-40:])
                 raise RuntimeError(f"tessera up did not say {text!r} in {timeout_s:.0f} s:\n{tail}")
             time.sleep(0.05)
-
-    def _text_after(self, at: float, marker: str) -> str:
-        said = next(s for t, s in self.said if t == at and marker in s)
-        return said.split(marker, 1)[1].strip()
 
     # -- one fault -----------------------------------------------------------------------------
     def run(self, fault: str, requests: int) -> Outcome:
@@ -173,7 +160,7 @@ class UpChaos:
         pid = unit_pid(self.up.process.pid, unit, port)
         at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        return at, self._wait_said(f"{unit} back after", at, 120.0) or at
+        return at, self._wait_said(f"{unit} back after", at, 120.0)
 
     def _unit(self, fault: str) -> tuple[str, int | None]:
         """The process a kill fault aims at, as supervision names it, and (for one server of

@@ -141,11 +141,7 @@ class DeploymentLog:
             del self.waiting[deployment.deployment_id]
             if deployment.epoch != epoch:
                 continue
-            self.deployer.heard_plan(deployment, now)  # its silence counts from now
-            tasks = self.deployer.shard_tasks(deployment, "load", now)
-            await asyncio.gather(
-                *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
-            )
+            await self._send_again(deployment, now)
         live = {d.deployment_id for d in self.book.live()}
         self.waiting = {d: held for d, held in self.waiting.items() if d in live}
 
@@ -162,11 +158,15 @@ class DeploymentLog:
                 "tasks sent again",
                 extra={"deployment_id": deployment.deployment_id, "announced": sorted(devices)},
             )
-            self.deployer.heard_plan(deployment, now)
-            tasks = self.deployer.shard_tasks(deployment, "load", now)
-            await asyncio.gather(
-                *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
-            )
+            await self._send_again(deployment, now)
+
+    async def _send_again(self, deployment: DeploymentState, now: float) -> None:
+        """A live plan's load tasks, out again; its silence counts from now."""
+        self.deployer.heard_plan(deployment, now)
+        tasks = self.deployer.shard_tasks(deployment, "load", now)
+        await asyncio.gather(
+            *(self.bus.publish_durable(SHARD_TASK, t, device_id=t.device_id) for t in tasks)
+        )
 
     async def unload_stale(self, status: ShardStatus, now: float) -> None:
         """Tell a worker still holding a re-planned epoch to drop it (once)."""
