@@ -103,18 +103,29 @@ docs: venv
 ## PYTEST_ARGS: more options, e.g. PYTEST_ARGS="--random-order" (pytest-random-order) or
 ## PYTEST_ARGS="--reversed" (tests/conftest.py) to run the tests in another order.
 PYTEST := $(BIN)/pytest -q -rs --durations=25 $(PYTEST_ARGS)
+## The tests on both cores: JOBS workers (pytest-xdist), each file's tests on one of them
+## (tests/conftest.py), in the order given (the long e2e files first, short unit tests fill
+## the end); then the tests marked `alone` (they check how soon something happens), one at a
+## time. Both parts always run; either failing fails the target. JOBS=0: one process.
+JOBS ?= 2
+define run_tests
+	@status=0; \
+	$(PYTEST) -n $(JOBS) --dist loadgroup --no-loadscope-reorder -m "not alone" $(1) || status=$$?; \
+	$(PYTEST) -m alone $(1) || [ $$? = 5 ] || status=1; \
+	exit $$status
+endef
 
 unit: deps-test venv model
-	$(PYTEST) tests/unit
+	$(call run_tests,tests/unit)
 
 integration: deps-test llama venv vllm model
-	$(PYTEST) tests/integration
+	$(call run_tests,tests/integration)
 
 e2e: deps-test llama venv model
-	$(PYTEST) tests/e2e
+	$(call run_tests,tests/e2e)
 
 test: deps-test llama venv vllm model lint typecheck docs
-	$(PYTEST) tests/unit tests/integration tests/e2e
+	$(call run_tests,tests/e2e tests/integration tests/unit)
 
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
 up: deps llama venv model

@@ -1,11 +1,14 @@
 """Shared fixtures: real nats-server and redis-server on free ports, clients, unique names.
 
-Two things for the whole run: ``--reversed`` runs the tests in reverse order (with
-pytest-random-order's ``--random-order`` a test that needs another to run first shows up), and
-a run fails when a process it started outlives it (``tests/leftovers.py``)."""
+Two workers run the tests side by side (``make test``), a file's tests on one of them, then
+the tests marked ``alone`` one at a time. Two things for the whole run: ``--reversed`` runs the
+tests in reverse order (with pytest-random-order's ``--random-order`` a test that needs another
+to run first shows up), and a run fails when a process it started outlives it
+(``tests/leftovers.py``)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -27,13 +30,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: What a test's processes are given under two workers: a core each. llama.cpp's threads and
+#: OpenMP's (torch) wait for each other at every step; with two servers of two threads on two
+#: cores, each waits on a thread descheduled for the other's: 6 completions on each of two
+#: llama-servers took 12.3 s at 2 threads each and 3.6 s at 1 (2.2 s for one server alone).
+ONE_CORE = {"TESSERA_WORKER_LLAMA_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     leftovers.mark_this_run()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of several: a test sets its own
+        for name, value in ONE_CORE.items():
+            os.environ.setdefault(name, value)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--reversed"):
         items.reverse()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """With two workers (``make test``: pytest-xdist's ``--dist loadgroup``) the tests of one
+    file run on one worker, one after another: a module's fixtures (a cluster, a server)
+    start once. A test grouped already (``tests/e2e/conftest.py``: the shared cluster's) keeps
+    its group."""
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down

@@ -10,14 +10,18 @@ import contextlib
 import ctypes
 import functools
 import json
+import os
 import queue
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from libs.runtime.lifecycle import READY_MESSAGE
@@ -45,10 +49,64 @@ def child_kwargs(death_signal: int = signal.SIGTERM) -> dict[str, Any]:
     return {"preexec_fn": functools.partial(_die_with_parent, death_signal), "process_group": 0}
 
 
+#: Where ``free_port`` picks: from here up to the kernel's range for connections' own ports
+#: (``EPHEMERAL``), never inside it. A port the kernel hands out (bind to 0) is in that range,
+#: where any connection made before the server listens may take it as its source port: a
+#: gateway was found failing to listen on a port picked a moment before for that reason.
+PICK_FROM = 20_000
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: A port picked is claimed for ``CLAIM_S`` by a file here, so that two processes picking at
+#: once (two clusters side by side, each starting its services) never pick the same one in
+#: the seconds before its server listens: a worker was found failing to listen for that reason.
+CLAIMS = Path(tempfile.gettempdir()) / "tessera-ports"
+CLAIM_S = 300.0
+_picks = random.Random()  # its own: a test seeding the module's random does not seed this
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` and no other process of this machine picked in
+    the last ``CLAIM_S``, below the range of connections' own ports."""
+    try:
+        below = int(EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 0
+    for _ in range(200 if below > PICK_FROM + 1000 else 0):
+        port = _picks.randrange(PICK_FROM, below)
+        if listenable(host, port) and _claim(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def listenable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` (False: another process did within ``CLAIM_S``). Where no claim can be
+    written (another user's folder), every port counts as unclaimed."""
+    path = CLAIMS / str(port)
+    try:
+        CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < CLAIM_S:
+                return False
+            path.unlink()  # an old claim: ours if no other process takes it first
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except OSError:
+            return False
+        return True
+    except OSError:
+        return True
 
 
 def port_free(host: str, port: int) -> bool:

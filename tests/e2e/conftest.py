@@ -12,12 +12,18 @@ from tests.e2e import shared
 from tests.e2e.cluster import RunningCluster
 
 FIXTURE = "shared_cluster"
-LAST_USER = pytest.StashKey[str]()
 RUNNING = pytest.StashKey[RunningCluster]()
 
 
 def uses_it(item: pytest.Item) -> bool:
     return FIXTURE in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py gives each test its file's group
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """With two workers, the tests that use the shared cluster run on one, one after another."""
+    if uses_it(item):
+        item.add_marker(pytest.mark.xdist_group(FIXTURE))
 
 
 @pytest.hookimpl(trylast=True)  # after any reordering (--reversed, --random-order)
@@ -28,7 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     first = items.index(users[0])
     others = [item for item in items if not uses_it(item)]
     items[:] = others[:first] + users + others[first:]
-    config.stash[LAST_USER] = users[-1].nodeid
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +47,11 @@ def shared_cluster(pytestconfig: pytest.Config) -> Iterator[RunningCluster]:
         running.stop()
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """After the last test that uses the shared cluster: stop it (the session's end would,
-    but later tests would share the cores with it until then)."""
-    if item.nodeid == item.config.stash.get(LAST_USER, None):
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last of the tests that use the shared cluster (they run one after another):
+    stop it (the session's end would, but later tests would share the cores with it until
+    then). Known from the next test, whatever the order, the tests deselected or the worker."""
+    if uses_it(item) and (nextitem is None or not uses_it(nextitem)):
         running = item.config.stash.get(RUNNING, None)
         if running is not None:
             running.stop()

@@ -29,7 +29,8 @@ KEY = shared.KEYS[0]
 #: Each service in turn, then Redis and nats-server; a worker last (its device's shards
 #: move, then it is back).
 KILLED = ("scorer", "telemetry", "scheduler", "gateway", "redis", "nats", "worker-1")
-pytestmark = pytest.mark.timeout(600)
+#: Alone: how soon each is back is the check, with no other test taking the cores.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.alone]
 
 
 @pytest.fixture

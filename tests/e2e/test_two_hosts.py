@@ -182,6 +182,7 @@ def joins(
     return process.start(ready_timeout_s=180)
 
 
+@pytest.mark.alone  # how soon host B is back after the restart is the check
 def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
     hosts: tuple[list[str], str, list[str]], tmp_path: Path
 ) -> None:
