@@ -106,4 +106,14 @@ def test_each_service_killed_under_load_is_started_again_and_nothing_is_lost(
         assert f'tessera_cluster_service_restarts_total{{service="{name}"}} 1.0' in metrics
     for name in KILLED:
         row = next(line for line in status.stdout.splitlines() if line.startswith(f"{name} "))
-        assert "running" in row and "restarts 1" in row and "SIGKILL" in row, row
+        restarts = re.search(r"restarts (\d+)", row)
+        assert "running" in row and restarts and int(restarts[1]) >= 1, row
+        # The last exit is the kill; or the scheduler's own when NATS was away longer than its
+        # leader lease lets it act (2.5 s): it steps down, exits and is started again (never
+        # two leaders), as supervision is for.
+        stepped_down = (
+            name == "scheduler"
+            and "exited with code 1" in row
+            and any("lost the leader lease" in line for line in cluster.lines)
+        )
+        assert "SIGKILL" in row or stepped_down, row
