@@ -72,20 +72,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         below = 0
     for _ in range(200 if below > PICK_FROM + 1000 else 0):
         port = _picks.randrange(PICK_FROM, below)
-        if listenable(host, port) and _claim(port):
+        if port_free(host, port, reuse=False) and _claim(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def listenable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def _claim(port: int) -> bool:
@@ -109,11 +100,13 @@ def _claim(port: int) -> bool:
         return True
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be listened on at ``host`` now, as servers listen (address reuse:
-    the connections of a server just stopped, left in TIME_WAIT, do not hold it)."""
+def port_free(host: str, port: int, *, reuse: bool = True) -> bool:
+    """Whether ``port`` can be listened on at ``host`` now, as servers listen (``reuse``:
+    address reuse, the connections of a server just stopped, left in TIME_WAIT, do not hold
+    it; without it they do)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
