@@ -73,8 +73,16 @@ def test_two_clusters_side_by_side_both_reach_ready() -> None:
         assert httpx.get(f"{urls[1]}/v1/models", timeout=10).status_code == 401
         auth = {"authorization": f"Bearer {key.group(1)}"}
         assert httpx.get(f"{urls[1]}/v1/models", headers=auth, timeout=10).status_code == 200
-        logged = [json.loads(line) for line in (Path(homes[1]) / "logs/access.log").open()]
-        assert {(e["key"], e["status"]) for e in logged} >= {("-", 401), ("phone", 200)}
+        # The access log is written once the answer is sent: read until both are in it.
+        access_log, wanted = Path(homes[1]) / "logs/access.log", {("-", 401), ("phone", 200)}
+        deadline = time.monotonic() + 30
+        while True:
+            logged = [json.loads(line) for line in access_log.open() if line.endswith("\n")]
+            seen = {(e["key"], e["status"]) for e in logged}
+            if seen >= wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert seen >= wanted, seen
         assert key.group(1) not in (Path(homes[1]) / "logs/access.log").read_text()
         assert tessera(lan, "keys", "revoke", "phone")[0] == 0
         deadline = time.monotonic() + 5  # the gateway reads its keys again within a second
