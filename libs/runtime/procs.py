@@ -66,10 +66,7 @@ _picks = random.Random()  # its own: a test seeding the module's random does not
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at ``host`` and no other process of this machine picked in
     the last ``CLAIM_S``, below the range of connections' own ports."""
-    try:
-        below = int(EPHEMERAL.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        below = 0
+    below = _ephemeral_start()
     for _ in range(200 if below > PICK_FROM + 1000 else 0):
         port = _picks.randrange(PICK_FROM, below)
         if port_free(host, port, reuse=False) and _claim(port):
@@ -79,25 +76,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+@functools.cache
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for connections' own ports (0: unknown)."""
+    try:
+        return int(EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _claim(port: int) -> bool:
     """Claim ``port`` (False: another process did within ``CLAIM_S``). Where no claim can be
     written (another user's folder), every port counts as unclaimed."""
     path = CLAIMS / str(port)
     try:
         CLAIMS.mkdir(mode=0o1777, exist_ok=True)
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return True
-    except FileExistsError:
-        try:
-            if time.time() - path.stat().st_mtime < CLAIM_S:
-                return False
+        if path.exists() and time.time() - path.stat().st_mtime >= CLAIM_S:
             path.unlink()  # an old claim: ours if no other process takes it first
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except OSError:
-            return False
-        return True
+    except FileNotFoundError:
+        pass  # the old claim went meanwhile
+    except OSError:
+        return not path.exists()  # no folder of ours: unclaimed; another's old claim: taken
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
     except OSError:
         return True
+    return True
 
 
 def port_free(host: str, port: int, *, reuse: bool = True) -> bool:
