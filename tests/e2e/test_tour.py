@@ -128,99 +128,115 @@ def run(command: str, cluster: RunningCluster, tmp: Path) -> str:
     return done.stdout
 
 
+class Machine:
+    """The cluster of steps 1–5 (the restart step swaps in the one started again) and the
+    own model's greedy answer once it is deployed, so the steps run in any order."""
+
+    def __init__(self, cluster: RunningCluster) -> None:
+        self.cluster = cluster
+        #: (name, greedy answer) of the own model once deployed; random weights may end at
+        #: once (an empty text), so the answer keeps how it ended and its token count too.
+        self.own: tuple[str, tuple[str, str, int]] | None = None
+
+    def deploy_own_model(self, tmp: Path) -> tuple[str, tuple[str, str, int]]:
+        """Step 4 as typed, once: the own model added and deployed, served by name."""
+        if self.own is not None:
+            return self.own
+        cluster = self.cluster
+        add, deploy, placements = commands(tour()[OWN_MODEL])
+        file_name = re.search(r"~/models/(\S+\.gguf)", add)
+        assert file_name, add
+        make_gguf(tmp / file_name.group(1), "qwen2", "Q8_0")
+        run(add, cluster, tmp)
+        run(deploy, cluster, tmp)
+        name = deploy.split()[-1]
+        assert name in run(placements, cluster, tmp)
+        client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="-")
+        assert name in [model.id for model in client.models.list()]
+        reply = client.completions.create(model=name, prompt="Hello", max_tokens=4)
+        assert reply.model == name and reply.choices[0].finish_reason in ("stop", "length")
+        self.own = name, greedy(client, name)
+        return self.own
+
+
 @pytest.fixture(scope="class")
-def one_machine() -> Iterator[RunningCluster]:
+def one_machine() -> Iterator[Machine]:
     (start_up,) = commands(tour()["Start it"])
-    cluster = start(up_args(start_up))
-    yield cluster
-    cluster.stop()
+    machine = Machine(start(up_args(start_up)))
+    yield machine
+    machine.cluster.stop()
 
 
 class TestOnOneMachine:
-    """Steps 1–5 on the cluster `make up` starts, then on the same home started again."""
+    """Steps 1–5 on the cluster `make up` starts, then on the same home started again; in
+    any order (a step that needs the own model deploys it if step 4 has not yet)."""
 
-    #: What the own model said, greedily, before the restart.
-    said_before: str = ""
-
-    def test_start_chat_and_open_the_dashboard(
-        self, one_machine: RunningCluster, tmp_path: Path
-    ) -> None:
+    def test_start_chat_and_open_the_dashboard(self, one_machine: Machine, tmp_path: Path) -> None:
+        cluster = one_machine.cluster
         steps = tour()
-        ready = [line for line in one_machine.lines if "ready:" in line]
-        assert ready and f"gateway http://127.0.0.1:{one_machine.port}" in ready[0], ready
+        ready = [line for line in cluster.lines if "ready:" in line]
+        assert ready and f"gateway http://127.0.0.1:{cluster.port}" in ready[0], ready
         (script,) = blocks(steps["Chat through any OpenAI client"], "python")
         done = subprocess.run(
-            [sys.executable, "-c", on_this_machine(script, one_machine, tmp_path)],
+            [sys.executable, "-c", on_this_machine(script, cluster, tmp_path)],
             capture_output=True,
             text=True,
             timeout=120,
         )
         assert done.returncode == 0 and done.stdout.strip(), done.stderr
         curl, chat = commands(steps["Chat through any OpenAI client"])
-        answer = json.loads(run(curl, one_machine, tmp_path))
+        answer = json.loads(run(curl, cluster, tmp_path))
         assert answer["choices"][0]["message"]["content"].strip()
-        assert run(chat, one_machine, tmp_path).strip()
+        assert run(chat, cluster, tmp_path).strip()
 
         body = steps["Open the dashboard"]
         urls = re.findall(r"http://127\.0\.0\.1:8000/\S*", body.split("```")[0])
         assert urls, "the dashboard's step names no address to open"
         for url in urls:
-            page = httpx.get(on_this_machine(url, one_machine, tmp_path), timeout=10)
+            page = httpx.get(on_this_machine(url, cluster, tmp_path), timeout=10)
             assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         (devices,) = commands(body)
-        assert "worker-0" in run(devices, one_machine, tmp_path)
+        assert "worker-0" in run(devices, cluster, tmp_path)
 
-    def test_add_and_deploy_your_own_model(
-        self, one_machine: RunningCluster, tmp_path: Path
-    ) -> None:
-        add, deploy, placements = commands(tour()[OWN_MODEL])
-        file_name = re.search(r"~/models/(\S+\.gguf)", add)
-        assert file_name, add
-        make_gguf(tmp_path / file_name.group(1), "qwen2", "Q8_0")
-        run(add, one_machine, tmp_path)
-        run(deploy, one_machine, tmp_path)
-        name = deploy.split()[-1]
-        assert name in run(placements, one_machine, tmp_path)
-        client = openai.OpenAI(base_url=f"{one_machine.base_url}/v1", api_key="-")
-        assert name in [model.id for model in client.models.list()]
-        reply = client.completions.create(model=name, prompt="Hello", max_tokens=4)
-        assert reply.model == name and reply.choices[0].finish_reason in ("stop", "length")
-        TestOnOneMachine.said_before = greedy(client, name)
+    def test_add_and_deploy_your_own_model(self, one_machine: Machine, tmp_path: Path) -> None:
+        name, _ = one_machine.deploy_own_model(tmp_path)
+        client = openai.OpenAI(base_url=f"{one_machine.cluster.base_url}/v1", api_key="-")
+        assert greedy(client, name)[2] > 0  # served by name (on the cluster started again too)
 
-    def test_stop_it_and_start_it_again(self, one_machine: RunningCluster, tmp_path: Path) -> None:
+    def test_stop_it_and_start_it_again(self, one_machine: Machine, tmp_path: Path) -> None:
         """SIGTERM, then `make up` on the same home: the own model is listed, answers the same
         greedy text once `ready` is printed (its deployment named there), and the token is
         the same."""
         start_again, listed = commands(tour()[RESTART])
-        name = commands(tour()[OWN_MODEL])[1].split()[-1]
-        assert TestOnOneMachine.said_before, "the own model's step did not run"
-        token = json.loads((one_machine.home / "access.json").read_text())["passwords"]["join"]
-        one_machine.stop()
+        name, said_before = one_machine.deploy_own_model(tmp_path)
+        before = one_machine.cluster
+        token = json.loads((before.home / "access.json").read_text())["passwords"]["join"]
+        before.stop()
         again = RunningCluster(
             *up_args(start_again),
             devices=int(LauncherSettings.model_fields["devices"].default),
-            home=one_machine.home,
-            port=one_machine.port,
+            home=before.home,
+            port=before.port,
         )
-        try:
-            ready = again.wait_for("ready:", 300)
-            restored = re.search(r"\(restored: (.*)\)", ready)
-            assert restored, ready
-            placed = httpx.get(f"{again.base_url}/v1/cluster/placements", timeout=10).json()
-            own = [p["deployment_id"] for p in placed if p["model"] == name]
-            assert own and own[0] in restored.group(1), (own, ready)
-            assert name in run(listed, again, tmp_path)
-            client = openai.OpenAI(base_url=f"{again.base_url}/v1", api_key="-")
-            assert greedy(client, name) == TestOnOneMachine.said_before
-            kept = json.loads((again.home / "access.json").read_text())["passwords"]["join"]
-            assert kept == token
-        finally:
-            again.stop()
+        one_machine.cluster = again  # stopped by the fixture; later steps run on it
+        ready = again.wait_for("ready:", 300)
+        restored = re.search(r"\(restored: (.*)\)", ready)
+        assert restored, ready
+        placed = httpx.get(f"{again.base_url}/v1/cluster/placements", timeout=10).json()
+        own = [p["deployment_id"] for p in placed if p["model"] == name]
+        assert own and own[0] in restored.group(1), (own, ready)
+        assert name in run(listed, again, tmp_path)
+        client = openai.OpenAI(base_url=f"{again.base_url}/v1", api_key="-")
+        assert greedy(client, name) == said_before
+        kept = json.loads((again.home / "access.json").read_text())["passwords"]["join"]
+        assert kept == token
 
 
-def greedy(client: openai.OpenAI, model: str) -> str:
+def greedy(client: openai.OpenAI, model: str) -> tuple[str, str, int]:
+    """The greedy text of ``model``, how it ended and how many tokens it took."""
     reply = client.completions.create(model=model, prompt="Hello", max_tokens=8, temperature=0)
-    return reply.choices[0].text or ""
+    used = reply.usage.completion_tokens if reply.usage else -1
+    return reply.choices[0].text or "", reply.choices[0].finish_reason, used
 
 
 def test_join_a_second_machine(tmp_path: Path) -> None:
