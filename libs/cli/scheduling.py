@@ -52,11 +52,21 @@ def shards_table(title: str, shards: list[dict[str, Any]]) -> Table:
     return fitted(Console(), title, SHARD_COLUMNS, rows)
 
 
-def show_previews(base: str, model: str, max_shards: int, precision: str | None = None) -> None:
+def show_previews(
+    base: str, model: str, max_shards: int, precision: str | None = None, card: Any = None
+) -> None:
+    """The candidate placements of registered ``model``, or of ``card`` (a model's file read
+    here, not registered: nothing is added)."""
     params: dict[str, Any] = {"model": model, "max_shards": max_shards}
     if precision:
         params["precision"] = precision
-    options = call("GET", f"{base}/instance/previews", params=params)
+    if card is not None:
+        body = {"card": card.model_dump(mode="json"), "max_shards": max_shards}
+        if precision:
+            body["precision"] = precision
+        options = call("POST", f"{base}/instance/previews", json=body)
+    else:
+        options = call("GET", f"{base}/instance/previews", params=params)
     console = Console()
     for option in options:
         n = len(option["devices"])

@@ -42,10 +42,19 @@ def preview(
     precision: PrecisionOption = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
-    """Every candidate placement of MODEL: layers and memory per device, or why not."""
+    """Every candidate placement of MODEL (a registered name, or a FILE.gguf: read here, not
+    added): layers and memory per device, or why not."""
+    from libs.cli.model_commands import file_card
     from libs.cli.scheduling import show_previews
 
-    show_previews(_scheduler(scheduler_url), model, max_shards, precision and precision.value)
+    base, chosen = _scheduler(scheduler_url), precision and precision.value
+    found = file_card(base, model)
+    if found is None:
+        show_previews(base, model, max_shards, chosen)
+    elif isinstance(found, str):  # the cluster has this file: its registered name
+        show_previews(base, found, max_shards, chosen)
+    else:
+        show_previews(base, found.name, max_shards, chosen, card=found)
 
 
 def deploy(

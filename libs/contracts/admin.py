@@ -55,6 +55,17 @@ class DeployBody(BaseModel):
     )
 
 
+class PreviewBody(BaseModel):
+    """Previews of a model not registered (yet): its ``card``, read by the caller where its
+    file lies (``tessera preview FILE.gguf``). Nothing is registered or stored."""
+
+    model_config = ConfigDict(extra="forbid")
+    card: ModelCard
+    context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    max_shards: Annotated[int, Field(ge=1, le=256)] = 8
+    precision: Precision | None = None
+
+
 class AddModelBody(BaseModel):
     """Register a model: ``source`` is read by the scheduler on its host (a path to a GGUF;
     a URL or ``hf:ORG/REPO[/FILE]`` is fetched first), or ``card`` was read by the caller on

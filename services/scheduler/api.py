@@ -22,8 +22,9 @@ from libs.contracts import (
     PlacementDecision,
     PlacementRequest,
 )
-from libs.contracts.admin import DeployBody, ModeBody, PolicyBody
+from libs.contracts.admin import DeployBody, ModeBody, PolicyBody, PreviewBody
 from libs.contracts.base import Precision
+from libs.contracts.models import ModelCard
 from libs.core.policies import POLICIES
 from libs.deployments import phases
 from services.scheduler.models_api import model_routes
@@ -54,19 +55,19 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             "devices": sorted(scheduler.view.rows.keys() - scheduler.view.failed),  # live
         }
 
-    @app.get("/instance/previews")
-    async def instance_previews(
+    def shown(
         model: str,
-        context_length: Annotated[int | None, Query(ge=1, le=1_048_576)] = None,
-        max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
-        precision: Precision | None = None,
+        context_length: int | None,
+        max_shards: int,
+        precision: str | None,
+        card: ModelCard | None = None,
     ) -> list[dict[str, Any]]:
-        """Every candidate placement: per-device layers and memory (in ``precision``), or why
-        it is infeasible."""
-        await _known_model(model)
         now = scheduler.clock()
-        book = scheduler.book
-        context = scheduler.planner.context_for(book, model, context_length, now)
+        book, planner = scheduler.book, scheduler.planner
+        context = planner.context_for(book, model, context_length, now, card)
+        options = planner.preview(
+            book, model, context, max_shards, now, precision=precision, card=card
+        )
         return [
             {
                 "devices": list(p.devices),
@@ -84,10 +85,26 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                     for s in p.shards
                 ],
             }
-            for p in scheduler.planner.preview(
-                book, model, context, max_shards, now, precision=precision
-            )
+            for p in options
         ]
+
+    @app.get("/instance/previews")
+    async def instance_previews(
+        model: str,
+        context_length: Annotated[int | None, Query(ge=1, le=1_048_576)] = None,
+        max_shards: Annotated[int, Query(ge=1, le=256)] = 8,
+        precision: Precision | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every candidate placement: per-device layers and memory (in ``precision``), or why
+        it is infeasible."""
+        await _known_model(model)
+        return shown(model, context_length, max_shards, precision)
+
+    @app.post("/instance/previews")
+    async def card_previews(body: PreviewBody) -> list[dict[str, Any]]:
+        """The same for a model not registered, by its card (registers nothing)."""
+        card = body.card
+        return shown(card.name, body.context_length, body.max_shards, body.precision, card)
 
     @app.post("/placements", status_code=201)
     async def deploy(body: DeployBody) -> PlacementDecision:

@@ -54,13 +54,15 @@ class Planner:
         moving: str | None = None,
         shard_count: int | None = None,
         told: tuple[str, ...] = (),
+        card: ModelCard | None = None,
     ) -> list[Preview]:
         """Candidate placements of registered ``model`` (on devices other than ``without``
         whose engine serves it; the memory of deployment ``moving`` counted free), its layers
         counted as each engine family holds them (``card_spec``: the torch ring in
         ``precision``); ``shard_count`` and ``told`` devices: exactly those. An infeasible
-        option names the devices left out and why."""
-        card = self.cards[model]
+        option names the devices left out and why. ``card``: that of a model not registered
+        (a preview before it is added), else the registered one's."""
+        card = card or self.cards[model]
         candidates = self.model_devices(book, now, moving)
         refused = fit.left_out(card, candidates, self.view.announces, context_length)
         devices = [d for d in candidates if d.device_id not in refused]
@@ -93,13 +95,20 @@ class Planner:
         }
         return [fit.explain(whole_models_only(o, whole_only), refused) for o in options]
 
-    def context_for(self, book: DeploymentBook, model: str, asked: int | None, now: float) -> int:
-        """The context a deployment of registered ``model`` gets: what it asks for, else
-        ``fit.default_context`` over the devices that could hold it."""
+    def context_for(
+        self,
+        book: DeploymentBook,
+        model: str,
+        asked: int | None,
+        now: float,
+        card: ModelCard | None = None,
+    ) -> int:
+        """The context a deployment of registered ``model`` (or of ``card``) gets: what it
+        asks for, else ``fit.default_context`` over the devices that could hold it."""
         if asked is not None:
             return asked
         devices = self.model_devices(book, now)
-        return fit.default_context(self.cards[model], devices, self.view.announces)
+        return fit.default_context(card or self.cards[model], devices, self.view.announces)
 
     def slots(self, devices: list[Device], family: str) -> int:
         """Request slots the engines of ``devices`` run, as their workers announce them (the

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,6 +66,17 @@ class RunningCluster:
         assert found, said
         self.wait_for("ready:", 240)
         return found[1], found[2]
+
+    def exit_code(self, timeout_s: float) -> int:
+        """Its exit status once it exits; past ``timeout_s``, its threads' stacks (SIGUSR1:
+        ``tessera up`` prints them) and its last lines in the failure."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            tail = "\n".join(self.lines[-80:])
+            raise AssertionError(f"still running after {timeout_s:.0f} s:\n{tail}") from None
 
     @property
     def base_url(self) -> str:

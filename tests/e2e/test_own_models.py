@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from libs.models.gguf_info import read_card
 from services.worker.settings import WorkerSettings
 from tests.e2e.cluster import RunningCluster
 from tests.made_models import QUANTIZED_TYPES, llama_server, make_gguf
@@ -57,6 +58,11 @@ def listed(cluster: RunningCluster) -> list[str]:
     return [m["id"] for m in data]
 
 
+def models(cluster: RunningCluster) -> list[dict]:  # type: ignore[type-arg]
+    answer: list[dict] = httpx.get(f"{cluster.base_url}/v1/cluster/models", timeout=5).json()  # type: ignore[type-arg]
+    return answer
+
+
 def placement(cluster: RunningCluster, deployment: str) -> dict:  # type: ignore[type-arg]
     url = f"{cluster.base_url}/v1/cluster/placements/{deployment}"
     answer: dict = httpx.get(url, timeout=5).json()  # type: ignore[type-arg]
@@ -75,8 +81,17 @@ def test_a_model_added_by_path_serves_by_name_whole_and_split(
     """A llama.cpp worker heads one deployment at a time: the shipped model's goes first."""
     undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
     path = make_gguf(tmp_path / "qwen.gguf", "qwen2", "Q8_0", layers=6, hidden=128)
+    code, out = tessera(cluster, "preview", str(path))  # before it is added: nothing added
+    assert code == 0 and "device(s): ~" in out and "ms/token" in out, out
+    card = read_card(path).model_dump(mode="json")
+    shown = httpx.post(f"{cluster.base_url}/v1/cluster/previews", json={"card": card}, timeout=30)
+    assert shown.status_code == 200 and any(o["feasible"] for o in shown.json()), shown.text
+    assert [m["name"] for m in models(cluster)] == ["smollm2-135m-instruct"]
     code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
     assert code == 0 and f"added {NAME}: qwen2, 6 layers" in out, out
+    for model in (str(path), NAME):  # the file added: shown as the model it is
+        code, out = tessera(cluster, "preview", model)
+        assert code == 0 and "device(s): ~" in out, out
     code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
     assert code == 1 and "already registered" in out, out
     code, out = tessera(cluster, "models", "list")

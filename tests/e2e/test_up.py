@@ -59,7 +59,7 @@ def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
     children = descendants(cluster.process.pid)
     assert len(children) >= 3  # nats-server, redis-server and at least the gateway
     cluster.process.send_signal(signal.SIGINT)
-    assert cluster.process.wait(90) == 0  # a bound, not a goal: this machine is shared
+    assert cluster.exit_code(90) == 0  # a bound, not a goal: this machine is shared
     assert [pid for pid in children if alive(pid)] == []
 
 
@@ -80,7 +80,7 @@ def dies_and_takes_the_cluster_down(cluster: RunningCluster) -> None:
     )
     os.kill(gateway, signal.SIGKILL)
     cluster.wait_for("gateway stopped by SIGKILL unexpectedly", timeout_s=10)
-    assert cluster.process.wait(90) == 1
+    assert cluster.exit_code(90) == 1
     assert [pid for pid in children if alive(pid)] == []
 
 

