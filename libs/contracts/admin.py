@@ -65,6 +65,15 @@ class PreviewBody(BaseModel):
     max_shards: Annotated[int, Field(ge=1, le=256)] = 8
     precision: Precision | None = None
 
+    @field_validator("card")
+    @classmethod
+    def one_size_per_layer(cls, card: ModelCard) -> ModelCard:
+        for field in ("layer_bytes", "layer_params"):
+            if len(getattr(card, field)) != card.layers:  # one per layer
+                count = len(getattr(card, field))
+                raise ValueError(f"card.{field}: {count} entries for {card.layers} layers")
+        return card
+
 
 class AddModelBody(BaseModel):
     """Register a model: ``source`` is read by the scheduler on its host (a path to a GGUF;

@@ -102,9 +102,13 @@ def create_api(scheduler: Scheduler) -> FastAPI:
 
     @app.post("/instance/previews")
     async def card_previews(body: PreviewBody) -> list[dict[str, Any]]:
-        """The same for a model not registered, by its card (registers nothing)."""
+        """The same for a model not registered, by its card (registers nothing). A card the
+        caller wrote is not trusted: sizes that cannot be planned are a 400 naming why."""
         card = body.card
-        return shown(card.name, body.context_length, body.max_shards, body.precision, card)
+        try:
+            return shown(card.name, body.context_length, body.max_shards, body.precision, card)
+        except (ValueError, ArithmeticError) as exc:
+            raise HTTPException(400, f"the card's sizes cannot be planned: {exc}") from None
 
     @app.post("/placements", status_code=201)
     async def deploy(body: DeployBody) -> PlacementDecision:

@@ -58,8 +58,7 @@ def test_up_reaches_ready_serves_healthz_and_ctrl_c_leaves_no_child(
 
     children = descendants(cluster.process.pid)
     assert len(children) >= 3  # nats-server, redis-server and at least the gateway
-    cluster.process.send_signal(signal.SIGINT)
-    assert cluster.exit_code(90) == 0  # a bound, not a goal: this machine is shared
+    assert cluster.interrupt(90) == 0  # a bound, not a goal: this machine is shared
     assert [pid for pid in children if alive(pid)] == []
 
 

@@ -82,7 +82,8 @@ def make_vllm(tmp_path: Path, *args: str) -> tuple[int, str, list[str]]:
     assert make
     out = tmp_path / "out"
     done = os.system(
-        f"cd {ROOT} && env -u VLLM_PACKAGE {make} --no-print-directory vllm "
+        f"cd {ROOT} && env -u VLLM_PACKAGE -u MAKEFLAGS -u MFLAGS -u MAKELEVEL "
+        f"{make} --no-print-directory vllm "
         f"VLLM_VENV={venv} PYTHON={tmp_path / 'python'} {' '.join(args)} > {out} 2>&1"
     )
     calls = log.read_text().splitlines() if log.exists() else []

@@ -170,6 +170,9 @@ async def test_a_model_goes_only_where_its_engine_serves_it_and_as_told(
         early = await client.post("/instance/previews", json={"card": card.model_dump(mode="json")})
         assert early.status_code == 200, early.text
         assert (await client.get("/models/q")).status_code == 404  # nothing was registered
+        torn = {**card.model_dump(mode="json"), "layer_bytes": [1, 2]}
+        refused = await client.post("/instance/previews", json={"card": torn})
+        assert refused.status_code == 422 and "2 entries for" in refused.text, refused.text
         assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
         shown = (await client.get("/instance/previews", params={"model": "q"})).json()
         assert shown and all(torch_device not in o["devices"] for o in shown)
