@@ -150,6 +150,9 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops it even when started where SIGINT is ignored (a script's `cmd &`, nohup:
+    # an ignored signal is inherited, and Python then leaves it ignored).
+    interrupted = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         worker.start(ready_timeout_s=None)
         if not worker.wait_ready(options.ready_timeout_s):
@@ -170,4 +173,5 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         worker.terminate()
         worker.stop(timeout_s=30)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, interrupted)
         shutil.rmtree(rpc_folder, ignore_errors=True)

@@ -232,6 +232,9 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops it even when started where SIGINT is ignored (a script's `cmd &`, nohup:
+    # an ignored signal is inherited, and Python then leaves it ignored).
+    interrupted = signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it is
     try:
@@ -298,3 +301,4 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
     finally:
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, interrupted)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,16 +76,9 @@ class RunningCluster:
             raise AssertionError(self.where(f"still running after {timeout_s:.0f} s")) from None
 
     def interrupt(self, timeout_s: float) -> int:
-        """Ctrl-C, and its exit status. A first Ctrl-C that is not obeyed within
-        ``timeout_s`` is reported (a warning with its signal masks and stacks: seen twice in
-        two-worker runs, cause not yet found) and a second one sent, as a user would."""
+        """Ctrl-C, and its exit status (``exit_code``)."""
         self.process.send_signal(signal.SIGINT)
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            warnings.warn(self.where(f"Ctrl-C not obeyed in {timeout_s:.0f} s"), stacklevel=2)
-        self.process.send_signal(signal.SIGINT)
-        return self.exit_code(60)
+        return self.exit_code(timeout_s)
 
     def where(self, what: str) -> str:
         """``what``, with each thread's signal masks, its stacks and its last lines."""
