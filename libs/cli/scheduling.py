@@ -57,16 +57,15 @@ def show_previews(
 ) -> None:
     """The candidate placements of registered ``model``, or of ``card`` (a model's file read
     here, not registered: nothing is added)."""
-    params: dict[str, Any] = {"model": model, "max_shards": max_shards}
-    if precision:
-        params["precision"] = precision
-    if card is not None:
-        body = {"card": card.model_dump(mode="json"), "max_shards": max_shards}
-        if precision:
-            body["precision"] = precision
-        options = call("POST", f"{base}/instance/previews", json=body)
+    asked: dict[str, Any] = {
+        "max_shards": max_shards,
+        **({"precision": precision} if precision else {}),
+    }
+    url = f"{base}/instance/previews"
+    if card is None:
+        options = call("GET", url, params={"model": model, **asked})
     else:
-        options = call("GET", f"{base}/instance/previews", params=params)
+        options = call("POST", url, json={"card": card.model_dump(mode="json"), **asked})
     console = Console()
     for option in options:
         n = len(option["devices"])

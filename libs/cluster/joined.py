@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -25,6 +23,7 @@ from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import find_clusters
 from libs.cluster.engine_choice import choose_engines
 from libs.cluster.joining import JoinRefused, ask_to_join
+from libs.cluster.stopping import stopped_by_signals
 from libs.devices.host_device import host_device_id
 from libs.runtime.pki import Credentials, rpc_env
 from libs.runtime.procs import ServiceProcess
@@ -146,32 +145,24 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
 
     worker = ServiceProcess("worker", env, ["-m", "services.worker"], on_line=heard)
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C stops it even when started where SIGINT is ignored (a script's `cmd &`, nohup:
-    # an ignored signal is inherited, and Python then leaves it ignored).
-    interrupted = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        worker.start(ready_timeout_s=None)
-        if not worker.wait_ready(options.ready_timeout_s):
-            say(f"the worker did not start: {exit_text(worker.returncode)}", "bold red")
-            return 1
-        say(f"ready: this host serves as {device_id}; Ctrl-C leaves", "bold green")
-        while worker.alive:
-            if refusals.refused():
-                say(REFUSED.format(device_id=device_id, url=url), "bold red")
+    with stopped_by_signals():
+        try:
+            worker.start(ready_timeout_s=None)
+            if not worker.wait_ready(options.ready_timeout_s):
+                say(f"the worker did not start: {exit_text(worker.returncode)}", "bold red")
                 return 1
-            time.sleep(0.2)
-        say(f"the worker {exit_text(worker.returncode)}", "bold red")
-        return 1
-    except KeyboardInterrupt:
-        say("leaving")
-        return 0
-    finally:
-        worker.terminate()
-        worker.stop(timeout_s=30)
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, interrupted)
-        shutil.rmtree(rpc_folder, ignore_errors=True)
+            say(f"ready: this host serves as {device_id}; Ctrl-C leaves", "bold green")
+            while worker.alive:
+                if refusals.refused():
+                    say(REFUSED.format(device_id=device_id, url=url), "bold red")
+                    return 1
+                time.sleep(0.2)
+            say(f"the worker {exit_text(worker.returncode)}", "bold red")
+            return 1
+        except KeyboardInterrupt:
+            say("leaving")
+            return 0
+        finally:
+            worker.terminate()
+            worker.stop(timeout_s=30)
+            shutil.rmtree(rpc_folder, ignore_errors=True)

@@ -12,22 +12,19 @@ servers.
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import json
 import re
-import signal
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
 
 from libs.cluster.child_output import exit_text
 from libs.cluster.launcher import Cluster
+from libs.cluster.stopping import stopped_by_signals
 from libs.cluster.supervising import supervise
 from libs.cluster.up_options import StartRefused, UpOptions
 from libs.deployments import phases
@@ -228,77 +225,73 @@ def run_cluster(options: UpOptions, console: Console | None = None) -> int:
         (console or Console(highlight=False, stderr=True)).print(f"tessera up: {exc}")
         return 2
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+    with stopped_by_signals():
+        try:
+            return serve(cluster, options)
+        except KeyboardInterrupt:
+            cluster.say("cluster", "stopping", "white")
+            return 0
+        finally:
+            cluster.stop()
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C stops it even when started where SIGINT is ignored (a script's `cmd &`, nohup:
-    # an ignored signal is inherited, and Python then leaves it ignored).
-    interrupted = signal.signal(signal.SIGINT, signal.default_int_handler)
-    with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it is
-    try:
-        cluster.start()
-        if not cluster.wait_ready():
-            dead = cluster.first_exited()
-            why = f"{dead.name} {exit_text(dead.returncode)}" if dead else "timeout"
-            cluster.say("cluster", f"failed to start: {why}", "bold red")
+
+def serve(cluster: Cluster, options: UpOptions) -> int:
+    """Start ``cluster``, restore and deploy its models, say ready, then watch it until a
+    service it cannot lose dies (exit 1; Ctrl-C and SIGTERM raise ``KeyboardInterrupt``)."""
+    cluster.start()
+    if not cluster.wait_ready():
+        dead = cluster.first_exited()
+        why = f"{dead.name} {exit_text(dead.returncode)}" if dead else "timeout"
+        cluster.say("cluster", f"failed to start: {why}", "bold red")
+        return 1
+    url = f"http://{options.gateway_host}:{options.gateway_port}"
+    has_workers = any(cluster.is_worker(c) for c in cluster.children)
+    deployed, restored = [], []
+    for deployment in restored_deployments(options):  # what the home's cluster served
+        serves, said = follow_restored(options, deployment)
+        cluster.say("cluster", said, "white" if serves else "bold red")
+        if serves:
+            deployed.append(deployment["model"])
+            restored.append(deployment["deployment_id"])
+    for model in options.deploy if has_workers else ():
+        if model in deployed:
+            continue
+        said = deploy_model(
+            options,
+            model,
+            [d for d, _ in cluster.worker_names()],
+            say=lambda line: cluster.say("cluster", line, "white"),
+        )
+        cluster.say("cluster", said, "white" if said.startswith("deployed") else "bold red")
+        if said.startswith("deployed"):
+            deployed.append(model)
+    env = cluster.child_env()
+    silent = []
+    for model in deployed:
+        answered, said = first_answer(url, env, model)
+        cluster.say("cluster", said, "white" if answered else "bold red")
+        if not answered:
+            silent.append(model)
+    names = ", ".join(c.name for c in cluster.children) or "no services"
+    if options.run_file is not None and options.run_file.name != "cluster.json":
+        note = f"another cluster runs here; for this one: TESSERA_RUN_FILE={options.run_file}"
+        cluster.say("cluster", note, "bold yellow")
+    where = f"gateway {url} (OpenAI API {url}/v1, dashboard {url}/)"
+    if silent:  # up, but not ready: the user sees why and the cluster stays to be looked at
+        cluster.say("cluster", f"up, not serving {', '.join(silent)}: {where}", "bold red")
+    else:
+        back = f" (restored: {', '.join(restored)})" if restored else ""
+        cluster.say("cluster", f"ready: {names}; {where}{back}", "bold green")
+    if options.restart:
+        supervise(cluster)  # until Ctrl-C or SIGTERM
+    lost: set[str] = set()
+    while True:
+        for worker in cluster.exited_workers() - lost:
+            lost.add(worker)  # a worker is a device: losing one is a failure to survive
+            cluster.say("cluster", f"{worker} exited: its device is lost", "bold yellow")
+        dead = cluster.first_exited(essential=True)
+        if dead is not None:
+            why = exit_text(dead.returncode)
+            cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")
             return 1
-        url = f"http://{options.gateway_host}:{options.gateway_port}"
-        has_workers = any(cluster.is_worker(c) for c in cluster.children)
-        deployed, restored = [], []
-        for deployment in restored_deployments(options):  # what the home's cluster served
-            serves, said = follow_restored(options, deployment)
-            cluster.say("cluster", said, "white" if serves else "bold red")
-            if serves:
-                deployed.append(deployment["model"])
-                restored.append(deployment["deployment_id"])
-        for model in options.deploy if has_workers else ():
-            if model in deployed:
-                continue
-            said = deploy_model(
-                options,
-                model,
-                [d for d, _ in cluster.worker_names()],
-                say=lambda line: cluster.say("cluster", line, "white"),
-            )
-            cluster.say("cluster", said, "white" if said.startswith("deployed") else "bold red")
-            if said.startswith("deployed"):
-                deployed.append(model)
-        env = cluster.child_env()
-        silent = []
-        for model in deployed:
-            answered, said = first_answer(url, env, model)
-            cluster.say("cluster", said, "white" if answered else "bold red")
-            if not answered:
-                silent.append(model)
-        names = ", ".join(c.name for c in cluster.children) or "no services"
-        if options.run_file is not None and options.run_file.name != "cluster.json":
-            note = f"another cluster runs here; for this one: TESSERA_RUN_FILE={options.run_file}"
-            cluster.say("cluster", note, "bold yellow")
-        where = f"gateway {url} (OpenAI API {url}/v1, dashboard {url}/)"
-        if silent:  # up, but not ready: the user sees why and the cluster stays to be looked at
-            cluster.say("cluster", f"up, not serving {', '.join(silent)}: {where}", "bold red")
-        else:
-            back = f" (restored: {', '.join(restored)})" if restored else ""
-            cluster.say("cluster", f"ready: {names}; {where}{back}", "bold green")
-        if options.restart:
-            supervise(cluster)  # until Ctrl-C or SIGTERM
-        lost: set[str] = set()
-        while True:
-            for worker in cluster.exited_workers() - lost:
-                lost.add(worker)  # a worker is a device: losing one is a failure to survive
-                cluster.say("cluster", f"{worker} exited: its device is lost", "bold yellow")
-            dead = cluster.first_exited(essential=True)
-            if dead is not None:
-                why = exit_text(dead.returncode)
-                cluster.say("cluster", f"{dead.name} {why} unexpectedly; stopping", "bold red")
-                return 1
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        cluster.say("cluster", "stopping", "white")
-        return 0
-    finally:
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, interrupted)
+        time.sleep(0.2)

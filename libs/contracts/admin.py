@@ -68,9 +68,8 @@ class PreviewBody(BaseModel):
     @field_validator("card")
     @classmethod
     def one_size_per_layer(cls, card: ModelCard) -> ModelCard:
-        for field in ("layer_bytes", "layer_params"):
-            if len(getattr(card, field)) != card.layers:  # one per layer
-                count = len(getattr(card, field))
+        for field in ("layer_bytes", "layer_params"):  # one entry per layer
+            if (count := len(getattr(card, field))) != card.layers:
                 raise ValueError(f"card.{field}: {count} entries for {card.layers} layers")
         return card
 
