@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # (braced: a pip that fails still fails the recipe, through pipefail).
 QUIET_PIP := { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
 
-.PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up compose-test clean
+.PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up join compose-test clean
 
 # Independent set-up steps run side by side: llama.cpp compiles while pip and apt download
 # (`make test` from nothing: docs/getting-started.md). Recipes that must not overlap depend on each other.
@@ -20,6 +20,7 @@ MAKEFLAGS += --jobs=3
 help:
 	@echo "make up      run the whole cluster on this machine (gateway on :8000)"
 	@echo "make test    install everything needed, then build the docs, lint, type-check and run every test"
+	@echo "make join    ADDR=nats://… TOKEN=…: this machine joins a cluster (the command tessera up --listen prints)"
 
 ## System packages from Debian, installed only when missing: `deps` what `make up` needs (Redis,
 ## the compilers of llama.cpp), `deps-test` what only the tests and compose use (Prometheus,
@@ -139,6 +140,13 @@ test: deps-test llama venv vllm model lint typecheck docs
 ## ARGS: options of `tessera up`, e.g. make up ARGS="--listen 192.168.1.20"
 up: deps llama venv model
 	$(BIN)/tessera up $(ARGS)
+
+## Another machine joins a cluster (`tessera up --listen` prints this command with its values):
+## ADDR the cluster's NATS URL (left out: found on the LAN over mDNS), TOKEN its join token,
+## ARGS more options of `tessera join`. From a fresh clone it first builds what `make up` does
+## (llama.cpp, the engine a joined host runs by default where built; the virtualenv).
+join: deps llama venv model
+	@$(if $(TOKEN),TESSERA_JOIN_TOKEN="$(TOKEN)") $(BIN)/tessera join $(ADDR) $(ARGS)
 
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the

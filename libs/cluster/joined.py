@@ -21,7 +21,7 @@ from rich.text import Text
 
 from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import find_clusters
-from libs.cluster.engine_choice import choose_engines
+from libs.cluster.engine_choice import Built, EngineMissing, joined_engine
 from libs.cluster.joining import JoinRefused, ask_to_join
 from libs.cluster.stopping import stopped_by_signals
 from libs.devices.host_device import host_device_id
@@ -37,8 +37,8 @@ class JoinOptions:
     device_id: str | None = None
     #: What the scheduler may place here (GB); default: this host's memory.
     memory_gb: float | None = None
-    #: ``torch`` or ``vllm``; None: vLLM where this host has an NVIDIA GPU and vLLM's GPU
-    #: build (``choose_engines``), else the CPU shard engine.
+    #: ``llamacpp``, ``torch`` or ``vllm``; None: by the rule of ``joined_engine`` (llama.cpp
+    #: where built).
     engine: str | None = None
     #: The cluster's CA: NATS over TLS, trusting only it (None: plain TCP).
     ca_file: Path | None = None
@@ -83,7 +83,7 @@ class Refusals:
 
 def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     """Exit 0 after Ctrl-C/SIGTERM; 1 when the cluster cannot be reached or refuses, or the
-    worker dies."""
+    worker dies; 2 when ``--engine`` names an engine this host has not built."""
     out = console or Console(highlight=False)
 
     def say(message: str, style: str = "white") -> None:
@@ -91,6 +91,11 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         line.append(message, style=style)
         out.print(line, soft_wrap=True)
 
+    try:  # before asking to join: an engine this host cannot run joins nothing
+        engine, why = joined_engine(options.engine, Built.here())
+    except EngineMissing as exc:
+        say(str(exc), "bold red")
+        return 2
     device_id = options.device_id or host_device_id()
     url = options.url
     if url is None:
@@ -112,10 +117,6 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
         shutil.rmtree(rpc_folder, ignore_errors=True)
         say(str(exc), "bold red")
         return 1
-    vllm, why = choose_engines(None if options.engine is None else int(options.engine == "vllm"))
-    engine = "vllm" if vllm else options.engine or "torch"
-    if options.engine is not None:
-        why = "as asked"
     link = "TLS" if options.ca_file is not None else "plain TCP: no CA given"
     say(f"joined {url} as device {device_id} ({link}); engine {engine} ({why})")
     env = {  # on top of this process's environment, with JSON logs (ServiceProcess)

@@ -27,7 +27,13 @@ from libs.cluster.joining import JoinDesk
 from libs.cluster.prometheus_config import write_prometheus_config
 from libs.cluster.servers import HOST, NatsCluster, RedisServer
 from libs.cluster.shipped_model import register_shipped_model
-from libs.cluster.up_options import UpOptions, available_services, choose_port, lan_exposure
+from libs.cluster.up_options import (
+    UpOptions,
+    available_services,
+    choose_port,
+    join_commands,
+    lan_exposure,
+)
 from libs.runtime.api_keys import read_keys
 from libs.runtime.pki import ClusterCA, rpc_env
 from libs.runtime.procs import ServiceProcess, free_port
@@ -181,7 +187,9 @@ class Cluster:
             self.desk = JoinDesk(
                 self.access, self.nats, admin, self.options.nats_ca, self.rpc_ca
             ).start()
-            self.say("cluster", f"other hosts join with: {self.join_command()}", "white")
+            token = self.access.token
+            for said in join_commands(self.nats.url, token, self.options.nats_ca):
+                self.say("cluster", said, "white")
             try:
                 self.announcement = Announcement(self.nats.url)
                 self.say("cluster", "announced on the LAN (mDNS): the URL may be left out", "white")
@@ -218,12 +226,6 @@ class Cluster:
             on_line=lambda line: self.say(name, render(line), colour),
         )
         return child.start(ready_timeout_s=None)
-
-    def join_command(self) -> str:
-        token = self.access.token if self.access is not None else ""
-        command = f"tessera join {self.nats.url} --token {token}"
-        ca = self.options.nats_ca
-        return command if ca is None else f"{command} --ca {ca} (copy {ca} to that host first)"
 
     def child(self, name: str) -> ServiceProcess:
         return next(c for c in self.children if c.name == name)

@@ -28,7 +28,7 @@ class UpOptions:
     devices: int = 6
     #: CPU shard workers, each its own process and device (``worker-0``, ``worker-1``, …).
     workers: int = 2
-    #: The CPU workers' engine: ``torch`` or ``llamacpp`` (choose_cpu_engine).
+    #: The CPU workers' engine: ``torch`` or ``llamacpp`` (engine_choice.cpu_engine).
     cpu_engine: str = "torch"
     #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
     vllm_workers: int = 0
@@ -104,3 +104,15 @@ def choose_run_file(preferred: Path) -> Path:
     if not runfile.held(preferred):
         return preferred
     return preferred.with_name(f"{preferred.stem}-{os.getpid()}{preferred.suffix}")
+
+
+def join_commands(url: str, token: str, ca: Path | None) -> tuple[str, str]:
+    """What ``tessera up --listen`` prints for other hosts: ``tessera join`` in a checkout set
+    up, and ``make join`` in a fresh clone (it builds llama.cpp and the virtualenv first)."""
+    joins = f"tessera join {url} --token {token}"
+    make = f"make join ADDR={url} TOKEN={token}"
+    if ca is not None:
+        joins, make = f"{joins} --ca {ca}", f'{make} ARGS="--ca {ca}"'
+        copy = f" (copy {ca} to that host first)"
+        joins, make = joins + copy, make + copy
+    return f"other hosts join with: {joins}", f"or, from a fresh clone there: {make}"

@@ -80,14 +80,14 @@ def make_worker(
 ) -> DeviceWorker:
     """The worker of the configured engine (each imports only what it needs)."""
     if settings.engine == "vllm":
-        from services.worker.served.vllm_worker import VllmWorker, server_factory
+        from services.worker.served.vllm_worker import VllmWorker, server_factory, vllm_runs_eager
 
         make_server = server_factory(
             settings.vllm_python,
             folder,
             dtype=settings.vllm_dtype,
             kv_cache_gb=settings.vllm_kv_cache_gb,
-            eager=settings.vllm_eager,
+            eager=vllm_runs_eager(settings.vllm_eager, settings.vllm_python),
             context=settings.vllm_context,
         )
         return VllmWorker(

@@ -59,8 +59,9 @@ class WorkerSettings(ServiceSettings):
     vllm_python: Path = REPO / ".venv-vllm" / "bin" / "python"
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     vllm_kv_cache_gb: int = Field(1, ge=1, le=1024)
-    #: CUDA graphs off: required by the CPU build, slower on a GPU (set false there).
-    vllm_eager: bool = True
+    #: CUDA graphs off (``--enforce-eager``): required by the CPU build, slower on a GPU.
+    #: None: off only where vLLM runs on a GPU (``vllm_runs_eager``).
+    vllm_eager: bool | None = None
     vllm_start_s: float = Field(300.0, gt=0)
     #: Tokens of context vLLM gives each request (its ``--max-model-len``).
     vllm_context: int = Field(DEFAULT_CONTEXT_TOKENS, ge=128, le=1_048_576)

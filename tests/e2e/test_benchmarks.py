@@ -89,6 +89,11 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         {"concurrency", "identical_tokens"},
         NO_LLAMA or NO_VLLM,
     ),
+    "gpu_check": (
+        ["--layers", "2", "--hidden", "256", "--tokens", "8"],
+        {"cpu", "cuda_build", "gpu_whole", "gpu_cpu_split"},
+        NO_LLAMA,
+    ),
     "models": (
         [
             *("--size-gb", "0.02", "--rounds", "1", "--links", "none", "--streams", "2"),

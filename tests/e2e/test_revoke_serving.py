@@ -1,8 +1,8 @@
 """Revoking a joined device that serves part of a deployment, while a series of requests runs
 (``tessera revoke``): the deployment is placed again without it and every request completes
 with the answer it gives alone (greedy): nothing lost, nothing twice. One host: the cluster
-listens on loopback and the devices join over it (torch shards, the engine a cluster that
-others join runs); ``test_two_hosts.py`` moves shards off a host whose link goes down."""
+listens on loopback and the devices join over it (torch shards, asked for on both ends);
+``test_two_hosts.py`` moves shards off a host whose link goes down."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 from libs.runtime.procs import ServiceProcess
 from tests.e2e.cluster import RunningCluster
-from tests.e2e.test_two_hosts import MEMORY_GB, MODEL, QUESTION, joins, run_in
+from tests.e2e.test_two_hosts import MEMORY_GB, MODEL, QUESTION, TORCH, joins, run_in
 
 #: Requests one after the other; the device is revoked in the middle of the first.
 REQUESTS = 3
@@ -31,14 +31,14 @@ SERIES = (
 
 def test_a_revoked_device_s_shards_move_and_no_request_is_lost() -> None:
     head = RunningCluster(
-        "--listen", "127.0.0.1", "--workers", "1",
+        "--listen", "127.0.0.1", "--workers", "1", *TORCH,
         env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB},
     )  # fmt: skip
     joined: list[ServiceProcess] = []
     try:
         url, token = head.join_command()
         # Neither worker-0 nor laptop-b holds the model alone: it is split across both.
-        joined.append(joins([], url, token, "laptop-b", "--memory-gb", MEMORY_GB))
+        joined.append(joins([], url, token, "laptop-b", "--memory-gb", MEMORY_GB, *TORCH))
         on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
         deployed = run_in([], on_head, "-m", "libs.cli.main", "deploy", MODEL, "--id", MODEL)
         assert "worker-0" in deployed and "laptop-b" in deployed, deployed
@@ -46,7 +46,9 @@ def test_a_revoked_device_s_shards_move_and_no_request_is_lost() -> None:
         [alone] = answers(
             run_in([], {}, "-c", SERIES.replace(f"range({REQUESTS})", "range(1)"), v1)
         )
-        joined.append(joins([], url, token, "spare-c", "--memory-gb", "2"))  # room to move to
+        joined.append(
+            joins([], url, token, "spare-c", "--memory-gb", "2", *TORCH)
+        )  # room to move to
 
         series = subprocess.Popen(
             [sys.executable, "-c", SERIES, v1], stdout=subprocess.PIPE, text=True

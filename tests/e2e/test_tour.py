@@ -79,7 +79,7 @@ def up_args(command: str) -> list[str]:
 
 #: The commands this file knows how to run (``run``, ``up_args``, the join in the last test).
 KNOWN = re.compile(
-    r"make up.*|curl .*|\.venv/bin/tessera (chat|devices|models|deploy|placements|join)( .*)?"
+    r"make (up|join)( .*)?|curl .*|\.venv/bin/tessera (chat|devices|models|deploy|placements)( .*)?"
 )
 
 
@@ -240,33 +240,41 @@ def greedy(client: openai.OpenAI, model: str) -> tuple[str, str, int]:
 
 
 def test_join_a_second_machine(tmp_path: Path) -> None:
-    """The cluster started again with --listen; the printed command joins from another
-    "machine" (this one: a second device of the cluster); `tessera devices` lists it."""
-    listen, devices = (c for c in commands(tour()[SECOND_MACHINE]) if "join" not in c)
-    (join,) = (c for c in commands(tour()[SECOND_MACHINE]) if "join" in c)
+    """The cluster started again with --listen; the printed `make join` (from a fresh clone:
+    it builds what `make up` does) joins from another "machine" (this one: a second device of
+    the cluster); both ends run llama.cpp by default; `tessera devices` lists it."""
+    listen, devices = (c for c in commands(tour()[SECOND_MACHINE]) if "make join" not in c)
+    (join,) = (c for c in commands(tour()[SECOND_MACHINE]) if "make join" in c)
     cluster = start(up_args(listen))
     joined: ServiceProcess | None = None
     try:
-        said = next(line for line in cluster.lines if "other hosts join with:" in line)
-        printed = re.search(r"tessera join (\S+) --token (\S+)", said)
+        assert any("engines: CPU workers run llama.cpp" in line for line in cluster.lines)
+        said = next(line for line in cluster.lines if "from a fresh clone there:" in line)
+        printed = re.search(r"make join ADDR=(\S+) TOKEN=(\S+)", said)
         assert printed, said
         url, token = printed.groups()
-        typed = re.sub(r"nats://\S+", url, join)
-        typed = re.sub(r"--token \S+", f"--token {token}", typed)
-        argv = shlex.split(on_this_machine(typed, cluster, tmp_path))
+        typed = re.sub(r"ADDR=\S+", f"ADDR={url}", join)
+        typed = re.sub(r"TOKEN=\S+", f"TOKEN={token}", typed)
+        # `make` run as typed, from the repository, not as part of an outer make's jobs; its
+        # output is `tessera join`'s. Python execs it: ServiceProcess runs a Python.
+        outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+        argv = ["env", *(f"-u{name}" for name in outer), "make", "-C", str(ROOT)]
+        argv += shlex.split(typed)[1:]
         joined = ServiceProcess(
             "join",
             {"COLUMNS": "200"},
-            argv,
+            ["-c", "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])", *argv],
             ready_line=lambda line: "ready: this host serves" in str(line.get("msg", "")),
-        ).start(ready_timeout_s=180)
+        ).start(ready_timeout_s=300)
+        said = [str(line.get("msg", "")) for line in joined.lines]
+        assert any(f"joined {url}" in m and "engine llamacpp" in m for m in said), said[-20:]
         device = host_device_id()
         assert device in run(devices, cluster, tmp_path)
         rows = json.loads(run(f"{devices} --json", cluster, tmp_path))
         assert any(row["device_id"] == device and row["state"] == "alive" for row in rows), rows
     finally:
         if joined is not None and joined.process is not None:
-            joined.process.send_signal(signal.SIGINT)
+            os.killpg(joined.process.pid, signal.SIGINT)  # Ctrl-C: make and tessera join
             with contextlib.suppress(subprocess.TimeoutExpired):
                 joined.process.wait(timeout=45)  # it leaves once its shards moved
             joined.stop(timeout_s=5)

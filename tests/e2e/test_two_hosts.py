@@ -43,6 +43,8 @@ MODEL = "smollm2-135m-instruct"
 MEMORY_GB = "0.45"
 LLAMA_MEMORY_GB = "0.6"
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
+#: The torch shard engine, asked for on both ends (the default is llama.cpp where built).
+TORCH = ("--engine", "torch")
 TOKENS = 24
 
 
@@ -189,7 +191,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
     on_a, address, on_b = hosts
     tls = tls_files(tmp_path, address)
     head = RunningCluster(
-        "--listen", address, "--workers", "1",
+        "--listen", address, "--workers", "1", *TORCH,
         env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB, **tls},
         prefix=on_a,
     )  # fmt: skip
@@ -205,7 +207,9 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert any("once more devices join" in line for line in head.lines), head.lines[-10:]
         assert any("announced on the LAN (mDNS)" in line for line in head.lines)
         # Host B is given no URL: it finds the cluster over mDNS.
-        joined.append(joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB, "--ca", ca))
+        joined.append(
+            joins(on_b, None, token, "laptop-b", "--memory-gb", MEMORY_GB, "--ca", ca, *TORCH)
+        )
         said_b = [str(line.get("msg")) for line in joined[0].lines]
         assert any(f"found {url} on the LAN" in line for line in said_b)
         assert any("as device laptop-b (TLS)" in line for line in said_b), said_b
@@ -225,7 +229,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         assert "".join(json.loads(line)[1] for line in streamed) == reference
 
         # A spare worker joins on host A; host B's link goes down mid-stream.
-        joined.append(joins(on_a, url, token, "spare-a", "--ca", ca))
+        joined.append(joins(on_a, url, token, "spare-a", "--ca", ca, *TORCH))
         link = f"v{hosts[2][-1]}"
         pieces = stream_and(on_a, f"{head.base_url}/v1", [*on_b, "ip", "link", "set", link, "down"])
         assert "".join(p for _, p in pieces) == reference  # nothing lost, nothing twice
@@ -257,7 +261,7 @@ def test_a_joined_host_serves_shards_of_a_model_split_across_both_hosts(
         seen = len(joined[0].lines)
         head.stop()
         head = RunningCluster(
-            "--listen", address, "--workers", "1",
+            "--listen", address, "--workers", "1", *TORCH,
             env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB, **tls},
             prefix=on_a, home=head.home, port=head.port,
         )  # fmt: skip

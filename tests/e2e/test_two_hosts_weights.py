@@ -1,5 +1,7 @@
-"""Weights carried by the cluster, on two hosts (network namespaces, as ``test_two_hosts.py``):
-a model added on host A only is split across A and B with the llamacpp engine; host B never
+"""Weights carried by the cluster, on two hosts (network namespaces, as ``test_two_hosts.py``),
+each with its default engine (llama.cpp, built here): a model added on host A only is split
+across A and B, then served whole on B, each time with llama.cpp's own server's greedy text on
+the same file; host B never
 had the file (its processes run in a mount namespace where the file's folder is an empty
 tmpfs) and receives its layers from the head's llama-server through RPC (over the cluster's
 mutual-TLS channel), which B's RPC server keeps in its file cache; a second placement of the
@@ -28,14 +30,15 @@ from libs.models.gguf_info import sha256_of
 from libs.runtime.procs import ServiceProcess
 from tests.e2e.cluster import RunningCluster
 from tests.e2e.test_two_hosts import hosts, pytestmark, run_in, stop_all  # noqa: F401
-from tests.made_models import make_gguf
+from tests.made_models import llama_server, make_gguf
 
 MEMORY_GB = "2"
-#: Through the gateway: a few greedy tokens of the model (random weights: any text will do).
+PROMPT, TOKENS = "The sky is", 8
+#: Through the gateway: the model's greedy text (random weights), as JSON.
 ASK = (
-    "import sys, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
-    "r = c.completions.create(model=sys.argv[2], prompt='The sky is', max_tokens=8,"
-    " temperature=0); print(r.usage.completion_tokens)"
+    "import json, sys, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-');"
+    f"r = c.completions.create(model=sys.argv[2], prompt={PROMPT!r}, max_tokens={TOKENS},"
+    " temperature=0); print(json.dumps(r.choices[0].text))"
 )
 
 
@@ -74,7 +77,7 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
     )
     a_cache, b_cache = tmp_path / "a-models", tmp_path / "b-models"
     head = RunningCluster(
-        "--listen", address, "--workers", "1", "--engine", "llamacpp",
+        "--listen", address, "--workers", "1",
         env={"TESSERA_WORKER_MEMORY_GB": MEMORY_GB, "TESSERA_MODEL_DIR": str(a_cache)},
         prefix=on_a,
     )  # fmt: skip
@@ -88,7 +91,7 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         url, token = head.join_command()
         argv = [
             "-m", "libs.cli.main", "join", url, "--token", token, "--device-id", "laptop-b",
-            "--memory-gb", MEMORY_GB, "--engine", "llamacpp",
+            "--memory-gb", MEMORY_GB,
         ]  # fmt: skip
         joined.append(
             ServiceProcess(
@@ -100,6 +103,11 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
             ).start(ready_timeout_s=180)
         )
         assert subprocess.run([*on_b_hidden, "test", "-e", str(model)]).returncode != 0
+        assert any("engines: CPU workers run llama.cpp" in line for line in head.lines)
+        said_b = [str(line.get("msg")) for line in joined[0].lines]
+        assert any("as device laptop-b" in m and "engine llamacpp" in m for m in said_b), said_b
+        with llama_server(model) as reference:
+            expected = reference.completion(PROMPT, TOKENS)["content"]
         said_b = " ".join(str(line.get("msg")) for line in joined[0].lines)
         listens = re.search(r"rpc server up endpoint=[\d.]+:(\d+)", said_b)
         assert listens, said_b
@@ -116,7 +124,7 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         deploy = (*cli, "deploy", "wide", "--devices", "worker-0,laptop-b")
         placed = run_in(on_a, on_head, *deploy, "--id", "first")
         assert "worker-0" in placed and "laptop-b" in placed, placed
-        assert int(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) > 0
+        assert json.loads(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) == expected
         first = received(on_b, port)
         rpc_cache = b_cache / "llama-rpc"
         after_first = cached(rpc_cache)
@@ -125,7 +133,7 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         wait_unplaced(on_b, port)
         placed = run_in(on_a, on_head, *deploy, "--id", "second")
         assert "laptop-b" in placed, placed
-        assert int(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) > 0
+        assert json.loads(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) == expected
         second = received(on_b, port)
 
         report = {"first_bytes": first, "second_bytes": second, "cached": sum(after_first.values())}
@@ -146,11 +154,18 @@ def test_a_model_added_on_host_a_is_split_to_b_which_caches_its_part(
         head_b = (*cli, "deploy", "wide", "--devices", "laptop-b,worker-0", "--id", "third")
         placed = run_in(on_a, on_head, *head_b)
         assert "laptop-b" in placed, placed
-        assert int(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) > 0
+        assert json.loads(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) == expected
         sha256 = sha256_of(model)
         assert sha256_of(b_cache / "gguf" / f"{sha256}.gguf") == sha256
         said_b = " ".join(str(line.get("msg")) for line in joined[0].lines)
         assert re.findall(r"weights received lender=(\S+)", said_b) == ["worker-0"], said_b
+
+        # Whole on B, from the file B now holds.
+        run_in(on_a, {}, "-c", remove, f"{scheduler}/placements/third")
+        whole_b = (*cli, "deploy", "wide", "--devices", "laptop-b", "--shards", "1")
+        placed = run_in(on_a, on_head, *whole_b, "--id", "fourth")
+        assert "laptop-b" in placed and "worker-0" not in placed, placed
+        assert json.loads(run_in(on_a, {}, "-c", ASK, f"{head.base_url}/v1", "wide")) == expected
     finally:
         stop_all(joined)
         head.stop()

@@ -44,10 +44,14 @@ log = logging.getLogger(__name__)
 SPIN_COUNT = "10000"
 
 
-def llama_env() -> dict[str, str]:
-    """The environment of llama.cpp's processes (a ``GOMP_SPINCOUNT`` already set is kept)."""
+def llama_env(gpu: bool = False) -> dict[str, str]:
+    """The environment of llama.cpp's processes (a ``GOMP_SPINCOUNT`` already set is kept).
+    Unless ``gpu``, a CUDA build sees no GPU and runs as the CPU build does: the RPC server and
+    a split's head serve from the CPU, whose memory the placement counted."""
     env = engine_env()
     env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 

