@@ -155,4 +155,4 @@ compose-test: deps-test venv
 	$(BIN)/python deploy/compose_test.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA) .llama-cuda .mypy_cache .pytest_cache .ruff_cache

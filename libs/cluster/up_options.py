@@ -32,7 +32,7 @@ class UpOptions:
     cpu_engine: str = "torch"
     #: Workers with the vLLM engine (``vllm-0``, …; whole models, ``make vllm`` first).
     vllm_workers: int = 0
-    #: Why these engines (choose_engines), said at start.
+    #: Why these engines (libs/cluster/engine_choice.py), said at start.
     engines_note: str = ""
     #: Models deployed once the cluster is ready (when it has workers), named after the model.
     deploy: tuple[str, ...] = ("smollm2-135m-instruct",)

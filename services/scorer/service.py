@@ -13,6 +13,7 @@ receipt finds the new row.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 
 #: How long past a deadline the detector wakes (the deadline itself is not yet overdue).
 DEADLINE_MARGIN_S = 0.005
+STOP_FLUSH_S = 5.0  #: the last flush's bound when stopping (a ServiceProcess kills after 15 s)
 #: A message to publish once the write it announces has executed: (channel, message, device).
 Event = tuple[Channel[Any], BaseModel, str]
 
@@ -73,13 +75,8 @@ class Scorer:
         metrics: ScorerMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings, self.bus, self.redis, self.metrics, self.clock = (
-            settings,
-            bus,
-            redis,
-            metrics,
-            clock,
-        )
+        self.settings, self.bus, self.redis = settings, bus, redis
+        self.metrics, self.clock = metrics, clock
         self.keys = Keys(settings.key_prefix)
         self.table: dict[str, DeviceRecord] = {}
         self.next_deadline = math.inf  #: the earliest deadline of a live device (clock s)
@@ -128,7 +125,10 @@ class Scorer:
 
     async def stop(self) -> None:
         await self.background.close()
-        await self.flush()
+        try:  # bounded: a Redis that does not answer (no reply timeout) must not hold the exit
+            await asyncio.wait_for(self.flush(), STOP_FLUSH_S)
+        except TimeoutError:
+            log.warning("last flush dropped: redis did not answer", extra={"after_s": STOP_FLUSH_S})
 
     # -- handlers (cheap: they only record) -------------------------------------------------
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:

@@ -19,7 +19,7 @@ def scorer(
     """A scorer process on the test's servers, its keys under ``uid``; it must stop cleanly."""
     process = ServiceProcess("scorer", service_env(nats_server, redis_server, uid)).start()
     yield process
-    assert process.stop() == 0
+    assert process.stop() == 0, process.tail()
 
 
 @pytest.fixture(scope="session")
