@@ -23,7 +23,8 @@ from tests.processes import ServiceProcess, service_env
 async def test_a_scorer_whose_redis_froze_still_stops(
     nc: NatsClient, nats_server: NatsServer, uid: str
 ) -> None:
-    with RedisServer() as frozen:  # its own: this test stops it dead
+    frozen = RedisServer()  # its own: this test stops it dead
+    with frozen:
         env = service_env(nats_server, frozen, uid, TESSERA_SCORER_FLUSH_INTERVAL_MS="5000")
         scorer = ServiceProcess("scorer", env).start()
         try:
