@@ -75,8 +75,8 @@ RECV_BYTES = 1 << 20
 REPORT_BYTES = 8 << 20
 #: Threads a lender sends files on at once (more connections wait their turn).
 SENDERS = 8
-#: Connections a ticket opens at most (the stripes of one fetch, ``borrowing.MAX_STREAMS``, and
-#: a few more for the runs a resumed fetch still lacks).
+#: Connections a ticket opens at most: the stripes of one fetch (``borrowing.MAX_STREAMS``),
+#: each as up to four runs when a resumed fetch lacks several (``stripes.RUNS_PER_SHARE``).
 TICKET_USES = 16
 #: Seconds a lender waits for a connection's request line, and an asker for any byte.
 IO_WAIT_S = 30.0

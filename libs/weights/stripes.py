@@ -24,10 +24,14 @@ from typing import Any
 
 from libs.contracts import WeightsOffer
 from libs.weights.bulk_fetch import BulkFetchError
-from libs.weights.lending import RECV_BYTES, REPORT_BYTES, LentFile, NotTheFile
+from libs.weights.lending import RECV_BYTES, REPORT_BYTES, TICKET_USES, LentFile, NotTheFile
 from libs.weights.local_files import Card, read_json
 
 log = logging.getLogger(__name__)
+
+#: Runs of chunks (one connection each) a share asks for at most: the shares of one fetch
+#: (``borrowing.MAX_STREAMS``, 4) times this fit the uses of one ticket.
+RUNS_PER_SHARE = TICKET_USES // 4
 
 
 class Chunks:
@@ -119,6 +123,17 @@ def split_shares(missing: list[int], streams: int) -> list[list[int]]:
     return [missing[k : k + size] for k in range(0, len(missing), size)] if size else []
 
 
+def share_runs(share: list[int], most: int = RUNS_PER_SHARE) -> list[tuple[int, int]]:
+    """The runs a share asks for, one connection each: exactly its missing chunks while they
+    make at most ``most`` runs (a part cut once lacks one run per stripe); past that the runs
+    across the narrowest held gaps merge, and only those held chunks come again."""
+    runs = chunk_runs(share)
+    while len(runs) > most:
+        k = min(range(len(runs) - 1), key=lambda j: runs[j + 1][0] - runs[j][1])
+        runs[k : k + 2] = [(runs[k][0], runs[k + 1][1])]
+    return runs
+
+
 def chunk_runs(share: list[int]) -> list[tuple[int, int]]:
     """Consecutive chunk numbers as ``(first, last + 1)`` runs."""
     runs: list[tuple[int, int]] = []
@@ -168,10 +183,7 @@ def _pull_share(
     """One share's runs of chunks, one connection each (blocking: run on a thread): every
     piece hashed and written at its place as it arrives, every chunk checked as it ends."""
     view = memoryview(bytearray(RECV_BYTES))
-    runs = chunk_runs(share)
-    if len(runs) > 2:  # a part with scattered holes: its held chunks in between come again
-        runs = [(share[0], share[-1] + 1)]
-    for first, stop in runs:
+    for first, stop in share_runs(share):
         lent = chunks.open(offer, first, stop)
         try:
             for i in range(first, stop):
