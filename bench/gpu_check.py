@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,17 +31,19 @@ PROMPT = "The quick brown fox"
 
 
 def why_no_cuda() -> str | None:
-    """Why llama.cpp cannot be built with CUDA and run on a GPU here (None: it can)."""
-    nvcc = shutil.which("nvcc") or next(
-        (p for p in ("/usr/local/cuda/bin/nvcc",) if os.access(p, os.X_OK)), None
-    )
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False) \
-        if shutil.which("nvidia-smi") else None  # fmt: skip
-    if listed is None or listed.returncode != 0 or "GPU" not in listed.stdout:
-        return "no NVIDIA driver lists a GPU here (nvidia-smi -L)"
-    if nvcc is None:
-        return "no CUDA toolkit here (nvcc on the PATH or in /usr/local/cuda)"
-    return None
+    """Why ``make llama``'s rule would not build llama.cpp with CUDA here (None: it would):
+    deploy/build_llama.sh's own plan (``BUILD_LLAMA_SHOW``), so the check and the build agree."""
+    plan = subprocess.run(
+        ["bash", str(REPO / "deploy" / "build_llama.sh"), "-"],
+        env={**os.environ, "BUILD_LLAMA_SHOW": "1", "LLAMA_BACKEND": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = re.match(r"backend=(\w+) \((.*)\) flags=", plan)
+    if found is None:
+        raise RuntimeError(f"deploy/build_llama.sh's plan unread: {plan!r}")
+    return None if found[1] == "cuda" else found[2]
 
 
 def build_cuda(folder: Path) -> dict[str, object]:

@@ -140,7 +140,7 @@ def up(
     try:
         cpu, cpu_why = engines.cpu_engine(engine.value if engine else settings.cpu_engine, built)
     except engines.EngineMissing as exc:
-        raise typer.BadParameter(str(exc).split(": ", 1)[1], param_hint="--engine") from exc
+        raise typer.BadParameter(str(exc), param_hint="--engine") from exc
     options = UpOptions(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),

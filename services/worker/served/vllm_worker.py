@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS, ShardTask
+from libs.models.engine_support import is_vllm_cpu_build, vllm_build
 from services.worker.device.gpu import read_gpu
 from services.worker.served.server import EngineServer
 from services.worker.served.vllm_server import VllmServer
@@ -64,9 +65,7 @@ def vllm_runs_eager(asked: bool | None, python: Path) -> bool:
     off on a GPU with the GPU build, where CUDA graphs are faster."""
     if asked is not None:
         return asked
-    stamp = python.parent.parent / ".installed"
-    cpu_build = stamp.is_file() and stamp.read_text().startswith("vllm-cpu")
-    return cpu_build or read_gpu() is None
+    return is_vllm_cpu_build(vllm_build(python.parent.parent)) or read_gpu() is None
 
 
 def server_factory(
