@@ -1,8 +1,12 @@
 """The GPU check a machine with an NVIDIA GPU runs (under 8 minutes there): llama.cpp built
 with CUDA (``deploy/build_llama.sh`` with ``LLAMA_BACKEND=cuda`` into ``.llama-cuda``), a GGUF
-made here (random weights, F16 llama), served by llama.cpp's server whole on the CPU (the CPU
-build, as the llamacpp worker runs it), whole on the GPU and split between the GPU and the CPU
-(half its layers on each): each one's greedy text beside the CPU run's, and tokens/s.
+made here (random weights, F16 llama), served by llama.cpp's server whole on the CPU (the build
+``make llama`` made, hidden from any GPU, as the llamacpp worker runs a split's head), whole on
+the GPU (as many layers as the worker's ``gpu_layers`` gives for the GPU's free memory, read
+through NVML as the worker reads it), split between the GPU and the CPU of one process (half its
+layers on each), and split between a CPU-only head and a ``ggml-rpc-server`` serving from the GPU
+(the mixed split of a CPU host and a GPU host): each one's greedy tokens beside the CPU run's,
+and tokens/s.
 
 Where a step cannot run (no CUDA toolkit, no driver listing a GPU) it is reported as skipped
 with the reason, and the steps that can run still do; the JSON names every step.
@@ -13,14 +17,18 @@ with the reason, and the steps that can run still do; the JSON names every step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 from report import add_results_option, table, write_report  # bench/ is the script's folder
@@ -58,17 +66,25 @@ def build_cuda(folder: Path) -> dict[str, object]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"the CUDA build failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    return {"status": "ran", "seconds": round(time.monotonic() - started, 1)}
+    # The script says "building" only when it builds: else the build was in its cache.
+    built = "building llama.cpp" in done.stdout
+    return {"status": "ran" if built else "cached", "seconds": round(time.monotonic() - started, 1)}
 
 
 def serve(
-    gguf: Path, binaries: Path, gpu_layers: int, tokens: int, threads: int
+    gguf: Path,
+    binaries: Path,
+    gpu_layers: int,
+    tokens: int,
+    threads: int,
+    rpc: str | None = None,
 ) -> dict[str, object]:
-    """Greedy text and decode tokens/s of llama.cpp's server on ``gguf`` (one warm-up first)."""
+    """Greedy tokens and decode tokens/s of llama.cpp's server on ``gguf`` (one warm-up
+    first): ``gpu_layers`` on the GPU, or on the ``rpc`` server where one is given."""
     from tests.made_models import llama_server
 
     with llama_server(
-        gguf, binaries=binaries, gpu_layers=gpu_layers, threads=threads, timeout_s=120
+        gguf, binaries=binaries, gpu_layers=gpu_layers, threads=threads, timeout_s=180, rpc=rpc
     ) as server:
         server.completion(PROMPT, 4)
         answer = server.completion(PROMPT, tokens, ignore_eos=True)
@@ -77,12 +93,101 @@ def serve(
         "status": "ran",
         "gpu_layers": gpu_layers,
         "text": answer["content"],
+        "tokens": [int(t) for t in answer.get("tokens") or ()],
         "tokens_per_s": round(float(timings.get("predicted_per_second", 0.0)), 1),
     }
 
 
+def beside_cpu(ran: dict[str, object], cpu: dict[str, object]) -> dict[str, object]:
+    """``ran`` with how its greedy tokens compare to the CPU run's: equal, and how many of the
+    first agree (a GPU sums in another order: on random weights a near-tie can flip)."""
+    mine, theirs = list(ran.pop("tokens")), list(cpu["tokens"])  # type: ignore[call-overload]
+    pairs = enumerate(zip(mine, theirs, strict=False))
+    agree = next((i for i, (a, b) in pairs if a != b), min(len(mine), len(theirs)))
+    return {**ran, "text_equal_cpu": mine == theirs, "tokens_agreeing": f"{agree}/{len(theirs)}"}
+
+
+@contextlib.contextmanager
+def rpc_server(binaries: Path, threads: int) -> Iterator[str]:
+    """``ggml-rpc-server`` of ``binaries`` on 127.0.0.1, serving from the GPU (llama.cpp's
+    RPC server takes the accelerators it finds before the CPU): its address."""
+    from libs.runtime.procs import free_port
+    from services.worker.rpc.server import llama_env
+
+    port = free_port()
+    command = [str(binaries / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(
+        [*command, "-t", str(threads)], env=llama_env(gpu=True),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ggml-rpc-server did not listen (exit {proc.poll()})")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def gpu_reading() -> dict[str, object] | None:
+    """GPU 0 as the worker reads it (NVML), or None where no driver answers."""
+    from services.worker.device.gpu import read_gpu
+
+    reading = read_gpu()
+    return None if reading is None else {"status": "ran", **asdict(reading)}
+
+
 def skipped(reason: str) -> dict[str, object]:
     return {"status": "skipped", "reason": reason}
+
+
+def step(
+    run: Callable[..., dict[str, object]], *args: object, **kwargs: object
+) -> dict[str, object]:
+    """``run``'s report, or its failure's (the steps after it still run)."""
+    try:
+        return run(*args, **kwargs)
+    except Exception as exc:  # a check reports each step's failure rather than stopping
+        return {"status": "failed", "error": str(exc)[-2000:]}
+
+
+GPU_STEPS = ("gpu_whole", "gpu_cpu_split", "rpc_gpu_split")
+
+
+def gpu_steps(
+    gguf: Path, cpu: dict[str, object], reading: dict[str, object], args: argparse.Namespace
+) -> dict[str, dict[str, object]]:
+    """The GGUF whole on the GPU (the layers the worker's ``gpu_layers`` gives the free
+    memory), half on the GPU and half on the CPU of one server, and half on a CPU-only head
+    with the rest on an RPC server serving from the GPU; each beside the CPU run."""
+    from services.worker.served.llama_server import gpu_layers
+
+    free = int(str(reading["memory_total_bytes"])) - int(str(reading["memory_used_bytes"]))
+    whole = gpu_layers(args.layers, gguf.stat().st_size, free)
+    half = args.layers // 2 + 1  # the output layer and the last half of the layers
+    cuda, tokens, threads = args.cuda_build, args.tokens, args.threads
+
+    def on_rpc() -> dict[str, object]:
+        with rpc_server(cuda, threads) as address:
+            return serve(gguf, cuda, half, tokens, threads, rpc=address)
+
+    report: dict[str, dict[str, object]] = {
+        "gpu_whole": step(serve, gguf, cuda, whole, tokens, threads),
+        "gpu_cpu_split": step(serve, gguf, cuda, half, tokens, threads),
+        "rpc_gpu_split": step(on_rpc),
+    }
+    report = {
+        name: beside_cpu(ran, cpu) if "tokens" in ran else ran for name, ran in report.items()
+    }
+    if report["gpu_whole"]["status"] == "ran":
+        ratio = float(str(report["gpu_whole"]["tokens_per_s"])) / float(str(cpu["tokens_per_s"]))
+        report["gpu_over_cpu"] = {"status": "ran", "ratio": round(ratio, 2)}
+    return report
 
 
 def main() -> int:
@@ -108,23 +213,22 @@ def main() -> int:
         cpu = serve(gguf, llama_binaries(), 0, args.tokens, args.threads)
         report["cpu"] = cpu
         reason = why_no_cuda()
-        report["cuda_build"] = skipped(reason) if reason else build_cuda(args.cuda_build)
-        for step, layers in (("gpu_whole", args.layers + 1), ("gpu_cpu_split", args.layers // 2)):
-            if reason:
-                report[step] = skipped(reason)
-                continue
-            ran = serve(gguf, args.cuda_build, layers, args.tokens, args.threads)
-            ran["text_equal_cpu"] = ran["text"] == cpu["text"]
-            report[step] = ran
-        whole = report["gpu_whole"]
-        if isinstance(whole, dict) and whole.get("status") == "ran":
-            report["gpu_over_cpu"] = round(
-                float(whole["tokens_per_s"]) / max(float(str(cpu["tokens_per_s"])), 1e-9), 2
-            )
+        reading = None if reason else gpu_reading()
+        if reason is None and reading is None:
+            reason = "NVML (nvidia-ml-py) read no GPU"
+        report["gpu"] = reading or skipped(str(reason))
+        build = skipped(str(reason)) if reason else step(build_cuda, args.cuda_build)
+        report["cuda_build"] = build
+        if build["status"] in ("ran", "cached") and reading is not None:
+            report.update(gpu_steps(gguf, cpu, reading, args))
+        else:
+            why = str(reason or "the CUDA build failed")
+            report.update({name: skipped(why) for name in GPU_STEPS})
+        cpu.pop("tokens")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = [
-        {"step": name, **{k: v for k, v in value.items() if k != "text"}}
+        {"step": name, **{k: v for k, v in value.items() if k not in ("text", "tokens")}}
         for name, value in report.items()
         if isinstance(value, dict)
     ]

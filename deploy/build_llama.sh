@@ -5,7 +5,8 @@
 # of src/llama-arch.cpp's LLM_ARCH_NAMES table) and tensor_types.txt (ggml/include/ggml.h's
 # enum ggml_type); libs/models/engine_support.py declares the llamacpp engine's by them.
 #
-# The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp); the build is cached
+# The source comes from PyPI (llama-cpp-python's sdist vendors llama.cpp; LLAMA_SOURCE=FILE
+# takes that sdist from a file instead); the build is cached
 # under ~/.cache/tessera/llama.cpp/<version>, so a fresh clone on the same host reuses it.
 # -march=native dies with SIGILL on some VMs (AMX advertised, not enabled): the CPU's own
 # AVX-512/AVX2 flags are named instead (docs/getting-started.md).
@@ -32,9 +33,15 @@ write_lists() {
   done
 }
 
-# The source into $work: pip from a throwaway virtualenv (the build need not wait for the
+# The source into $work: the sdist's file LLAMA_SOURCE names (a host that cannot reach PyPI:
+# copy the file over), or pip from a throwaway virtualenv (the build need not wait for the
 # project's to install).
 fetch_source() {
+  if [ -n "${LLAMA_SOURCE:-}" ]; then
+    [ -f "$LLAMA_SOURCE" ] || { echo "LLAMA_SOURCE=$LLAMA_SOURCE: no such file" >&2; exit 1; }
+    cp "$LLAMA_SOURCE" "$work/llama_cpp_python-$VERSION.tar.gz"
+    return
+  fi
   "$PYTHON" -m venv "$work/venv"
   "$work/venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" \
     -d "$work" 2>&1 |
@@ -79,7 +86,7 @@ for bin in "${BINS[@]}"; do [ -x "$out/bin/$bin" ] || missing=1; done
 if [ "$missing" = 1 ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  echo "building llama.cpp for $backend: $why (llama-cpp-python $VERSION's source, ~4 min on 2 cores) into $out"
+  echo "building llama.cpp for $backend: $why (llama-cpp-python $VERSION's source; the CPU build ~4 min on 2 cores) into $out"
   fetch_source
   tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
   src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"

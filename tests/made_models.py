@@ -425,10 +425,13 @@ def llama_server(
     timeout_s: float = 60.0,
     binaries: Path | None = None,
     gpu_layers: int = 0,
+    rpc: str | None = None,
 ) -> Iterator[ReferenceServer]:
     """llama.cpp's server on ``gguf_file``, whole, until the block ends: on the CPU, or with
-    ``gpu_layers`` of its layers on the GPU (a CUDA build's ``binaries``; the rest on the CPU).
-    Raises ``RuntimeError`` with its log's end when it exits or is not up within ``timeout_s``."""
+    ``gpu_layers`` of its layers on the GPU (a CUDA build's ``binaries``; the rest on the CPU),
+    or, given an ``rpc`` server's address, those layers on that server (this process sees no
+    GPU). Raises ``RuntimeError`` with its log's end when it exits or is not up within
+    ``timeout_s``."""
     binary = (binaries or llama_binaries()) / "llama-server"
     if not binary.exists():
         raise RuntimeError(f"{binary} not found: build it with `make llama`")
@@ -438,12 +441,14 @@ def llama_server(
         *("-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)),
         *("-t", str(threads), "-c", str(context), "-np", "1"),
         *(("-ngl", str(gpu_layers)) if gpu_layers else ("-ngl", "0", "--device", "none")),
+        *(("--rpc", rpc) if rpc else ()),
         *("--no-webui", "--no-warmup"),
     ]
     with tempfile.NamedTemporaryFile("wb", prefix="llama-ref-", suffix=".log", delete=False) as f:
         server = ReferenceServer(f"http://127.0.0.1:{port}", Path(f.name))
         proc = subprocess.Popen(
-            command, stdout=f, stderr=subprocess.STDOUT, env=llama_env(gpu=gpu_layers > 0),
+            command, stdout=f, stderr=subprocess.STDOUT,
+            env=llama_env(gpu=gpu_layers > 0 and not rpc),
             **child_kwargs(signal.SIGKILL),
         )  # fmt: skip
     try:

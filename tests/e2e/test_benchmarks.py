@@ -91,7 +91,7 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
     ),
     "gpu_check": (
         ["--layers", "2", "--hidden", "256", "--tokens", "8"],
-        {"cpu", "cuda_build", "gpu_whole", "gpu_cpu_split"},
+        {"cpu", "gpu", "cuda_build", "gpu_whole", "gpu_cpu_split", "rpc_gpu_split"},
         NO_LLAMA,
     ),
     "models": (

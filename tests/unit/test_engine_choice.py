@@ -153,3 +153,22 @@ def test_a_gpu_without_the_toolkit_gets_the_cpu_build(tmp_path: Path) -> None:
         pytest.skip("the CUDA toolkit is in /usr/local/cuda here: no host without it to show")
     gpu_only = build_plan(tmp_path, nvcc=False, gpu=True)
     assert "backend=cpu" in gpu_only and "no CUDA toolkit" in gpu_only
+
+
+def test_a_source_archive_that_is_not_there_is_named_before_anything_is_built(
+    tmp_path: Path,
+) -> None:
+    """``LLAMA_SOURCE`` (a host without PyPI builds from the archive copied over): a path to no
+    file stops the build with that path, and nothing is fetched or installed."""
+    missing = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    env = {
+        **{"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMA_BACKEND": "cpu"},
+        **{"TESSERA_CACHE": str(tmp_path / "cache"), "LLAMA_SOURCE": str(missing)},
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "build_llama.sh"), str(tmp_path / "dest")],
+        env=env, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"LLAMA_SOURCE={missing}: no such file" in done.stderr
+    assert not (tmp_path / "dest").exists()
