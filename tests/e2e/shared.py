@@ -19,8 +19,9 @@ from pathlib import Path
 
 from tests.e2e.cluster import RunningCluster
 
-#: The API keys: the API tests' (``test_apis.py``) and the gateway tests' (``test_gateway.py``).
-KEYS = ("test-key-apis", "test-key-1")
+#: The API keys: the API tests' (``test_apis.py``), the gateway tests' (``test_gateway.py``)
+#: and the several-models test's (``test_several_models.py``).
+KEYS = ("test-key-apis", "test-key-1", "test-key-models")
 MAX_CONCURRENT = 2
 SPANS = Path(tempfile.mkdtemp(prefix="tessera-shared-spans-"))
 

@@ -78,7 +78,7 @@ def undeploy(cluster: RunningCluster, *deployments: str) -> None:
 def test_a_model_added_by_path_serves_by_name_whole_and_split(
     cluster: RunningCluster, tmp_path: Path
 ) -> None:
-    """A llama.cpp worker heads one deployment at a time: the shipped model's goes first."""
+    """The shipped model's deployment goes first: /v1/models then lists this model alone."""
     undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
     path = make_gguf(tmp_path / "qwen.gguf", "qwen2", "Q8_0", layers=6, hidden=128)
     before = models(cluster)

@@ -64,8 +64,7 @@ def power_cut(cluster: RunningCluster, command: subprocess.Popen[str]) -> None:
 
 
 def boot(home: Path, port: int | None) -> RunningCluster:
-    """`tessera up` on ``home``, ready: SmolLM2 on one worker, two free for the split (a
-    worker serves one model at a time)."""
+    """`tessera up` on ``home``, ready: SmolLM2 on one worker, two free for the split."""
     cluster = RunningCluster("--workers", "3", home=home, port=port)
     cluster.wait_for("ready:", 300)
     return cluster

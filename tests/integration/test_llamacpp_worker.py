@@ -74,7 +74,7 @@ async def deploy(
 
 
 async def undeploy(nc: NatsClient, route: DeploymentState) -> None:
-    """Every shard unloaded: a worker runs one llama-server, for one deployment at a time."""
+    """Every shard unloaded (the next test places the model anew on the same workers)."""
     ranges = even_split(30, len(route.route))
     tasks = shard_tasks(route.deployment_id, MODEL_NAME, route.route, ranges, 1, "unload")
     statuses = await place(nc, tasks, timeout_s=60)

@@ -3,7 +3,10 @@
 process that answers its health check only once the test opens a gate (a start as slow as the
 test wants: vLLM's takes minutes, llama.cpp's seconds). An unload or a newer task is taken
 during the start, not after it, and a start longer than the consumer's ack wait keeps its task
-(nothing is delivered again mid-start)."""
+(nothing is delivered again mid-start). Several deployments on one worker (``ServedWorker``
+with hooks that take any task): a server each, an unload stops only its own, and a model the
+device's memory cannot take beside the others is refused naming them; vLLM's worker takes one
+model at a time, saying so."""
 
 from __future__ import annotations
 
@@ -24,18 +27,21 @@ from libs.contracts import (
     SHARD_TASK,
     STREAMS,
     DeviceClass,
+    ModelCard,
     Sampling,
     ShardStatus,
     ShardTask,
     shard_ring,
 )
 from libs.devices.emulated import EmulatedDevice
+from libs.models.shipped import shipped_card
 from libs.runtime.acks import Redelivery
 from libs.runtime.bus import NatsBus
 from libs.runtime.nats_client import close_nats, connect_nats, ensure_streams
 from services.worker.device.processes import engine_env
 from services.worker.served.server import EngineServer, Piece
 from services.worker.served.vllm_worker import VllmWorker
+from services.worker.served.worker import MEMORY_SHARE, ServedWorker
 from tests.waiting import wait_until, wait_until_async
 
 QUICK = Redelivery(ack_wait_s=1.0, max_deliver=3, retry_delay_s=0.05)
@@ -111,9 +117,14 @@ class Rig:
     started: Started
     got: list[ShardStatus]
 
-    async def send(self, action: Any, epoch: int) -> None:
+    async def send(
+        self, action: Any, epoch: int, deployment: str = "dep", card: ModelCard | None = None
+    ) -> None:
         device_id = self.served.device_id
-        [one] = shard_ring(action, "dep", "smollm2-135m-instruct", [(device_id, 0, 30)], epoch, 0)
+        model = card.name if card else "smollm2-135m-instruct"
+        layers = card.layers if card else 30
+        shards = [(device_id, 0, layers)]
+        [one] = shard_ring(action, deployment, model, shards, epoch, 0, card=card)
         await self.bus.publish_durable(SHARD_TASK, one, device_id=device_id)
 
     async def running(self, count: int) -> GatedEngine:
@@ -136,11 +147,42 @@ class Rig:
         await wait_until_async(nothing_pending, timeout_s=10)
 
 
-@pytest.fixture
-async def rig(nats_bus: NatsBus, uid: str, tmp_path: Path) -> AsyncIterator[Rig]:
+class AnyWorker(ServedWorker):
+    """A served worker whose engine kind takes any task (no layers lent, nothing to fetch):
+    ``ServedWorker``'s own rules alone."""
+
+    def refusal(self, task: ShardTask) -> str | None:
+        return None
+
+    def same_server(self, current: ShardTask, task: ShardTask) -> bool:
+        return True
+
+    async def hold_weights(self, task: ShardTask) -> None:
+        return None
+
+    async def on_lent_task(self, task: ShardTask) -> bool:
+        return False
+
+    async def open_engine(self) -> None:
+        return None
+
+    async def close_engine(self) -> None:
+        await self.stop_serving()
+
+    async def tick(self) -> None:
+        return None
+
+    async def preload(self) -> None:
+        return None
+
+
+@pytest.fixture(params=[VllmWorker])
+async def rig(
+    request: pytest.FixtureRequest, nats_bus: NatsBus, uid: str, tmp_path: Path
+) -> AsyncIterator[Rig]:
     device = EmulatedDevice.draw(uid, DeviceClass.WORKSTATION, np.random.default_rng(0))
     started = Started(tmp_path / "gate")
-    served = VllmWorker(nats_bus, device, started, start_s=600.0)
+    served = request.param(nats_bus, device, started, start_s=600.0)
     served.redelivery = QUICK
     got: list[ShardStatus] = []
 
@@ -166,7 +208,7 @@ async def test_an_unload_sent_during_a_slow_start_is_taken_at_once(rig: Rig) -> 
     await wait_until(lambda: rig.got, timeout_s=15)
     assert [(s.state, s.epoch) for s in rig.got] == [("unloaded", 1)]
     assert proc.returncode is not None  # the engine's start was stopped
-    assert rig.served.server is None and rig.served.task is None
+    assert not rig.served.hosted
     assert not rig.served.device.work
     await rig.settled()  # both tasks acknowledged: neither comes again
 
@@ -186,5 +228,68 @@ async def test_a_start_longer_than_the_ack_wait_keeps_its_task_and_a_newer_one_s
     assert first.proc is None  # stopped when epoch 2 came
     await rig.settled()
     assert (await rig.consumer()).num_redelivered == 0  # the long start's task never came again
-    assert rig.served.ready.is_set() and rig.served.task is not None
-    assert rig.served.task.epoch == 2
+    hosted = rig.served.hosted["dep"]
+    assert hosted.ready.is_set() and hosted.task.epoch == 2
+
+
+def sized(name: str, gb: float) -> ModelCard:
+    """The shipped model's card under ``name``, its layers scaled to hold about ``gb``."""
+    card = shipped_card()
+    scale = gb * 1e9 / max(1, sum(card.layer_bytes))
+    layer_bytes = tuple(int(b * scale) for b in card.layer_bytes)
+    return card.model_copy(update={"name": name, "layer_bytes": layer_bytes})
+
+
+@pytest.mark.parametrize("rig", [AnyWorker], indirect=True)
+async def test_each_deployment_has_its_own_server_and_an_unload_stops_only_its_own(
+    rig: Rig,
+) -> None:
+    limit = rig.served.device.memory_limit_gb * MEMORY_SHARE
+    a, b, c = sized("model-a", 0.3 * limit), sized("model-b", 0.3 * limit), sized("c", 0.5 * limit)
+    rig.started.gate.touch()
+    await rig.send("load", 1, "dep-a", a)
+    await rig.send("load", 1, "dep-b", b)
+    await wait_until(lambda: len(rig.got) == 2, timeout_s=15)
+    assert sorted((s.deployment_id, s.state) for s in rig.got) == [
+        ("dep-a", "loaded"),
+        ("dep-b", "loaded"),
+    ]
+    first, second = (await rig.running(1)), (await rig.running(2))
+    assert first.proc is not None and second.proc is not None  # a server each, both up
+    assert set(rig.served.hosted) == {"dep-a", "dep-b"}
+
+    # A third the memory cannot take beside them: refused, naming what the device holds.
+    await rig.send("load", 1, "dep-c", c)
+    await wait_until(lambda: len(rig.got) == 3, timeout_s=15)
+    refused = rig.got[2]
+    assert (refused.deployment_id, refused.state) == ("dep-c", "refused")
+    assert "memory cannot take dep-c" in (refused.reason or "") and "dep-a, dep-b" in (
+        refused.reason or ""
+    )
+
+    by_deployment = {t.deployment_id: engine for t, engine in rig.started.starts}
+    await rig.send("unload", 1, "dep-a")
+    await wait_until(lambda: len(rig.got) == 4, timeout_s=15)
+    assert (rig.got[3].deployment_id, rig.got[3].state) == ("dep-a", "unloaded")
+    assert by_deployment["dep-a"].proc is None  # stopped
+    assert by_deployment["dep-b"].proc is not None  # the other serves on
+    assert set(rig.served.hosted) == {"dep-b"} and rig.served.hosted["dep-b"].ready.is_set()
+
+    await rig.send("load", 2, "dep-c", c)  # room now that dep-a is gone
+    await wait_until(lambda: len(rig.got) == 5, timeout_s=15)
+    assert (rig.got[4].deployment_id, rig.got[4].state) == ("dep-c", "loaded")
+    await rig.settled()
+
+
+async def test_a_vllm_worker_takes_one_model_at_a_time_and_says_so(rig: Rig) -> None:
+    rig.started.gate.touch()
+    await rig.send("load", 1, "dep-a", sized("model-a", 0.1))
+    await wait_until(lambda: rig.got, timeout_s=15)
+    await rig.send("load", 1, "dep-b", sized("model-b", 0.1))
+    await wait_until(lambda: len(rig.got) == 2, timeout_s=15)
+    assert [(s.deployment_id, s.state) for s in rig.got] == [
+        ("dep-a", "loaded"),
+        ("dep-b", "refused"),
+    ]
+    assert "one model at a time, and it serves dep-a" in (rig.got[1].reason or "")
+    await rig.settled()

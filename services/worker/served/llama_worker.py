@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,22 @@ class LlamaWorker(ServedWorker):
             )
         return None
 
+    def lending_refusal(self, task: ShardTask) -> str | None:
+        """llama.cpp's RPC server serves one client at a time: a second head would wait for
+        the first to let go. So this device lends its layers to one deployment at a time
+        (it may head others meanwhile)."""
+        others = sorted(set(self.lent) - {task.deployment_id})
+        if not others:
+            return None
+        return (
+            f"{self.device_id}'s llama.cpp RPC server serves one head at a time, and it runs "
+            f"layers of {others[0]} now"
+        )
+
+    def lent_tasks(self) -> Iterable[ShardTask]:
+        """The layers this device's RPC server runs for other devices' heads."""
+        return self.lent.values()
+
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         return (current.spans, current.endpoints) == (task.spans, task.endpoints)
 
@@ -186,7 +202,7 @@ class LlamaWorker(ServedWorker):
             if current.epoch == task.epoch:
                 await self.status(task, "loaded")  # a repeat: its first answer may be lost
             return True
-        reason = self.refusal(task)
+        reason = self.refusal(task) or self.lending_refusal(task) or self.no_room(task)
         if reason is not None:
             await self.status(task, "refused", reason)
             return True

@@ -41,8 +41,9 @@ class Serving(Protocol):
     device_id: str
     bus: Bus
     clock: Callable[[], float]
-    #: The task the worker's engine serves now (None: none).
-    task: ShardTask | None
+
+    def runs(self, task: ShardTask) -> bool:
+        """Whether ``task`` is still what the worker runs for its deployment."""
 
     async def emit(self, chunk: TokenChunk) -> None:
         """Publish a chunk on ``TOKENS``, counting a token."""
@@ -185,7 +186,7 @@ class Streams:
             with contextlib.suppress(Exception):
                 await self.worker.emit(failure(request, f"{type(exc).__name__}: {exc}"))
             return True
-        return self.worker.task is not task
+        return not self.worker.runs(task)
 
     async def emit_text(self, request: GenerationRequest, index: int, text: str) -> None:
         """A piece of text alone (the hot path, once per token): its ``TokenChunk`` as JSON of

@@ -21,12 +21,18 @@ from services.worker.served.worker import ServedWorker
 
 class VllmWorker(ServedWorker):
     def refusal(self, task: ShardTask) -> str | None:
-        if task.shard_count == 1:
-            return None
-        return (
-            f"{self.device_id} runs vLLM, which serves whole models: shard "
-            f"{task.shard_index + 1} of {task.shard_count} belongs on a torch worker"
-        )
+        if task.shard_count > 1:
+            return (
+                f"{self.device_id} runs vLLM, which serves whole models: shard "
+                f"{task.shard_index + 1} of {task.shard_count} belongs on a torch worker"
+            )
+        others = sorted(set(self.hosted) - {task.deployment_id})
+        if others:  # its server takes a fixed share of the GPU's memory (gpu_memory_utilization)
+            return (
+                f"{self.device_id} runs vLLM, whose server takes its share of the GPU's memory: "
+                f"one model at a time, and it serves {others[0]}"
+            )
+        return None
 
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         """A whole model's server serves every epoch of its deployment."""

@@ -1,10 +1,13 @@
-"""A worker whose deployment runs in an engine server process (vLLM, llama.cpp's server).
+"""A worker whose deployments run in engine server processes (vLLM, llama.cpp's server).
 
-A ``load`` task of a deployment's first shard starts (or keeps) the engine's server for it,
-beside the shard-task consumer (its message is kept until the start ends), so an unload or a
-newer task taken meanwhile supersedes the start instead of waiting behind it. Requests of every
-epoch wait while the server starts (up to ``park_s``), then stream from it (``streams.py``). A
-server that dies is started again for the same task.
+A worker runs a server per deployment it heads (``Hosted``), as many as its memory holds, as
+Ollama and GPUStack serve several models on one machine. A ``load`` task of a deployment's
+first shard starts (or keeps) that deployment's server, beside the shard-task consumer (its
+message is kept until the start ends), so an unload or a newer task taken meanwhile supersedes
+the start instead of waiting behind it. A deployment's requests of every epoch wait while its
+server starts (up to ``park_s``), then stream from it (``streams.py``). A server that dies is
+started again for the same task. A task is refused only for what the engine cannot run or
+what the device's memory cannot take beside what it already holds (``no_room``).
 
 ``ServedWorker`` implements the device's hooks that every served engine shares and calls its own
 abstract hooks, which each engine kind implements once (``VllmWorker``, ``LlamaWorker``):
@@ -18,10 +21,19 @@ import asyncio
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from libs.agents.emulated_fleet import shard_intensity, work_key
-from libs.contracts import HIDDEN, ContractError, GenerationCancel, GenerationRequest, ShardTask
+from libs.contracts import (
+    DEFAULT_CONTEXT_TOKENS,
+    HIDDEN,
+    ContractError,
+    GenerationCancel,
+    GenerationRequest,
+    ShardTask,
+)
+from libs.core.catalogue import card_spec
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus, Delivery
 from services.worker.device.metrics import WorkerMetrics
@@ -34,6 +46,37 @@ log = logging.getLogger(__name__)
 
 #: Seconds between attempts to start a server again after it died.
 RESTART_S = 1.0
+#: Of a device's memory, what the models it runs may hold (the rest: the system, KV caches;
+#: the share the device's telemetry reports as available).
+MEMORY_SHARE = 0.8
+
+
+@dataclass(eq=False)
+class Hosted:
+    """A deployment this worker runs a server for: the first shard's task it runs now, its
+    server once started, whether that server is up (``ready``), and the start and the watch
+    in flight."""
+
+    task: ShardTask
+    ready: asyncio.Event
+    server: EngineServer | None = None
+    watcher: asyncio.Task[None] | None = None
+    starting: asyncio.Task[None] | None = None
+
+
+def held_gb(task: ShardTask) -> float:
+    """GB that ``task``'s layers hold on its device, as the placement counts them
+    (``card_spec``: the file's bytes of those layers as stored, the embeddings on the first
+    shard, the output on the last), with one request's KV cache at the task's context; 0 for
+    a task that carries no card."""
+    card = task.card
+    if card is None:
+        return 0.0
+    spec = card_spec(card, "llamacpp", slots=1)
+    first, last = task.shard_index == 0, task.shard_index == task.shard_count - 1
+    context = task.context_length or DEFAULT_CONTEXT_TOKENS
+    layers = task.layer_end - task.layer_start
+    return spec.shard_gb(layers, first, last, context, start=task.layer_start)
 
 
 class ServedWorker(DeviceWorker):
@@ -52,19 +95,52 @@ class ServedWorker(DeviceWorker):
         super().__init__(bus, device, metrics, clock)
         self.make_server = make_server
         self.max_active, self.park_s, self.start_s = max_active, park_s, start_s
-        self.task: ShardTask | None = None
-        self.server: EngineServer | None = None
-        self.ready = asyncio.Event()
+        #: The deployments this worker runs a server for, by deployment id.
+        self.hosted: dict[str, Hosted] = {}
+        #: Each deployment's "its server is up" (kept across its unload and load again: a
+        #: request may wait on it before the deployment's first task comes).
+        self.ready_events: dict[str, asyncio.Event] = {}
         self.running: dict[str, asyncio.Task[None]] = {}
+        #: Requests waiting for their deployment's server to come up.
+        self.parked = 0
         self.streams = Streams(self)
-        self.watcher: asyncio.Task[None] | None = None
-        #: The engine's start in flight (``_load``), off the shard-task consumer's callback.
-        self.starting: asyncio.Task[None] | None = None
 
     # -- what a served engine kind implements ---------------------------------------------------
     @abstractmethod
     def refusal(self, task: ShardTask) -> str | None:
         """Why this worker cannot run the first shard ``task`` names (None: it can)."""
+
+    def lent_tasks(self) -> Iterable[ShardTask]:
+        """The tasks of layers this device runs for other devices' servers (none: an engine
+        kind that lends no layers)."""
+        return ()
+
+    def no_room(self, task: ShardTask) -> str | None:
+        """Why this device's memory cannot take ``task`` beside what it holds (None: it can):
+        its share of the model's file and theirs against ``MEMORY_SHARE`` of its memory."""
+        held = [
+            t
+            for t in [*(h.task for h in self.hosted.values()), *self.lent_tasks()]
+            if t.deployment_id != task.deployment_id
+        ]
+        limit = self.device.memory_limit_gb * MEMORY_SHARE
+        need, holding = held_gb(task), sum(held_gb(t) for t in held)
+        if need + holding <= limit:
+            return None
+        names = ", ".join(sorted({t.deployment_id for t in held})) or "nothing"
+        return (
+            f"{self.device_id}'s memory cannot take {task.deployment_id}: {need:.1f} GB asked, "
+            f"{holding:.1f} GB held by {names}, {limit:.1f} GB for models"
+        )
+
+    def runs(self, task: ShardTask) -> bool:
+        """Whether ``task`` is still what this worker runs for its deployment (not unloaded,
+        not superseded by a newer task)."""
+        hosted = self.hosted.get(task.deployment_id)
+        return hosted is not None and hosted.task is task
+
+    def ready_of(self, deployment_id: str) -> asyncio.Event:
+        return self.ready_events.setdefault(deployment_id, asyncio.Event())
 
     @abstractmethod
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
@@ -95,71 +171,80 @@ class ServedWorker(DeviceWorker):
         """Stop every request's job and the engine (the engine kinds' ``close_engine``)."""
         for job in list(self.running.values()):
             job.cancel()
-        await self._stop_server()
+        for hosted in list(self.hosted.values()):
+            await self._stop_server(hosted)
 
     # -- shard tasks ---------------------------------------------------------------------------
     async def on_task(self, task: ShardTask) -> asyncio.Task[None] | None:
         """Take a shard task at once: a load that needs an engine started returns the start
         (``_load``), which runs off the consumer's callback, so an unload or a newer task
         arriving meanwhile is taken without waiting and supersedes it. A task for layers lent
-        to another device's server is the engine kind's (``on_lent_task``)."""
+        to another device's server is the engine kind's (``on_lent_task``). Each deployment
+        has its own server: one's tasks never stop another's."""
         if await self.on_lent_task(task):
             return None
-        current = self.task
-        same = current is not None and current.deployment_id == task.deployment_id
+        hosted = self.hosted.get(task.deployment_id)
+        current = hosted.task if hosted is not None else None
         if task.action == "unload":
-            if same and current is not None and current.epoch <= task.epoch:
-                self.task = None  # first: a start in flight sees it is superseded
-                await self._stop_server()
+            if hosted is not None and current is not None and current.epoch <= task.epoch:
+                del self.hosted[task.deployment_id]  # first: a start in flight is superseded
+                await self._stop_server(hosted)
                 self.device.unassign(work_key(current))
                 await self.status(task, "unloaded")
             return None
-        if same and current is not None and current.epoch >= task.epoch:
-            if current.epoch == task.epoch and self.ready.is_set():
+        if hosted is not None and current is not None and current.epoch >= task.epoch:
+            if current.epoch == task.epoch and hosted.ready.is_set():
                 # A repeat of what serves here (a scheduler that took over re-sends the load
                 # tasks of its plans): say so again, its first answer may have been lost.
                 await self.status(task, "loaded")
             return None  # else older than what runs here, or its start in flight answers
-        reason = self.refusal(task)
-        if reason is None and current is not None and not same:
-            reason = f"{self.device_id} already serves {current.deployment_id}"
+        reason = self.refusal(task) or self.no_room(task)
         if reason is not None:
             await self.status(task, "refused", reason)
             return None
-        self.task = task  # requests of this epoch wait for `ready` from now on
+        if hosted is None:  # requests of this epoch wait for `ready` from now on
+            hosted = Hosted(task, self.ready_of(task.deployment_id))
+            self.hosted[task.deployment_id] = hosted
+        else:
+            hosted.task = task
         if current is not None:
             self.device.unassign(work_key(current))
-        if current is not None and self.ready.is_set() and self.same_server(current, task):
+        if current is not None and hosted.ready.is_set() and self.same_server(current, task):
             self.device.assign(work_key(task), shard_intensity(task))  # loaded already
             await self.status(task, "loaded")  # the same server, moved to a newer epoch
             return None
         try:
-            await self._stop_server()  # and a start in flight: this task supersedes it
+            await self._stop_server(hosted)  # and a start in flight: this task supersedes it
         except Exception:
-            self.task = None  # delivered again, it is taken anew (not for a repeat)
+            self._drop(task)  # delivered again, it is taken anew (not for a repeat)
             raise
-        self.starting = asyncio.create_task(self._load(task))
-        return self.starting
+        hosted.starting = asyncio.create_task(self._load(hosted, task))
+        return hosted.starting
 
-    async def _load(self, task: ShardTask) -> None:
+    def _drop(self, task: ShardTask) -> None:
+        """Forget ``task``'s deployment here, if ``task`` is still what runs for it."""
+        if self.runs(task):
+            del self.hosted[task.deployment_id]
+
+    async def _load(self, hosted: Hosted, task: ShardTask) -> None:
         """Start the engine for ``task`` and report how it went. Returns once ``task`` is
         done with: serving, failed, or superseded (an unload or a newer task came meanwhile:
         that one reports); cancelled only when the worker closes, so that ``task`` is
         delivered again to its next process."""
         try:
-            load_s = await self._start(task)
+            load_s = await self._start(hosted, task)
         except asyncio.CancelledError:
-            if self.task is task:
+            if self.runs(task):
                 raise  # the worker stops
             self._loaded((task.deployment_id, task.shard_index, task.epoch))  # superseded
             return
         except EngineError as exc:
-            if self.task is not task:
+            if not self.runs(task):
                 self._loaded((task.deployment_id, task.shard_index, task.epoch))  # superseded
                 return
             log.error("engine failed to start", extra={"reason": str(exc)})
             self.device.unassign(work_key(task))
-            self.task = None
+            self._drop(task)
             await self.status(task, "failed", str(exc)[:2000])
             return
         log.info("serving", extra={"deployment_id": task.deployment_id, "load_s": load_s})
@@ -167,55 +252,55 @@ class ServedWorker(DeviceWorker):
         self.device.assign(work_key(task), shard_intensity(task))
         await self.status(task, "loaded", load_s=load_s)
 
-    async def _start(self, task: ShardTask) -> float:
+    async def _start(self, hosted: Hosted, task: ShardTask) -> float:
         """Start a server for ``task`` (it stops itself when it fails) and watch it, once this
         host holds what it reads (``hold_weights``); the shard is reported loading meanwhile
         (its caller reports how it ended)."""
         try:
             await self.hold_weights(task)
-            return await self._start_server(task)
+            return await self._start_server(hosted, task)
         finally:
             self.fetching.pop((task.deployment_id, task.shard_index, task.epoch), None)
 
-    async def _start_server(self, task: ShardTask) -> float:
+    async def _start_server(self, hosted: Hosted, task: ShardTask) -> float:
         await self.begin_loading(task)
-        server = self.server = self.make_server(task)
+        server = hosted.server = self.make_server(task)
         try:
             load_s = await server.start(self.start_s)
         except EngineError:
-            if self.server is server:
-                self.server = None
+            if hosted.server is server:
+                hosted.server = None
             raise
-        if self.task is not task or self.server is not server:  # a newer task came meanwhile
+        if not self.runs(task) or hosted.server is not server:  # a newer task came meanwhile
             await server.stop()
             raise EngineError("superseded by a newer task while starting")
-        self.ready.set()
-        self.watcher = asyncio.create_task(self._watch(task, server))
+        hosted.ready.set()
+        hosted.watcher = asyncio.create_task(self._watch(hosted, task, server))
         return load_s
 
-    async def _watch(self, task: ShardTask, server: EngineServer) -> None:
+    async def _watch(self, hosted: Hosted, task: ShardTask, server: EngineServer) -> None:
         """Start the server again when it dies under ``task`` (a peer lost, a crash), every
         ``RESTART_S`` until it starts or another task replaces this one."""
         assert server.proc is not None
         await server.proc.wait()
-        if self.task is not task or self.server is not server:
+        if not self.runs(task) or hosted.server is not server:
             return  # stopped on purpose
-        self.ready.clear()
+        hosted.ready.clear()
         log.warning("engine exited; starting it again", extra={"tail": server.tail()})
         await server.stop()
         key = (task.deployment_id, task.shard_index, task.epoch)
         given_up_at = time.monotonic() + self.start_s
-        while self.task is task:
+        while self.runs(task):
             try:
-                load_s = await self._start(task)
+                load_s = await self._start(hosted, task)
                 await self.status(task, "loaded", load_s=load_s)  # serving again
                 return
             except EngineError as exc:
                 self._loaded(key)  # no "loading" reports between the tries
-                if time.monotonic() >= given_up_at and self.task is task:
+                if time.monotonic() >= given_up_at and self.runs(task):
                     # Reported failed, so that the scheduler re-plans without this device.
                     log.error("engine did not start again; given up", extra={"reason": str(exc)})
-                    self.task = None
+                    self._drop(task)
                     self.device.unassign(work_key(task))
                     await self.status(task, "failed", f"engine did not restart: {exc}"[:2000])
                     return
@@ -225,17 +310,18 @@ class ServedWorker(DeviceWorker):
                 self._loaded(key)  # stopped for an unload or a newer task
                 raise
 
-    async def _stop_server(self) -> None:
-        """Stop the engine, and its start if one is in flight (waiting until it has ended)."""
-        self.ready.clear()
-        starting, self.starting = self.starting, None
+    async def _stop_server(self, hosted: Hosted) -> None:
+        """Stop a deployment's engine, and its start if one is in flight (waiting until it
+        has ended)."""
+        hosted.ready.clear()
+        starting, hosted.starting = hosted.starting, None
         if starting is not None and not starting.done():
             starting.cancel()
             await asyncio.wait([starting])
-        watcher, self.watcher = self.watcher, None
+        watcher, hosted.watcher = hosted.watcher, None
         if watcher is not None:
             watcher.cancel()
-        server, self.server = self.server, None
+        server, hosted.server = hosted.server, None
         if server is not None:
             await server.stop()
 
@@ -266,24 +352,32 @@ class ServedWorker(DeviceWorker):
         self.update_gauges()
 
     async def engine_for(self, request: GenerationRequest) -> tuple[ShardTask, EngineServer] | None:
-        """This request's engine once it is up; None when none will come here (the request's
-        failure is sent) or the request belongs to an older placement (its owner re-runs it
-        on the newer one)."""
+        """This request's engine once it is up (its deployment's server); None when none will
+        come here (the request's failure is sent) or the request belongs to an older placement
+        (its owner re-runs it on the newer one)."""
+        ready = self.ready_of(request.deployment_id)
+        parked = not ready.is_set()
+        if parked:
+            self.parked += 1
+            self.update_gauges()
         try:
-            await asyncio.wait_for(self.ready.wait(), self.park_s)
+            await asyncio.wait_for(ready.wait(), self.park_s)
         except TimeoutError:
             await self.emit(failure(request, f"no engine for {request.deployment_id} here"))
             return None
-        task, server = self.task, self.server
-        if task is None or server is None or task.deployment_id != request.deployment_id:
+        finally:
+            if parked:
+                self.parked -= 1
+        hosted = self.hosted.get(request.deployment_id)
+        if hosted is None or hosted.server is None:
             await self.emit(failure(request, f"{request.deployment_id} is not served here"))
             return None
-        if request.epoch < task.epoch:
+        if request.epoch < hosted.task.epoch:
             return None
-        return task, server
+        return hosted.task, hosted.server
 
     def update_gauges(self) -> None:
         self.device.queue_depth = len(self.running)
         self.device.measured_tokens_per_s = self.tokens_per_s()
         self.metrics.active.set(len(self.running))
-        self.metrics.queue_depth.set(0 if self.ready.is_set() else len(self.running))
+        self.metrics.queue_depth.set(self.parked)
