@@ -9,12 +9,15 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from libs.devices.calibration import Calibration, cached
 from libs.devices.emulated import EmulatedDevice
-from libs.devices.host_device import HostDevice
+from libs.devices.gpu_device import GpuDevice
+from libs.devices.host_device import HostDevice, open_nvml
+from libs.models.engine_support import is_vllm_cpu_build, vllm_build
 from libs.models.shipped import prepare
 from libs.runtime.bus import Bus, NatsBus
 from libs.runtime.lifecycle import Background, announce_ready, run_service
@@ -34,12 +37,14 @@ log = logging.getLogger("services.worker")
 
 
 def make_device(
-    settings: WorkerSettings, now: float, host: Calibration | None = None
+    settings: WorkerSettings, now: float, host: Calibration | None = None, nvml: Any = None
 ) -> EmulatedDevice:
     """The device this worker stands in for: memory, power and heat drawn from its class
     (with the overrides applied). A CPU worker's speed is what this ``host`` measures times the
     speed factor it runs at, so that what it announces is what its work measures; without a
-    calibration (the vLLM worker, whose speed is its GPU's) the class's figures stand."""
+    calibration the class's figures stand. A vLLM worker of vLLM's GPU build whose host's NVML
+    (``nvml``, else opened here) reads a GPU is that GPU (``GpuDevice``: its own readings,
+    class cloud_gpu)."""
     if settings.host_device:
         calibration = host or cached(settings.cache_dir)
         real = HostDevice.probe(settings.device_id, calibration, settings.memory_gb)
@@ -50,6 +55,13 @@ def make_device(
             context_length=settings.context_length,
         )
     rng = np.random.default_rng(settings.seed)
+    gpu_build = not is_vllm_cpu_build(vllm_build(settings.vllm_python.parent.parent))
+    if settings.engine == "vllm" and gpu_build:  # where NVML reads a GPU, the device is it
+        gpu = GpuDevice.probe(settings.device_id, open_nvml() if nvml is None else nvml, rng, now)
+        if gpu is not None:
+            gpu.engines, gpu.slots = (settings.engine,), settings.slots
+            gpu.context_length = settings.context_length
+            return gpu
     device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
     speed = settings.speed_factor or min(1.0, device.speed_factor)
     update: dict[str, float] = {}
