@@ -76,7 +76,11 @@ endif
 ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))  # none yet, or another asked for: made (again)
 .PHONY: $(VLLM_VENV)/.installed
 endif
-vllm: $(VLLM_VENV)/.installed
+vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/architectures.txt
+## What the build serves, read from it (libs/models/engine_support.py judges folders by it).
+$(VLLM_VENV)/architectures.txt: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -c "from vllm import ModelRegistry; print(*sorted(ModelRegistry.get_supported_archs()), sep=chr(10))" 2>/dev/null > $@.tmp
+	@test -s $@.tmp && mv $@.tmp $@
 $(VLLM_VENV)/.installed:
 	@if [ -n "$(VLLM_BUILT)" ]; then echo "vLLM: $(VLLM_BUILT) installed, $(VLLM_PACKAGE) asked: $(VLLM_VENV) made again"; rm -rf $(VLLM_VENV); fi
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)

@@ -482,3 +482,42 @@ def llama_server_tokens(
     tokens the GGUF asks for (SmolLM2's tokenizer adds no BOS); it stops at EOS or ``n``."""
     with llama_server(gguf_file, context=context) as server:
         return server.tokens(prompt, n)
+
+
+# -- Hugging Face folders ------------------------------------------------------------------------
+
+#: The shipped model's tokenizer files a made folder gets (its vocabulary: 49,152 tokens).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def make_hf_folder(folder: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0) -> Path:
+    """A Hugging Face folder of a small random-weight ``LlamaForCausalLM`` (float32
+    safetensors, tied embeddings, heads of 64, SmolLM2's size: vLLM's CPU attention runs no
+    head of 16), with the shipped SmolLM2's tokenizer, written by ``transformers`` offline: a
+    model vLLM serves as any folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from libs.models.shipped import prepare
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=hidden, intermediate_size=4 * hidden,
+        num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)  # float32, as transformers makes it
+    with torch.no_grad():  # weights that make greedy tokens follow the prompt (GAIN, above)
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2:
+                weight.normal_(0.0, GAIN / math.sqrt(weight.shape[1]))
+            elif "norm" not in name:
+                weight.zero_()
+    model.save_pretrained(folder, safe_serialization=True)
+    shipped = prepare()
+    for name in TOKENIZER_FILES:
+        if (shipped / name).exists():
+            (folder / name).write_bytes((shipped / name).read_bytes())
+    return folder

@@ -82,7 +82,8 @@ def up(
         typer.Option(
             "--deploy",
             help="A model to deploy once the cluster is up (repeat for more; default "
-            "smollm2-135m-instruct). Each is followed until it serves, or its refusal is said.",
+            "smollm2-135m-instruct; `none`: nothing). Each is followed until it serves, or its "
+            "refusal is said.",
         ),
     ] = None,
     home: Annotated[
@@ -165,7 +166,7 @@ def up(
         restart=restart == "on-failure",
     )
     if deploy:
-        options = dataclasses.replace(options, deploy=tuple(deploy))
+        options = dataclasses.replace(options, deploy=tuple(d for d in deploy if d != "none"))
     raise typer.Exit(run_cluster(options))
 
 

@@ -59,19 +59,24 @@ def local_card(source: str, name: str | None, sha256: str | None, console: Conso
         else:
             origin = str(path.resolve())
         card = checked_card(progress, path, name=name, source=origin, expect_sha256=sha256)
+        if card.format == "hf":  # a folder stays where it lies: vLLM serves it on this host
+            console.print(f"{path} is a Hugging Face folder: served on this host, not sent")
+            return card
         remember(path, card.sha256, console)
         publish_weights(path, card.sha256, progress, console)
         return card
 
 
 def checked_card(progress: Progress, path: Path, **read: Any) -> Any:
-    """``read_card`` of ``path`` with its checksum shown on ``progress``; a file that is not a
-    model's ends the command saying why."""
+    """The card of ``path`` (a GGUF, or a Hugging Face model's folder) with its checksum
+    shown on ``progress``; a file or folder that is not a model's ends the command saying why."""
     from libs.models.gguf_info import ModelFileError, read_card
+    from libs.models.hf_info import read_folder_card
 
     task = progress.add_task(f"checksum {path.name}", total=None)
+    reader = read_folder_card if path.is_dir() else read_card
     try:
-        return read_card(
+        return reader(
             path,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
             **read,
@@ -81,9 +86,10 @@ def checked_card(progress: Progress, path: Path, **read: Any) -> Any:
 
 
 def names_a_file(model: str) -> bool:
-    """Whether a command's MODEL is a model file (``*.gguf`` or a file that exists), not a
-    registered name."""
-    return model.endswith(".gguf") or Path(model).expanduser().is_file()
+    """Whether a command's MODEL is a model file (``*.gguf`` or a file that exists) or a model
+    folder (a folder that exists), not a registered name."""
+    path = Path(model).expanduser()
+    return model.endswith(".gguf") or path.is_file() or path.is_dir()
 
 
 def registered_as(cards: list[dict[str, Any]], sha256: str) -> str | None:
@@ -225,7 +231,12 @@ def add_shipped(
 
 @models_app.command("add")
 def add(
-    source: Annotated[str, typer.Argument(help="FILE.gguf, a URL, or hf:ORG/REPO\\[/FILE].")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="FILE.gguf, a Hugging Face model's FOLDER, a URL, or hf:ORG/REPO\\[/FILE]."
+        ),
+    ],
     name: Annotated[str | None, typer.Option(help="Its name (default: from the file's).")] = None,
     sha256: Annotated[
         str | None, typer.Option(help="The sha256 the file must have (its publisher's).")

@@ -9,7 +9,7 @@ it serves (its file, its architecture) without asking anyone.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -34,9 +34,13 @@ def name_from_file(file_name: str) -> str:
 
 
 class ModelCard(WireModel):
-    """What placement, engines and the API need to know of one model file."""
+    """What placement, engines and the API need to know of one model file (a GGUF) or folder
+    (a Hugging Face model's: ``format`` "hf", read by ``libs/models/hf_info.py``)."""
 
     name: Annotated[ModelName, Field(pattern=MODEL_NAME_PATTERN)]
+    #: "gguf": one GGUF file (llama.cpp's, and torch's for the shipped model); "hf": a Hugging
+    #: Face folder (config.json and safetensors), which vLLM serves where the folder lies.
+    format: Literal["gguf", "hf"] = "gguf"
     #: Where it was added from: a path on ``origin_host``, a URL, or ``hf:ORG/REPO[/FILE]``.
     source: Annotated[str, Field(min_length=1, max_length=4096)]
     #: The host where the file was added (its file is there; others receive it).

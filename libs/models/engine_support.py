@@ -10,7 +10,10 @@ model only on devices whose engine serves it, and says why the others were left 
 * ``torch``: what ``libs/models`` implements: the llama architecture (SmolLM2's), from the
   tensor types transformers dequantises; and, as its workers convert one folder
   (``libs/models/shipped.prepare``), the shipped model only.
-* ``vllm``: the shipped model's folder only.
+* ``vllm``: Hugging Face folders (``format`` "hf") of the architectures its build registers
+  (``make vllm`` writes them to ``.venv-vllm/architectures.txt``; without that list, every
+  architecture is let through and the worker's vLLM says), and the shipped model (its folder
+  converted from the GGUF). Other GGUF files are refused with the way to add a folder.
 
 Each host judges by its own lists: the scheduler by its host's build, and a llamacpp worker
 refuses a shard its own build does not run (the scheduler then places it elsewhere).
@@ -36,6 +39,8 @@ TORCH_TYPES = frozenset(
 TORCH_ARCHITECTURES = frozenset({"llama"})
 #: Where ``make llama`` puts llama.cpp's binaries and the lists of what the build runs.
 LLAMA_DIR = Path(__file__).resolve().parents[2] / ".llama"
+#: Where ``make vllm`` puts vLLM's virtualenv and its list of the architectures it serves.
+VLLM_DIR = LLAMA_DIR.parent / ".venv-vllm"
 ARCHITECTURES_FILE = "architectures.txt"
 TYPES_FILE = "tensor_types.txt"
 
@@ -111,10 +116,45 @@ def serves(engine: str, llama_dir: Path = LLAMA_DIR) -> Declared | None:
     return None
 
 
-def unserved_reason(engine: str, card: ModelCard, llama_dir: Path = LLAMA_DIR) -> str | None:
+@functools.cache
+def vllm_declared(venv: Path = VLLM_DIR) -> Declared | None:
+    """The architectures vLLM's build in ``venv`` registers (``make vllm`` lists them); None
+    where no list is there."""
+    try:
+        names = read_names(venv / ARCHITECTURES_FILE)
+    except OSError:
+        return None
+    return Declared(names, frozenset(), f"vLLM {vllm_build(venv) or '?'}'s model registry")
+
+
+def folder_reason(engine: str, card: ModelCard, vllm_dir: Path) -> str | None:
+    """Why ``engine`` cannot run the Hugging Face folder ``card`` (None: it can)."""
+    if engine == "llamacpp":
+        return (
+            f"llama.cpp runs GGUF files and {card.name} is a Hugging Face folder "
+            "(llama.cpp's convert_hf_to_gguf.py makes a GGUF of it)"
+        )
+    if engine == "torch":
+        return f"torch serves only {MODEL_NAME} here"
+    declared = vllm_declared(vllm_dir) if engine == "vllm" else None
+    if declared is not None and card.architecture not in declared.architectures:
+        return f"vllm does not run architecture {card.architecture} ({declared.source})"
+    return None
+
+
+def unserved_reason(
+    engine: str, card: ModelCard, llama_dir: Path = LLAMA_DIR, vllm_dir: Path = VLLM_DIR
+) -> str | None:
     """Why ``engine`` cannot run ``card``'s model (None: it can), naming whose list says so."""
-    if engine in ("vllm", "torch") and card.name != MODEL_NAME:
-        # Their workers hold one converted folder, the shipped model's (shipped.prepare).
+    if card.format == "hf":
+        return folder_reason(engine, card, vllm_dir)
+    if engine == "vllm" and card.name != MODEL_NAME:
+        return (
+            f"vllm serves a GGUF here only as {MODEL_NAME}'s converted folder: add "
+            f"{card.name} as a Hugging Face folder (`tessera models add DIR`)"
+        )
+    if engine == "torch" and card.name != MODEL_NAME:
+        # Its workers hold one converted folder, the shipped model's (shipped.prepare).
         return f"{engine} serves only {MODEL_NAME} here"
     declared = serves(engine, llama_dir)
     if declared is None:

@@ -110,6 +110,7 @@ def make_worker(
             park_s=settings.park_s,
             start_s=settings.vllm_start_s,
             metrics=metrics,
+            venv=settings.vllm_python.parent.parent,
         )
     if settings.engine == "llamacpp":
         threads = settings.llama_thread_count

@@ -281,15 +281,28 @@ async def test_each_deployment_has_its_own_server_and_an_unload_stops_only_its_o
     await rig.settled()
 
 
-async def test_a_vllm_worker_takes_one_model_at_a_time_and_says_so(rig: Rig) -> None:
+def folder_card(name: str, folder: Path) -> ModelCard:
+    """A Hugging Face folder's card (a llama, which vLLM's build registers) lying at ``folder``."""
+    update = {"format": "hf", "source": str(folder), "architecture": "LlamaForCausalLM"}
+    return sized(name, 0.1).model_copy(update=update)
+
+
+async def test_a_vllm_worker_takes_one_model_at_a_time_and_says_so(
+    rig: Rig, tmp_path: Path
+) -> None:
     rig.started.gate.touch()
-    await rig.send("load", 1, "dep-a", sized("model-a", 0.1))
+    await rig.send("load", 1, "dep-a", folder_card("model-a", tmp_path))
     await wait_until(lambda: rig.got, timeout_s=15)
-    await rig.send("load", 1, "dep-b", sized("model-b", 0.1))
+    await rig.send("load", 1, "dep-b", folder_card("model-b", tmp_path))
     await wait_until(lambda: len(rig.got) == 2, timeout_s=15)
     assert [(s.deployment_id, s.state) for s in rig.got] == [
         ("dep-a", "loaded"),
         ("dep-b", "refused"),
     ]
     assert "one model at a time, and it serves dep-a" in (rig.got[1].reason or "")
+    elsewhere = folder_card("model-c", tmp_path / "on-another-host")  # not on this host
+    await rig.send("load", 1, "dep-c", elsewhere)
+    await wait_until(lambda: len(rig.got) == 3, timeout_s=15)
+    assert rig.got[2].state == "refused"
+    assert "a Hugging Face folder is served on the host it lies on" in (rig.got[2].reason or "")
     await rig.settled()

@@ -21,11 +21,13 @@ from typing import Any, Protocol
 from libs.contracts import TOKENS, GenerationRequest, ShardTask, TokenChunk
 from libs.runtime.bus import Bus
 from libs.runtime.tracing import carried
+from services.worker.device.processes import EngineError
 from services.worker.device.prompts import refusal
 from services.worker.device.worker import failure
 from services.worker.served.llama_prompts import PromptRefused, Reply
 from services.worker.served.llama_server import LlamaServer
 from services.worker.served.server import EngineServer
+from services.worker.served.vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,18 @@ class Streams:
             if engine is None:
                 return
             task, server = engine
+            if (
+                isinstance(server, VllmServer)
+                and not request.prompt_token_ids
+                and not prompt.fields
+            ):
+                # No tokenizer on the gateway (a Hugging Face folder's model): vLLM's own.
+                try:
+                    ids = await server.tokenize(prompt) if prompt.kind != "embed" else ()
+                except EngineError as exc:
+                    await self.worker.emit(failure(request, str(exc)))
+                    return
+                request = request.model_copy(update={"prompt_token_ids": ids})
             if not isinstance(server, LlamaServer):
                 refused = refusal(request, server.engine)
                 if refused is not None:

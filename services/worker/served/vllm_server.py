@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from libs.contracts import DEFAULT_CONTEXT_TOKENS, Sampling
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, Prompt, Sampling
 from services.worker.device.processes import EngineError, engine_env
 from services.worker.served.server import EngineServer, Piece
 
@@ -60,6 +60,23 @@ class VllmServer(EngineServer):
         ]
         env = engine_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb), HF_HUB_OFFLINE="1")
         return command, env
+
+    async def tokenize(self, prompt: Prompt) -> tuple[int, ...]:
+        """A chat's or a text's token ids as this model's own tokenizer and chat template make
+        them (vLLM's ``/tokenize``): the prompt of a model whose tokenizer the gateway lacks
+        (a Hugging Face folder's), run then as token ids."""
+        if self.http is None:
+            raise EngineError("vllm is not running")
+        fields = json.loads(prompt.body)
+        body: dict[str, object] = {"model": self.name}
+        if prompt.kind == "chat":
+            body.update(messages=fields.get("messages", []), add_generation_prompt=True)
+        else:
+            body["prompt"] = fields.get("prompt", "")
+        response = await self.http.post("/tokenize", json=body)
+        if response.status_code != 200:
+            raise EngineError(f"vllm answered {response.status_code}: {response.text[:500]}")
+        return tuple(int(t) for t in response.json()["tokens"])
 
     async def complete(
         self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int

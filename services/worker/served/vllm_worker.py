@@ -1,8 +1,10 @@
 """The vLLM worker: the shard-task contract, served by a vLLM engine for whole-model placements.
 
-A ``load`` task of a one-shard placement starts (or keeps) a vLLM server for the model; a task
-for one shard of several is refused with the reason (vLLM here runs whole models; layer shards
-go to torch or llamacpp workers). Requests stream as ``ServedWorker`` streams them.
+A ``load`` task of a one-shard placement starts (or keeps) a vLLM server for the model: a
+Hugging Face folder of the registry where it lies on this host, or the shipped model's
+converted folder. A task for one shard of several is refused with the reason (vLLM here runs
+whole models; layer shards go to torch or llamacpp workers), as is a model vLLM's build does
+not register. Requests stream as ``ServedWorker`` streams them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS, ShardTask
-from libs.models.engine_support import is_vllm_cpu_build, vllm_build
+from libs.models.engine_support import VLLM_DIR, is_vllm_cpu_build, unserved_reason, vllm_build
 from services.worker.device.gpu import read_gpu
 from services.worker.served.server import EngineServer
 from services.worker.served.vllm_server import VllmServer
@@ -20,7 +23,23 @@ from services.worker.served.worker import ServedWorker
 
 
 class VllmWorker(ServedWorker):
+    def __init__(self, *args: Any, venv: Path | None = None, **options: Any) -> None:
+        """``ServedWorker``'s arguments; ``venv``: vLLM's virtualenv, whose list of
+        architectures this worker judges a model by (default ``make vllm``'s)."""
+        super().__init__(*args, **options)
+        self.venv = venv or VLLM_DIR
+
     def refusal(self, task: ShardTask) -> str | None:
+        card = task.card
+        if card is not None:
+            unserved = unserved_reason("vllm", card, vllm_dir=self.venv)
+            if unserved is not None:
+                return f"{self.device_id}: {unserved}"
+            if card.format == "hf" and not Path(card.source).is_dir():
+                return (
+                    f"{self.device_id}: {card.name}'s folder is on {card.origin_host} "
+                    f"({card.source}): a Hugging Face folder is served on the host it lies on"
+                )
         if task.shard_count > 1:
             return (
                 f"{self.device_id} runs vLLM, which serves whole models: shard "
@@ -84,14 +103,21 @@ def server_factory(
     context: int = DEFAULT_CONTEXT_TOKENS,
 ) -> Callable[[ShardTask], EngineServer]:
     def make(task: ShardTask) -> EngineServer:
+        """The server of ``task``'s model: a Hugging Face folder's where it lies, else the
+        shipped model's converted ``folder``; its context no longer than the model's own."""
+        card = task.card
+        model = Path(card.source) if card is not None and card.format == "hf" else folder
+        longest = task.context_length or context
+        if card is not None and card.context_train > 0:
+            longest = min(longest, card.context_train)
         return VllmServer(
             python,
-            folder,
+            model,
             task.deployment_id,
             dtype=dtype,
             kv_cache_gb=kv_cache_gb,
             eager=eager,
-            max_model_len=context,
+            max_model_len=longest,
         )
 
     return make
