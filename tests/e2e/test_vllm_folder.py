@@ -84,6 +84,8 @@ def test_a_folder_added_by_path_serves_with_vllms_own_greedy_text(
     folder = make_hf_folder(tmp_path / "tiny-llama")
     expected = asyncio.run(own_server_texts(folder))
     assert all(expected) and len(set(expected)) == len(PROMPTS), expected  # text, per prompt
+    code, out = tessera(cluster, "preview", str(folder))  # before it is added: read here
+    assert code == 0 and "vllm-0" in out and "device(s): ~" in out, out
     code, out = tessera(cluster, "models", "add", str(folder), "--name", NAME)
     assert code == 0 and f"added {NAME}: LlamaForCausalLM, 2 layers" in out, out
     assert "served on this host" in out, out
