@@ -137,10 +137,10 @@ def revoke_offline(device_id: str, home: Path | None) -> None:
                 f"tessera revoke: no joined device {device_id!r} (joined: {joined})", err=True
             )
             raise typer.Exit(1)
-        access.revoke(device_id)
+        access.revoke(device_id, offline=True)
     finally:
         os.close(lock)
     typer.echo(
         f"revoked {device_id} in {place.path} (no cluster runs): its secret is refused from the "
-        "next `tessera up`"
+        "next `tessera up`, which moves its shards at once"
     )

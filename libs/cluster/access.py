@@ -264,6 +264,8 @@ class AccessControl:
     passwords: dict[str, str] = field(default_factory=dict)
     #: The devices that joined from other hosts (``tessera join``), in joining order.
     joined: list[str] = field(default_factory=list)
+    #: Devices revoked while no cluster ran: said to have left at the next start (``say_left``).
+    left: list[str] = field(default_factory=list)
     path: Path | None = None
 
     def __post_init__(self) -> None:
@@ -271,6 +273,7 @@ class AccessControl:
             kept = json.loads(self.path.read_text())
             self.passwords = {**kept["passwords"], **self.passwords}
             self.joined = [d for d in kept.get("joined", ()) if d in self.passwords]
+            self.left = [d for d in kept.get("left", ()) if d not in self.passwords]
             self.devices += [d for d in self.joined if d not in self.devices]
         for name in [*service_grants(), *self.devices, "admin", JOIN_USER, "redis-default"]:
             self.passwords.setdefault(name, secrets.token_urlsafe(18))
@@ -280,7 +283,7 @@ class AccessControl:
         """Write the users to ``path`` (owner-only, replaced whole: never half-written)."""
         if self.path is None:
             return
-        kept = {"passwords": self.passwords, "joined": self.joined}
+        kept = {"passwords": self.passwords, "joined": self.joined, "left": self.left}
         write_private_json(self.path, kept)
 
     @property
@@ -316,15 +319,17 @@ class AccessControl:
             self.save()
         return admitted
 
-    def revoke(self, device_id: str) -> bool:
+    def revoke(self, device_id: str, offline: bool = False) -> bool:
         """Remove ``device_id``'s user: once the server has the new config it closes the
-        device's connections and refuses its password. False: no such device."""
+        device's connections and refuses its password (``offline``: no server runs; the next
+        start says it left). False: no such device."""
         if device_id not in self.devices:
             return False
         self.devices.remove(device_id)
         del self.passwords[device_id]
         if device_id in self.joined:
             self.joined.remove(device_id)
+        self.left += [device_id] if offline else []
         self.save()
         return True
 

@@ -318,6 +318,32 @@ async def rotate_token(admin_url: str, ca_file: Path | None = None, timeout_s: f
     return answer.token
 
 
+def say_left(access: AccessControl | None, admin_url: str, ca_file: Path | None) -> list[str]:
+    """The devices revoked while no cluster ran (``AccessControl.left``), said to have left
+    once the scorer listens (their shards move at once, not after a restored plan's wait for
+    devices to come back), then forgotten: their ids."""
+    if access is None or not access.left:
+        return []
+    left = list(access.left)
+
+    async def say() -> None:
+        options = {"allow_reconnect": False, "max_reconnect_attempts": 0, "connect_timeout": 5}
+        nc = await connect(admin_url, ca_file, **options)
+        try:
+            for device in left:
+                why = "revoked while the cluster was down"
+                leaving = DeviceLeaving(device_id=device, ts=time.time(), reason=why)
+                await NatsBus(nc).publish(DEVICE_LEAVING, leaving, device_id=device)
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    asyncio.run(say())
+    access.left.clear()
+    access.save()
+    return left
+
+
 async def revoke_device(
     admin_url: str, device_id: str, ca_file: Path | None = None, timeout_s: float = 10.0
 ) -> str:

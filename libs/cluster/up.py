@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from libs.cluster.child_output import exit_text
+from libs.cluster.joining import say_left
 from libs.cluster.launcher import Cluster
 from libs.cluster.stopping import stopped_by_signals
 from libs.cluster.supervising import supervise
@@ -244,6 +245,8 @@ def serve(cluster: Cluster, options: UpOptions) -> int:
         why = f"{dead.name} {exit_text(dead.returncode)}" if dead else "timeout"
         cluster.say("cluster", f"failed to start: {why}", "bold red")
         return 1
+    for device in say_left(cluster.access, cluster.urls("admin")["nats"], options.nats_ca):
+        cluster.say("cluster", f"{device} was revoked while the cluster was down: it left", "white")
     url = f"http://{options.gateway_host}:{options.gateway_port}"
     has_workers = any(cluster.is_worker(c) for c in cluster.children)
     deployed, restored = [], []

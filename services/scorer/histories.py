@@ -1,6 +1,7 @@
 """A device's uptime history in Redis (first seen, time down, failures): written with the
 scorer's pipelines, read back when a device is first heard from, so a restarted scorer keeps
-counting a device's stability where the last one left it."""
+counting a device's stability where the last one left it; and a device's whole record read
+back with its announce (``stored_records``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from libs.contracts import DeviceAnnounce
 from libs.contracts.keys import Keys
 from services.scorer.table import DeviceRecord, History
 
@@ -49,3 +51,19 @@ async def load_histories(
             else History(first_seen=now)
         )
     return histories
+
+
+async def stored_records(
+    redis: Redis, keys: Keys, device_ids: list[str], now: float, model_type: str
+) -> dict[str, DeviceRecord]:
+    """Records of devices a scorer has not heard from since it started (a restart), from the
+    announces and histories Redis keeps; a device Redis holds no announce of is left out."""
+    stored = await redis.mget([keys.caps(d) for d in device_ids]) if device_ids else []
+    found = {d: raw for d, raw in zip(device_ids, stored, strict=True) if raw is not None}
+    histories = await load_histories(redis, keys, list(found), now)
+    return {
+        device_id: DeviceRecord.from_announce(
+            DeviceAnnounce.model_validate_json(raw), histories[device_id], now, model_type
+        )
+        for device_id, raw in found.items()
+    }

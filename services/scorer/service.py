@@ -52,7 +52,7 @@ from libs.core.profiles import BUILTIN_PROFILES
 from libs.core.scoring import score_batch, uptime_and_failure_rate
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
-from services.scorer.histories import load_histories, save_history
+from services.scorer.histories import load_histories, save_history, stored_records
 from services.scorer.metrics import DeviceCollector, ScorerMetrics
 from services.scorer.settings import ScorerSettings
 from services.scorer.table import DeviceRecord, check_speeds, significant
@@ -142,9 +142,15 @@ class Scorer:
         self.buffer.append((sample, msg.data))  # the bytes were just validated: store as-is
 
     async def on_leaving(self, leaving: DeviceLeaving, msg: Delivery) -> None:
-        if (record := self.table.get(leaving.device_id)) is not None:
+        device_id, now = leaving.device_id, self.clock()
+        if device_id not in self.table:  # not heard from since this process started (a device
+            # revoked while the cluster was down): its record from Redis, failed all the same
+            model = self.settings.model_type
+            self.table.update(await stored_records(self.redis, self.keys, [device_id], now, model))
+        if (record := self.table.get(device_id)) is not None:
             record.leave()
-            log.info("device leaving", extra={"device_id": leaving.device_id})
+            self.next_deadline = 0.0  # the detector looks now
+            log.info("device leaving", extra={"device_id": device_id})
 
     async def on_mode(self, change: ModeChange, msg: Delivery) -> None:
         if change.mode != self.mode or change.weights != self.custom_weights:
@@ -266,23 +272,13 @@ class Scorer:
         if not unknown:
             return
         lookup = [d for d in unknown if self.unknown_until.get(d, 0.0) <= now]
-        stored = await self.redis.mget([self.keys.caps(d) for d in lookup]) if lookup else []
-        found = dict(zip(lookup, stored, strict=True))
-        histories = await load_histories(
-            self.redis, self.keys, [d for d in lookup if found[d] is not None], now
-        )
-        for device_id in unknown:
-            raw = found.get(device_id)
-            if raw is None:
-                del latest[device_id]
-                self.unknown_until[device_id] = now + self.settings.unknown_device_cache_s
-                for _ in range(per_device[device_id]):
-                    self.on_rejected(TELEMETRY.name, "unknown_device", device_id)
-                continue
-            announce = DeviceAnnounce.model_validate_json(raw)
-            self.table[device_id] = DeviceRecord.from_announce(
-                announce, histories[device_id], now, self.settings.model_type
-            )
+        loaded = await stored_records(self.redis, self.keys, lookup, now, self.settings.model_type)
+        self.table.update(loaded)
+        for device_id in (d for d in unknown if d not in loaded):
+            del latest[device_id]
+            self.unknown_until[device_id] = now + self.settings.unknown_device_cache_s
+            for _ in range(per_device[device_id]):
+                self.on_rejected(TELEMETRY.name, "unknown_device", device_id)
 
     def _rescore(self, due: list[DeviceRecord], now: float, pipe: Any, events: list[Event]) -> None:
         samples = [r.latest for r in due]

@@ -1,8 +1,10 @@
 """Revoking a joined device that serves part of a deployment, while a series of requests runs
 (``tessera revoke``): the deployment is placed again without it and every request completes
-with the answer it gives alone (greedy): nothing lost, nothing twice. One host: the cluster
-listens on loopback and the devices join over it (torch shards, asked for on both ends);
-``test_two_hosts.py`` moves shards off a host whose link goes down."""
+with the answer it gives alone (greedy): nothing lost, nothing twice. Revoked while the cluster
+is stopped: the next `tessera up` on its home says it left and places the deployment again at
+once, without waiting for it to come back. One host: the cluster listens on loopback and the
+devices join over it (torch shards, asked for on both ends); ``test_two_hosts.py`` moves
+shards off a host whose link goes down."""
 
 from __future__ import annotations
 
@@ -77,3 +79,44 @@ def answers(output: str) -> list[str]:
     """Each request's text, from ``SERIES``' lines (request, time, piece)."""
     pieces = [json.loads(line) for line in output.splitlines()]
     return ["".join(p for i, _, p in pieces if i == n) for n in sorted({i for i, _, _ in pieces})]
+
+
+def test_a_device_revoked_while_the_cluster_is_down_leaves_at_the_next_start() -> None:
+    """A restored deployment waits for its devices to come back (here 600 s, where the old
+    code waited before it moved); a device revoked meanwhile is said to have left instead, so
+    the deployment is placed again without it before `ready`."""
+    env = {"TESSERA_SCHEDULER_RESUME_WAIT_S": "600"}
+    head = RunningCluster("--listen", "127.0.0.1", "--workers", "1", *TORCH, env=env)
+    joined: list[ServiceProcess] = []
+    try:
+        url, token = head.join_command()
+        joined.append(joins([], url, token, "laptop-b", "--memory-gb", MEMORY_GB, *TORCH))
+        on_head = {"TESSERA_RUN_FILE": str(head.run_file)}
+        told = ("--shards", "2", "--devices", "worker-0,laptop-b", "--id", "split")
+        deployed = run_in([], on_head, "-m", "libs.cli.main", "deploy", MODEL, *told)
+        assert "worker-0" in deployed and "laptop-b" in deployed, deployed
+        head.stop()  # the cluster stops; the joined host is down too (a power cut, say)
+        joined.pop().stop(timeout_s=5)
+
+        nobody = {"TESSERA_RUN_FILE": str(head.run_file.parent / "none.json")}
+        home = ("--home", str(head.home))
+        said = run_in([], nobody, "-m", "libs.cli.main", "revoke", "laptop-b", *home)
+        assert "revoked laptop-b" in said and "no cluster runs" in said, said
+
+        head = RunningCluster(
+            "--listen", "127.0.0.1", "--workers", "1", *TORCH, home=head.home, env=env
+        )  # fmt: skip
+        ready = head.wait_for("ready:", 240)
+        lines = "\n".join(head.lines)
+        assert "laptop-b was revoked while the cluster was down: it left" in lines, lines
+        assert f"restored split ({MODEL}), serving on worker-0" in lines, lines
+        assert "ready:" in ready
+        asked = f"{head.base_url}/v1"
+        [answer] = answers(
+            run_in([], {}, "-c", SERIES.replace(f"range({REQUESTS})", "range(1)"), asked)
+        )
+        assert answer, lines
+    finally:
+        head.stop()
+        for process in joined:
+            process.stop(timeout_s=5)

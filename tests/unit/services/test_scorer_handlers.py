@@ -192,6 +192,36 @@ async def test_a_leaving_device_fails_at_once_and_its_last_reports_do_not_revive
     assert [r.device_id for r in bus.sent(DEVICE_RECOVERED)] == ["laptop-1"]
 
 
+async def test_a_device_only_redis_knows_that_is_said_to_leave_fails_at_once(
+    scorer: Any,
+) -> None:
+    """A scorer started again knows a device only from Redis until it reports; one revoked
+    while the cluster was down never reports: said to leave, it fails at the next pass."""
+    service, bus, redis, clock = scorer
+    await announce(bus, "laptop-1", DeviceClass.LAPTOP)
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1"), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    await service.background.close()  # it stops; another starts on the same Redis
+    settings = ScorerSettings(flush_interval_ms=5000, detector_interval_s=10, key_prefix="u")
+    again = Scorer(settings, bus, redis, ScorerMetrics.create(), clock)  # a restart
+    await again.start()
+    try:
+        clock.now += 1.0
+        leaving = DeviceLeaving(device_id="laptop-1", ts=clock.now, reason="revoked")
+        await bus.publish(DEVICE_LEAVING, leaving, device_id="laptop-1")
+        nobody = leaving.model_copy(update={"device_id": "nobody"})
+        await bus.publish(DEVICE_LEAVING, nobody, device_id="nobody")
+        await bus.settle()
+        await again.detect()
+        await bus.settle()
+        assert [f.device_id for f in bus.sent(DEVICE_FAILED)] == ["laptop-1"]
+        assert (await row(redis, "laptop-1")).state == DeviceState.FAILED
+        assert "nobody" not in again.table  # never known: nothing to fail
+    finally:
+        await again.background.close()
+
+
 async def test_a_custom_profile_reweights_every_total(scorer: Any) -> None:
     service, bus, redis, clock = scorer
     for device_id, device_class in (
