@@ -76,17 +76,18 @@ endif
 ifneq ($(VLLM_BUILT),$(VLLM_PACKAGE))  # none yet, or another asked for: made (again)
 .PHONY: $(VLLM_VENV)/.installed
 endif
-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/architectures.txt
-## What the build serves, read from it (libs/models/engine_support.py judges folders by it).
-$(VLLM_VENV)/architectures.txt: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -c "from vllm import ModelRegistry; print(*sorted(ModelRegistry.get_supported_archs()), sep=chr(10))" 2>/dev/null > $@.tmp
-	@test -s $@.tmp && mv $@.tmp $@
+vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	@if [ -n "$(VLLM_BUILT)" ]; then echo "vLLM: $(VLLM_BUILT) installed, $(VLLM_PACKAGE) asked: $(VLLM_VENV) made again"; rm -rf $(VLLM_VENV); fi
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(VLLM_VENV)/bin/pip install -q "$(VLLM_PACKAGE)" 2>&1 | $(QUIET_PIP)
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
+	@# What the build serves, read from it (libs/models/engine_support.py judges folders by
+	@# it); unread, no list: every architecture is let through and the worker's vLLM says.
+	@$(VLLM_VENV)/bin/python -c "from vllm import ModelRegistry; print(*sorted(ModelRegistry.get_supported_archs()), sep=chr(10))" > $(VLLM_VENV)/architectures.txt.tmp 2>/dev/null \
+	  && test -s $(VLLM_VENV)/architectures.txt.tmp && mv $(VLLM_VENV)/architectures.txt.tmp $(VLLM_VENV)/architectures.txt \
+	  || { rm -f $(VLLM_VENV)/architectures.txt.tmp; echo "vLLM's architectures not read: none listed"; }
 	@echo "$(VLLM_PACKAGE)" > $@  # which build: `tessera up` starts a vLLM worker only for a GPU one
 
 ## llama.cpp's server and RPC server (the llamacpp engine, the CPU workers' default where built):

@@ -87,6 +87,19 @@ class Lease:
             return False
         return True
 
+    async def _resume(self) -> bool:
+        """The lease expired while NATS was out of reach (restarting) and nobody wrote it
+        since: the bucket's last write is still this replica's renewal, so no other replica
+        led meanwhile. Create it again (only if still absent); False: another took it."""
+        try:
+            info = await self.nc.jetstream().stream_info(f"KV_{BUCKET}")
+            if info.state.last_seq != self.revision:
+                return False
+            self.revision = await (await self.bucket()).create(self.key, self.replica.encode())
+        except Exception:  # taken meanwhile, or NATS gone again: not ours
+            return False
+        return True
+
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this replica leads (True) or ``stop`` is set (False)."""
         while not stop.is_set():
@@ -103,6 +116,12 @@ class Lease:
                 self.key, self.replica.encode(), last=self.revision
             )
         except KeyWrongLastSequenceError:
+            if await self._resume():
+                log.warning(
+                    "leader lease expired unseen and taken again", extra={"replica": self.replica}
+                )
+                self.renewed_at = started
+                return True
             log.error("leader lease taken by another replica", extra={"replica": self.replica})
             self.revision = 0
             return False

@@ -21,7 +21,7 @@ async def main(stop: asyncio.Event, settings: ScorerSettings) -> None:
     metrics = ScorerMetrics.create()
     port = serve_metrics(metrics.registry, settings.metrics_port, settings.metrics_host)
     async with connected(settings, "scorer") as (nc, redis):
-        scorer = Scorer(settings, NatsBus(nc), redis, metrics)
+        scorer = Scorer(settings, NatsBus(nc), redis, metrics, connected=lambda: nc.is_connected)
         await scorer.start()
         await nc.flush()  # the server holds our subscriptions before we say ready
         announce_ready("scorer", metrics_port=port)

@@ -74,9 +74,11 @@ class Scorer:
         redis: Redis,
         metrics: ScorerMetrics,
         clock: Callable[[], float] = time.time,
+        connected: Callable[[], bool] = lambda: True,
     ) -> None:
         self.settings, self.bus, self.redis = settings, bus, redis
-        self.metrics, self.clock = metrics, clock
+        self.metrics, self.clock, self.connected = metrics, clock, connected
+        self.deaf = False  #: NATS out of reach (``connected``) at the last detector pass
         self.keys = Keys(settings.key_prefix)
         self.table: dict[str, DeviceRecord] = {}
         self.next_deadline = math.inf  #: the earliest deadline of a live device (clock s)
@@ -143,8 +145,7 @@ class Scorer:
 
     async def on_leaving(self, leaving: DeviceLeaving, msg: Delivery) -> None:
         device_id, now = leaving.device_id, self.clock()
-        if device_id not in self.table:  # not heard from since this process started (a device
-            # revoked while the cluster was down): its record from Redis, failed all the same
+        if device_id not in self.table:  # only Redis knows it (revoked while all was down)
             model = self.settings.model_type
             self.table.update(await stored_records(self.redis, self.keys, [device_id], now, model))
         if (record := self.table.get(device_id)) is not None:
@@ -340,6 +341,13 @@ class Scorer:
 
     async def detect(self) -> None:
         now = self.clock()
+        if not self.connected():  # NATS out of reach: a silence that is not the devices'
+            self.deaf, self.next_deadline = True, now + 0.25  # looked at again soon
+            return
+        if self.deaf:  # heard again: each device gets its full window to report anew
+            self.deaf = False
+            for record in self.table.values():
+                record.touch(now, self.settings.heartbeat_misses)
         live = [r for r in self.table.values() if not r.failed]
         overdue = [r for r in live if now > r.deadline]
         # Deadlines only move later as devices are heard from (a leaving one is due at once,

@@ -107,7 +107,8 @@ def test_each_service_killed_under_load_is_started_again_and_nothing_is_lost(
     for name in KILLED:
         row = next(line for line in status.stdout.splitlines() if line.startswith(f"{name} "))
         restarts = re.search(r"restarts (\d+)", row)
-        assert "running" in row and restarts and int(restarts[1]) >= 1, row
+        said = "\n".join(line for line in cluster.lines if name in line)[-4000:]
+        assert "running" in row and restarts and int(restarts[1]) >= 1, f"{row}\n{said}"
         # The last exit is the kill; or the scheduler's own when NATS was away longer than its
         # leader lease lets it act (2.5 s): it steps down, exits and is started again (never
         # two leaders), as supervision is for.

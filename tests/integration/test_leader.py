@@ -48,3 +48,19 @@ async def test_a_clean_stop_hands_over_at_once(nc: NatsClient, uid: str) -> None
     assert await first.try_acquire()
     await first.release()
     assert await second.try_acquire()
+
+
+async def test_a_lease_that_expired_unseen_is_taken_again_unless_another_took_it(
+    nc: NatsClient, uid: str
+) -> None:
+    """NATS out of reach longer than the lease (a restart): the lease expires with nobody
+    writing it, and its leader takes it again instead of stepping down; once another replica
+    took it meanwhile, the old leader steps down."""
+    first = Lease(nc, "a", key=f"away-{uid}", ttl_s=1.5)
+    assert await first.try_acquire()
+    await asyncio.sleep(2.5)  # expired: nobody renewed it, nobody took it
+    assert await first.renew() and first.valid
+    await asyncio.sleep(2.5)
+    second = Lease(nc, "b", key=f"away-{uid}", ttl_s=1.5)
+    assert await second.try_acquire()  # expired again: the other replica leads now
+    assert not await first.renew() and not first.valid

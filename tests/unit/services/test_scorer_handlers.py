@@ -222,6 +222,36 @@ async def test_a_device_only_redis_knows_that_is_said_to_leave_fails_at_once(
         await again.background.close()
 
 
+async def test_a_silence_the_scorer_could_not_hear_fails_nobody(scorer: Any) -> None:
+    """NATS out of reach (restarting): every device is silent to the scorer, which fails none
+    of them then, and gives each its full window once it hears NATS again; one that stays
+    silent after that fails as usual."""
+    service, bus, _, clock = scorer
+    heard = [True]
+    service.connected = lambda: heard[0]
+    for device_id in ("laptop-1", "phone-1"):
+        await announce(bus, device_id, DeviceClass.LAPTOP)
+        await bus.publish(TELEMETRY, make_telemetry(device_id), device_id=device_id)
+    await bus.settle()
+    await service.flush()
+    heard[0] = False
+    clock.now += 10.0  # far past 3 missed 1 s heartbeats
+    await service.detect()
+    heard[0] = True
+    clock.now += 1.0
+    await service.detect()  # heard again: a new window, nobody failed
+    await bus.settle()
+    assert bus.sent(DEVICE_FAILED) == []
+    clock.now += 2.0
+    await bus.publish(TELEMETRY, make_telemetry("laptop-1", seq=2), device_id="laptop-1")
+    await bus.settle()
+    await service.flush()
+    clock.now += 2.0  # laptop-1 reported again, phone-1 stays silent past its window
+    await service.detect()
+    await bus.settle()
+    assert [f.device_id for f in bus.sent(DEVICE_FAILED)] == ["phone-1"]
+
+
 async def test_a_custom_profile_reweights_every_total(scorer: Any) -> None:
     service, bus, redis, clock = scorer
     for device_id, device_class in (
