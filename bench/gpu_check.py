@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -111,7 +110,7 @@ def beside_cpu(ran: dict[str, object], cpu: dict[str, object]) -> dict[str, obje
 def rpc_server(binaries: Path, threads: int) -> Iterator[str]:
     """``ggml-rpc-server`` of ``binaries`` on 127.0.0.1, serving from the GPU (llama.cpp's
     RPC server takes the accelerators it finds before the CPU): its address."""
-    from libs.runtime.procs import free_port
+    from libs.runtime.procs import free_port, wait_for_port
     from services.worker.rpc.server import llama_env
 
     port = free_port()
@@ -121,13 +120,7 @@ def rpc_server(binaries: Path, threads: int) -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ggml-rpc-server did not listen (exit {proc.poll()})")
-            time.sleep(0.2)
+        wait_for_port("127.0.0.1", port, 60, proc)
         yield f"127.0.0.1:{port}"
     finally:
         proc.kill()

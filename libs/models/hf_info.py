@@ -24,8 +24,6 @@ from libs.models.gguf_info import ModelFileError, Progress, sha256_of
 
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 OUTPUT = ("lm_head.", "model.norm.", "norm.")
-#: safetensors' dtypes as GGUF's tensor types name them (the card's ``tensor_types``).
-DTYPES = {"F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16", "I8": "I8", "U8": "U8"}
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:
@@ -107,7 +105,7 @@ def read_folder_card(
         for tensor, info in safetensors_header(shard).items():
             start, end = info["data_offsets"]
             count = math.prod(info["shape"])
-            types.add(DTYPES.get(info["dtype"], info["dtype"]))
+            types.add(info["dtype"])  # safetensors' names are GGUF's (F32, F16, BF16, …)
             found = LAYER.search(tensor)
             if found and int(found[1]) < layers:
                 layer_bytes[int(found[1])] += end - start

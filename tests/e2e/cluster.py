@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -87,6 +89,16 @@ class RunningCluster:
         time.sleep(2)
         tail = "\n".join(self.lines[-80:])
         return f"{what} ({masks}):\n{tail}"
+
+    def tessera(self, *args: str, timeout_s: float = 300.0) -> tuple[int, str]:
+        """A ``tessera`` command against this cluster (its run file): the exit status and its
+        output, stdout and stderr, on one line."""
+        env = {**os.environ, "TESSERA_RUN_FILE": str(self.run_file), "COLUMNS": "200"}
+        done = subprocess.run(
+            [sys.executable, "-m", "libs.cli.main", *args],
+            env=env, capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+        return done.returncode, " ".join((done.stdout + done.stderr).split())
 
     @property
     def base_url(self) -> str:

@@ -7,9 +7,6 @@ chat template serves completions, and chats in the ChatML llama.cpp's server fal
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,18 +38,6 @@ def cluster() -> Iterator[RunningCluster]:
     running.stop()
 
 
-def tessera(cluster: RunningCluster, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "TESSERA_RUN_FILE": str(cluster.run_file), "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "libs.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return done.returncode, " ".join((done.stdout + done.stderr).split())
-
-
 def listed(cluster: RunningCluster) -> list[str]:
     data = httpx.get(f"{cluster.base_url}/v1/models", timeout=5).json()["data"]
     return [m["id"] for m in data]
@@ -82,24 +67,24 @@ def test_a_model_added_by_path_serves_by_name_whole_and_split(
     undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
     path = make_gguf(tmp_path / "qwen.gguf", "qwen2", "Q8_0", layers=6, hidden=128)
     before = models(cluster)
-    code, out = tessera(cluster, "preview", str(path))  # before it is added: nothing added
+    code, out = cluster.tessera("preview", str(path))  # before it is added: nothing added
     assert code == 0 and "device(s): ~" in out and "ms/token" in out, out
     card = read_card(path).model_dump(mode="json")
     shown = httpx.post(f"{cluster.base_url}/v1/cluster/previews", json={"card": card}, timeout=30)
     assert shown.status_code == 200 and any(o["feasible"] for o in shown.json()), shown.text
     assert models(cluster) == before
-    code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
+    code, out = cluster.tessera("models", "add", str(path), "--name", NAME)
     assert code == 0 and f"added {NAME}: qwen2, 6 layers" in out, out
-    code, out = tessera(cluster, "preview", str(path))  # the file added: by its name now
+    code, out = cluster.tessera("preview", str(path))  # the file added: by its name now
     assert code == 0 and f"is registered as {NAME}" in out and "device(s): ~" in out, out
-    code, out = tessera(cluster, "preview", NAME)
+    code, out = cluster.tessera("preview", NAME)
     assert code == 0 and "device(s): ~" in out, out
-    code, out = tessera(cluster, "models", "add", str(path), "--name", NAME)
+    code, out = cluster.tessera("models", "add", str(path), "--name", NAME)
     assert code == 1 and "already registered" in out, out
-    code, out = tessera(cluster, "models", "list")
+    code, out = cluster.tessera("models", "list")
     assert NAME in out and "smollm2-135m-instruct" in out, out
 
-    code, out = tessera(cluster, "deploy", NAME, "--shards", "2", "--id", "q2", "--timeout", "0")
+    code, out = cluster.tessera("deploy", NAME, "--shards", "2", "--id", "q2", "--timeout", "0")
     assert code == 0, out
     while True:  # listed, it serves: the phase read after the list says so
         shown = NAME in listed(cluster)
@@ -110,7 +95,7 @@ def test_a_model_added_by_path_serves_by_name_whole_and_split(
     assert phase == "serving", placement(cluster, "q2")
     assert listed(cluster) == [NAME]
 
-    code, out = tessera(cluster, "deploy", NAME, "--shards", "1", "--id", "q1")
+    code, out = cluster.tessera("deploy", NAME, "--shards", "1", "--id", "q1")
     assert code == 0 and "q1 serving on" in out, out
     rows = httpx.get(f"{cluster.base_url}/v1/cluster/placements", timeout=5).json()
     shards = {r["deployment_id"]: len(r["assignments"]) for r in rows if r["model"] == NAME}
@@ -120,16 +105,16 @@ def test_a_model_added_by_path_serves_by_name_whole_and_split(
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
     answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
-    code, out = tessera(cluster, "models", "rm", NAME)
+    code, out = cluster.tessera("models", "rm", NAME)
     assert code == 1 and "undeploy first" in out, out
     undeploy(cluster, "q1", "q2")
 
-    code, out = tessera(cluster, "deploy", str(path), "--shards", "3", "--id", "q3")
+    code, out = cluster.tessera("deploy", str(path), "--shards", "3", "--id", "q3")
     assert code == 0 and f"registered as {NAME}" in out and "q3 serving on" in out, out
     assert len(placement(cluster, "q3")["shards"]) == 3
     undeploy(cluster, "q3")
     assert NAME not in listed(cluster)
-    code, out = tessera(cluster, "models", "rm", NAME)
+    code, out = cluster.tessera("models", "rm", NAME)
     assert code == 0 and f"removed {NAME}" in out, out
 
 
@@ -154,11 +139,11 @@ def test_each_architecture_gives_llama_cpps_own_greedy_text_whole_and_split(
     with llama_server(path) as reference:
         expected = [reference.completion(p, NEW_TOKENS)["content"] for p in PROMPTS]
     name = f"{arch}-{tensor_type.lower()}-e2e"
-    code, out = tessera(cluster, "models", "add", str(path), "--name", name)
+    code, out = cluster.tessera("models", "add", str(path), "--name", name)
     assert code == 0, out
     for shards in (1, 2, 3):
         deployment = f"{arch[:5]}-{shards}"
-        code, out = tessera(cluster, "deploy", name, "--shards", str(shards), "--id", deployment)
+        code, out = cluster.tessera("deploy", name, "--shards", str(shards), "--id", deployment)
         assert code == 0 and f"{deployment} serving on" in out, out
         assert len(placement(cluster, deployment)["shards"]) == shards
         for prompt, text in zip(PROMPTS, expected, strict=True):
@@ -167,7 +152,7 @@ def test_each_architecture_gives_llama_cpps_own_greedy_text_whole_and_split(
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"][0]["text"] == text, (shards, prompt)
         undeploy(cluster, deployment)
-    code, out = tessera(cluster, "models", "rm", name)
+    code, out = cluster.tessera("models", "rm", name)
     assert code == 0, out
 
 
@@ -187,11 +172,11 @@ def test_a_model_with_no_chat_template_completes_and_chats_in_chatml(
         expected = reference.completion(PROMPTS[0], NEW_TOKENS)["content"]
         chatml = reference.completion(CHATML, NEW_TOKENS)["content"]
     name = "base-e2e"
-    code, out = tessera(cluster, "models", "add", str(path), "--name", name)
+    code, out = cluster.tessera("models", "add", str(path), "--name", name)
     assert code == 0, out
-    code, out = tessera(cluster, "models", "show", name)
+    code, out = cluster.tessera("models", "show", name)
     assert "chat template none (chats use llama.cpp's ChatML)" in out, out
-    code, out = tessera(cluster, "deploy", name, "--shards", "1", "--id", "base-1")
+    code, out = cluster.tessera("deploy", name, "--shards", "1", "--id", "base-1")
     assert code == 0 and "base-1 serving on" in out, out
     body = {"model": name, "prompt": PROMPTS[0], "max_tokens": NEW_TOKENS, "temperature": 0}
     answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
@@ -201,7 +186,7 @@ def test_a_model_with_no_chat_template_completes_and_chats_in_chatml(
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"] == chatml
     undeploy(cluster, "base-1")
-    assert tessera(cluster, "models", "rm", name)[0] == 0
+    assert cluster.tessera("models", "rm", name)[0] == 0
 
 
 def deployed(cluster: RunningCluster) -> set[str]:

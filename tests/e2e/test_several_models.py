@@ -5,9 +5,6 @@ answer at once, each with the greedy text llama.cpp's own server gives on the sa
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +28,6 @@ KEY = shared.KEYS[2]
 HEADERS = {"authorization": f"Bearer {KEY}"}
 PROMPT = "The capital of France is"
 NEW_TOKENS = 12
-
-
-def tessera(cluster: RunningCluster, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "TESSERA_RUN_FILE": str(cluster.run_file), "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "libs.cli.main", *args],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    return done.returncode, " ".join((done.stdout + done.stderr).split())
 
 
 def get(cluster: RunningCluster, path: str) -> Any:
@@ -82,14 +70,14 @@ def test_a_second_model_split_and_a_third_whole_serve_beside_smollm2(
     expected[MODEL_NAME] = reference(gguf_path())
     try:
         for name, path in files.items():
-            code, out = tessera(cluster, "models", "add", str(path), "--name", name)
+            code, out = cluster.tessera("models", "add", str(path), "--name", name)
             assert code == 0, out
         devices = ",".join(workers)
-        code, out = tessera(
-            cluster, "deploy", "second-e2e", "--shards", "2", "--devices", devices, "--id", "two"
+        code, out = cluster.tessera(
+            "deploy", "second-e2e", "--shards", "2", "--devices", devices, "--id", "two"
         )
         assert code == 0 and "two serving on" in out, out
-        code, out = tessera(cluster, "deploy", "third-e2e", "--shards", "1", "--id", "three")
+        code, out = cluster.tessera("deploy", "third-e2e", "--shards", "1", "--id", "three")
         assert code == 0 and "three serving on" in out, out
 
         placed = {r["deployment_id"]: r for r in get(cluster, "/v1/cluster/placements")}
@@ -108,5 +96,5 @@ def test_a_second_model_split_and_a_third_whole_serve_beside_smollm2(
                 timeout=60,
             )
         for name in files:
-            tessera(cluster, "models", "rm", name)
+            cluster.tessera("models", "rm", name)
     assert greedy(cluster, MODEL_NAME) == expected[MODEL_NAME]  # and after the others left

@@ -7,9 +7,6 @@ vLLM's own server's on the same folder, started with the flags the worker gives 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,15 +43,6 @@ def cluster() -> Iterator[RunningCluster]:
     running.stop()
 
 
-def tessera(cluster: RunningCluster, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "TESSERA_RUN_FILE": str(cluster.run_file), "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "libs.cli.main", *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    return done.returncode, " ".join((done.stdout + done.stderr).split())
-
-
 async def own_server_texts(folder: Path) -> list[str]:
     """vLLM's own OpenAI server on ``folder`` (the worker's flags: ``VllmServer``'s command),
     each prompt's greedy text."""
@@ -84,12 +72,12 @@ def test_a_folder_added_by_path_serves_with_vllms_own_greedy_text(
     folder = make_hf_folder(tmp_path / "tiny-llama")
     expected = asyncio.run(own_server_texts(folder))
     assert all(expected) and len(set(expected)) == len(PROMPTS), expected  # text, per prompt
-    code, out = tessera(cluster, "preview", str(folder))  # before it is added: read here
+    code, out = cluster.tessera("preview", str(folder))  # before it is added: read here
     assert code == 0 and "vllm-0" in out and "device(s): ~" in out, out
-    code, out = tessera(cluster, "models", "add", str(folder), "--name", NAME)
+    code, out = cluster.tessera("models", "add", str(folder), "--name", NAME)
     assert code == 0 and f"added {NAME}: LlamaForCausalLM, 2 layers" in out, out
     assert "served on this host" in out, out
-    code, out = tessera(cluster, "deploy", NAME, "--id", "tiny", "--timeout", "600")
+    code, out = cluster.tessera("deploy", NAME, "--id", "tiny", "--timeout", "600", timeout_s=660)
     assert code == 0 and "tiny serving on vllm-0" in out, out
     for prompt, text in zip(PROMPTS, expected, strict=True):
         body = {"model": NAME, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}

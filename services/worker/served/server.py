@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from libs.contracts import Sampling
+from libs.contracts import Prompt, Sampling
 from libs.runtime.procs import child_kwargs, free_port
 from services.worker.device.processes import EngineError, stop_process
 
@@ -88,6 +88,11 @@ class EngineServer(ABC):
     async def release(self) -> None:
         """Release what ``prepare`` readied, once the process stopped (called by ``stop``,
         also after a start that failed, so whatever part of it was readied)."""
+
+    async def tokenize(self, prompt: Prompt) -> tuple[int, ...] | None:
+        """A prompt's token ids by the model's own tokenizer, for a request the gateway sent
+        without them (it has no tokenizer for the model); None: this engine does not say."""
+        return None
 
     async def start(self, timeout_s: float = 300.0) -> float:
         """Start the server and wait until it answers a request; returns the seconds it took

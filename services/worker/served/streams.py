@@ -27,7 +27,6 @@ from services.worker.device.worker import failure
 from services.worker.served.llama_prompts import PromptRefused, Reply
 from services.worker.served.llama_server import LlamaServer
 from services.worker.served.server import EngineServer
-from services.worker.served.vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +121,15 @@ class Streams:
             if engine is None:
                 return
             task, server = engine
-            if (
-                isinstance(server, VllmServer)
-                and not request.prompt_token_ids
-                and not prompt.fields
-            ):
-                # No tokenizer on the gateway (a Hugging Face folder's model): vLLM's own.
+            if not request.prompt_token_ids and not prompt.fields and prompt.kind != "embed":
+                # No tokenizer on the gateway (a Hugging Face folder's model): the engine's own.
                 try:
-                    ids = await server.tokenize(prompt) if prompt.kind != "embed" else ()
+                    ids = await server.tokenize(prompt)
                 except EngineError as exc:
                     await self.worker.emit(failure(request, str(exc)))
                     return
-                request = request.model_copy(update={"prompt_token_ids": ids})
+                if ids:
+                    request = request.model_copy(update={"prompt_token_ids": ids})
             if not isinstance(server, LlamaServer):
                 refused = refusal(request, server.engine)
                 if refused is not None:

@@ -61,7 +61,7 @@ class VllmServer(EngineServer):
         env = engine_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb), HF_HUB_OFFLINE="1")
         return command, env
 
-    async def tokenize(self, prompt: Prompt) -> tuple[int, ...]:
+    async def tokenize(self, prompt: Prompt) -> tuple[int, ...] | None:
         """A chat's or a text's token ids as this model's own tokenizer and chat template make
         them (vLLM's ``/tokenize``): the prompt of a model whose tokenizer the gateway lacks
         (a Hugging Face folder's), run then as token ids."""
