@@ -3,8 +3,9 @@
 The app and its whole command tree, in the order ``tessera --help`` lists it. The commands live
 by what they do: ``cluster_commands.py`` (up, join, token, revoke, access), ``home_commands.py``
 (reset, keys), ``scheduling_commands.py`` (preview, deploy, placements, mode),
-``model_commands.py`` (``models …``), ``simulate_commands.py`` (``simulate``); the few that
-stand alone (devices, calibrate, chat, version) are here. ``main`` is the ``tessera`` entry point.
+``model_commands.py`` (``models …``), ``job_commands.py`` (``jobs …``),
+``simulate_commands.py`` (``simulate``); the few that stand alone (devices, calibrate, chat,
+version) are here. ``main`` is the ``tessera`` entry point.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 
 from libs.cli.cluster_commands import access, join, revoke, token_app, up
 from libs.cli.home_commands import keys_app, reset
+from libs.cli.job_commands import jobs_app
 from libs.cli.model_commands import models_app
 from libs.cli.scheduling_commands import deploy, mode, placements, preview
 from libs.cli.service_unit import service_app
@@ -103,6 +105,7 @@ app.command()(mode)
 app.command()(calibrate)
 app.add_typer(simulate_app, name="simulate")
 app.add_typer(models_app, name="models")
+app.add_typer(jobs_app, name="jobs")
 app.command()(chat)
 app.command()(access)
 app.command()(status)

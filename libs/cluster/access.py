@@ -365,18 +365,18 @@ class AccessControl:
 
     def redis_acl(self, prefix: str = "tessera") -> list[str]:
         """Redis users (``user`` directives): the scorer writes device rows, ranks and
-        histories; the scheduler reads them and writes only its mode and checkpoints; the
-        gateway only reads; the default user is locked (a password nobody is given)."""
+        histories; the scheduler its mode and checkpoints; the gateway the Batch API's keys;
+        none flushes or reconfigures (``@dangerous``); the default user is locked."""
         p = prefix
         scorer = " ".join(
             f"~{p}:{k}" for k in ("dev:*", "caps:*", "hist:*", "rank:*", "failed", "stats")
         )
-        writes = "-@all +@read +@write +@transaction +@connection"
+        writes = "-@all +@read +@write +@transaction +@connection -@dangerous"
         rules = {
             "scorer": f"{scorer} %R~{p}:mode %R~{p}:weights {writes}",
             "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights ~{p}:models ~{p}:models:* "
             f"%R~{p}:* {writes}",
-            "gateway": f"%R~{p}:* -@all +@read +@connection",
+            "gateway": f"%R~{p}:* ~{p}:jobs:* {writes}",
             # Celery's broker (its queues, one per device: device.<id>) and results, and the
             # dispatcher's jobs: its own keys and pub/sub channels only.
             "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~{p}:batch:* &* "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,6 +32,9 @@ from services.gateway.admin.dashboard import dashboard_router
 from services.gateway.admin.events import EventHub
 from services.gateway.admin.router import admin_router
 from services.gateway.anthropic.router import anthropic_router
+from services.gateway.batches.routes import batches_router
+from services.gateway.batches.runner import AsgiSender, BatchRunner
+from services.gateway.batches.store import JobStore
 from services.gateway.core.completions import Completions
 from services.gateway.core.deployed import Deployed
 from services.gateway.core.error_shapes import ErrorShapes
@@ -49,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
     deployments = Deployed(split_urls(settings.scheduler_url))
+    runner_key = secrets.token_urlsafe(32)  # the batch runner's, in this process only
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,10 +98,19 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if not await deployments.catch_up():
             background.tasks.append(asyncio.create_task(until_snapshot()))
         background.every(hub.stats_every_s, hub.stats)
+        # Batches: each request through this app, at most half the requests in flight.
+        concurrency = min(settings.batch_concurrency, max(1, settings.max_concurrent // 2))
+        send = AsgiSender(app, runner_key)
+        app.state.batches = BatchRunner(
+            JobStore(app.state.redis, settings.key_prefix), send, concurrency
+        )
+        background.tasks.append(asyncio.create_task(app.state.batches.run()))
         try:
             yield
         finally:
             await background.close()
+            await app.state.batches.close()
+            await send.aclose()
             await tokenizers.close()
             await deployments.close()
             for sub in watch:
@@ -116,8 +130,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.deployments = deployments
     app.state.key_prefix = settings.key_prefix  # the model registry's keys
     install_errors(app)
-    install_limits(app, settings, registry)
+    install_limits(app, settings, registry, runner_key)
     app.include_router(openai_router(settings))
+    app.include_router(batches_router(settings))
     app.include_router(anthropic_router())
     app.include_router(ollama_router())
     app.include_router(ollama_models_router())

@@ -199,7 +199,7 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     )
     await stop.wait()
     if settings.host_device:  # a joined host leaves: its shards move before it goes
-        await worker.leave()
+        await worker.leave(connected=lambda: nc.is_connected)
     await background.close()
     await telemetry
     await worker.close()

@@ -12,10 +12,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from libs.runtime.proc_tree import alive, descendants, process_with_env
 from libs.runtime.procs import ServiceProcess, free_port
+from services.worker.settings import WorkerSettings
 
-__all__ = ["RunningCluster", "alive", "descendants", "process_with_env"]
+__all__ = ["NEEDS_LLAMA", "RunningCluster", "alive", "descendants", "process_with_env"]
+
+#: A test of clusters on llama.cpp: skipped, saying why, where `make llama` has not built it.
+NEEDS_LLAMA = pytest.mark.skipif(
+    not (WorkerSettings().llama_bin / ".installed").exists(),
+    reason="no llama.cpp build: `make llama`",
+)
 
 
 class RunningCluster:

@@ -15,11 +15,14 @@ import time
 
 from libs.runtime.procs import ServiceProcess
 from tests.e2e.cluster import RunningCluster
-from tests.e2e.test_two_hosts import MEMORY_GB, MODEL, QUESTION, TORCH, joins, run_in
+from tests.e2e.test_two_hosts import MEMORY_GB, MODEL, TORCH, joins, run_in
 
-#: Requests one after the other; the device is revoked in the middle of the first.
-REQUESTS = 3
-TOKENS = 32
+#: Requests one after the other; the device is revoked in the middle of the first, which
+#: asks for a long answer so that the revocation (a process that starts, then the user's
+#: removal) lands well inside it.
+REQUESTS = 2
+TOKENS = 40
+QUESTION = [{"role": "user", "content": "Count from one to forty in words, separated by commas."}]
 SERIES = (
     "import json, sys, time, openai; c = openai.OpenAI(base_url=sys.argv[1], api_key='-')\n"
     f"for i in range({REQUESTS}):\n"
@@ -59,7 +62,7 @@ def test_a_revoked_device_s_shards_move_and_no_request_is_lost() -> None:
         lines, revoked_at = [], 0.0
         for line in series.stdout:
             lines.append(line)
-            if len(lines) == 4:  # mid-way through the first request
+            if len(lines) == 2:  # early in the first request
                 revoke = ["env", f"TESSERA_RUN_FILE={head.run_file}", sys.executable]
                 subprocess.run([*revoke, "-m", "libs.cli.main", "revoke", "laptop-b"], check=True)
                 revoked_at = time.monotonic()

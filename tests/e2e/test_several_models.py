@@ -12,17 +12,13 @@ import httpx
 import pytest
 
 from libs.models.shipped import MODEL_NAME, gguf_path
-from services.worker.settings import WorkerSettings
 from tests.e2e import shared
-from tests.e2e.cluster import RunningCluster
+from tests.e2e.cluster import NEEDS_LLAMA, RunningCluster
 from tests.made_models import llama_server, make_gguf
 
 pytestmark = [
     pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        not (WorkerSettings().llama_bin / ".installed").exists(),
-        reason="no llama.cpp build: `make llama`",
-    ),
+    NEEDS_LLAMA,
 ]
 KEY = shared.KEYS[2]
 HEADERS = {"authorization": f"Bearer {KEY}"}

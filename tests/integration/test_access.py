@@ -171,8 +171,12 @@ def test_redis_users_write_only_what_their_service_owns(acl_redis: RedisServer) 
         scheduler.hset(keys.device("dev-a"), "total", "1.0")  # scores are the scorer's
     with pytest.raises(redis.exceptions.NoPermissionError):
         scorer.set(keys.mode, "performance")  # the mode is the scheduler's
+    gateway.hset(f"{keys.prefix}:jobs:batch:b", "status", '"in_progress"')  # the Batch API's
     with pytest.raises(redis.exceptions.NoPermissionError):
-        gateway.flushall()
+        gateway.hset(keys.device("dev-a"), "total", "1.0")
+    for user in (gateway, scorer, scheduler):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.flushall()
     assert scorer.get(keys.mode) == "energy"
 
 

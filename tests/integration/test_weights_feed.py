@@ -169,6 +169,7 @@ async def test_a_dashboard_opened_while_weights_move_sees_them_at_once(
     _, users = cluster
     hub = EventHub(redis, Keys(uid), Ttfts())
     subs = await hub.watch(NatsBus(users["gateway"]))
+    await users["gateway"].flush()  # the server holds the subscriptions before we publish
     device = NatsBus(users["dev-1"])
 
     async def progress(done: int) -> None:

@@ -39,23 +39,27 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimit:
-    """ASGI middleware: refuses a declared ``Content-Length`` over ``max_bytes`` before reading
-    anything, and counts the body's bytes as they arrive, raising ``BodyTooLarge`` from
+    """ASGI middleware: refuses a declared ``Content-Length`` over ``max_bytes``
+    (``files_max_bytes`` for an upload to ``/v1/files``) before reading anything, and counts
+    the body's bytes as they arrive, raising ``BodyTooLarge`` from
     ``receive`` at the first chunk past the limit (the application stops reading there)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, files_max_bytes: int) -> None:
+        self.app, self.most, self.files_most = app, max_bytes, files_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # An uploaded file (the Batch API's) may be larger than a request.
+        upload = scope["path"] == "/v1/files" and scope["method"] == "POST"
+        most = self.files_most if upload else self.most
         length = Headers(scope=scope).get("content-length")
         if length is not None and not length.isdigit():
             await error_response(400, "invalid Content-Length")(scope, receive, send)
             return
-        if length is not None and int(length) > self.max_bytes:
-            message = f"request body of {length} bytes exceeds {self.max_bytes}"
+        if length is not None and int(length) > most:
+            message = f"request body of {length} bytes exceeds {most}"
             refused = error_response(413, message, code="request_too_large")
             await refused(scope, receive, send)
             return
@@ -66,8 +70,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(received, self.max_bytes)
+                if received > most:
+                    raise BodyTooLarge(received, most)
             return message
 
         async def sending(message: Message) -> None:
@@ -122,9 +126,11 @@ class Limits:
     Anthropic's, Ollama's) before anything else runs. Plain ASGI, not ``@app.middleware``:
     that wraps every response in a task and a memory stream, a hop per streamed token."""
 
-    def __init__(self, app: ASGIApp, settings: GatewaySettings, by_key: Counter) -> None:
+    def __init__(
+        self, app: ASGIApp, settings: GatewaySettings, by_key: Counter, runner_key: str
+    ) -> None:
         self.app, self.settings, self.by_key = app, settings, by_key
-        self.keys = KeyRing(settings.api_keys, settings.keys_file)
+        self.keys = KeyRing(settings.api_keys, settings.keys_file, {"batch-runner": runner_key})
         self.access = AccessLog(settings.access_log)
         self.rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
@@ -184,7 +190,11 @@ class Limits:
         return None
 
 
-def install_limits(app: FastAPI, settings: GatewaySettings, registry: CollectorRegistry) -> None:
+def install_limits(
+    app: FastAPI, settings: GatewaySettings, registry: CollectorRegistry, runner_key: str
+) -> None:
+    """The limits, and the key of the gateway's own batch runner (``runner_key``, made at its
+    start and never written anywhere)."""
     by_key = Counter(
         "tessera_gateway_key_requests",
         "API requests accepted, by the name of the key that made them",
@@ -192,5 +202,7 @@ def install_limits(app: FastAPI, settings: GatewaySettings, registry: CollectorR
         registry=registry,
     )
     # Added first, so it runs inside the key and rate checks (they answer first).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(Limits, settings=settings, by_key=by_key)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, files_max_bytes=settings.files_max_bytes
+    )
+    app.add_middleware(Limits, settings=settings, by_key=by_key, runner_key=runner_key)

@@ -17,9 +17,14 @@ RECHECK_S = 1.0
 
 
 class KeyRing:
-    def __init__(self, given: list[str], path: Path | None) -> None:
+    def __init__(
+        self, given: list[str], path: Path | None, internal: dict[str, str] | None = None
+    ) -> None:
         #: (name, SHA-256 digest) of every key; the given ones are named by their place.
         self.given = [(f"env-{i}", digest(k)) for i, k in enumerate(given)]
+        #: The gateway's own (its batch runner's, by name), accepted whether or not keys are
+        #: required.
+        self.internal = [(name, digest(k)) for name, k in (internal or {}).items()]
         self.path = path
         self.stored: list[tuple[str, str]] = []
         self._seen: float | None = None
@@ -51,7 +56,7 @@ class KeyRing:
             self._reload()
         presented = digest(key)
         found = None
-        for name, held in [*self.given, *self.stored]:  # every one compared: no early exit
+        for name, held in [*self.given, *self.stored, *self.internal]:  # all compared
             if secrets.compare_digest(presented, held):
                 found = name
         return found

@@ -185,13 +185,16 @@ class DeviceWorker(ABC):
             await self.bus.subscribe_bytes(HIDDEN.pattern(device_id=me), self.on_hidden),
         ]
 
-    async def leave(self, timeout_s: float = 20.0) -> bool:
+    async def leave(
+        self, timeout_s: float = 20.0, connected: Callable[[], bool] = lambda: True
+    ) -> bool:
         """Say this device leaves, and serve on until the scheduler has moved its shards
-        (their unload tasks arrive here) or ``timeout_s`` passes; True once they moved."""
+        (their unload tasks arrive here), ``timeout_s`` passes or the cluster is out of reach
+        (``connected`` false: nobody would move them); True once they moved."""
         message = DeviceLeaving(device_id=self.device_id, ts=self.clock(), reason="leaving")
         await self.bus.publish(DEVICE_LEAVING, message, device_id=self.device_id)
         started, deadline = time.monotonic(), time.monotonic() + timeout_s
-        while self.device.work and time.monotonic() < deadline:
+        while self.device.work and time.monotonic() < deadline and connected():
             await asyncio.sleep(0.1)
         moved = not self.device.work
         log.info(

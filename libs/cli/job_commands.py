@@ -1,0 +1,195 @@
+"""``tessera jobs submit|list|show|cancel|results``: batches of requests with a deadline, through
+the gateway's Batch API (OpenAI's Files and Batches, ``docs/batch.md``).
+
+``submit`` uploads a JSONL file of requests and creates a batch of it that must end within
+``--within`` (the deadline): the cluster admits it with a planned finish, or declines it at
+once with the reason. With ``--wait`` it then shows a progress bar until the batch ends.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from libs.cli.tables import Column, fitted
+
+jobs_app = typer.Typer(help="Batches of requests with a deadline.", no_args_is_help=True)
+Url = Annotated[str | None, typer.Option(help="Gateway URL (default: the running cluster).")]
+Key = Annotated[str | None, typer.Option(envvar="TESSERA_API_KEY", help="API key.")]
+FINAL = ("completed", "failed", "expired", "cancelled")
+ENDPOINTS = {"chat": "/v1/chat/completions", "text": "/v1/completions", "embed": "/v1/embeddings"}
+
+
+def _client(url: str | None, key: str | None) -> httpx.Client:
+    from libs.cli.chat import gateway_url
+    from libs.runtime.settings import LauncherSettings
+
+    base = gateway_url(url, LauncherSettings().run_file)
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(10.0, read=300.0))
+
+
+def _ask(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        response = http.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"gateway not reachable at {http.base_url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text
+        raise SystemExit(f"error {response.status_code}: {message}")
+    return response.json() if "json" in response.headers.get("content-type", "") else response
+
+
+def with_model(path: Path, model: str | None, endpoint: str) -> bytes:
+    """The file's lines; with ``model``, each request's body names it (and the line's url is
+    the endpoint) where the line leaves them out."""
+    content = path.read_bytes()
+    if model is None:
+        return content
+    out = []
+    for raw in content.decode("utf-8", errors="strict").splitlines():
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            out.append(raw)  # the gateway names the line and its fault
+            continue
+        if isinstance(line, dict) and isinstance(line.get("body"), dict):
+            line["body"].setdefault("model", model)
+            line.setdefault("url", endpoint)
+            line.setdefault("method", "POST")
+        out.append(json.dumps(line))
+    return "".join(f"{line}\n" for line in out).encode()
+
+
+@jobs_app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A JSONL file.")],
+    within: Annotated[str, typer.Option(help="The deadline: 24h, 2h, 30m, 90s.")] = "24h",
+    model: Annotated[str | None, typer.Option(help="The model of lines that name none.")] = None,
+    endpoint: Annotated[str, typer.Option(help="chat, text or embed.")] = "chat",
+    wait: Annotated[bool, typer.Option(help="Show progress until the batch ends.")] = False,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Submit a file of requests to be answered within a deadline."""
+    if endpoint not in ENDPOINTS:
+        raise typer.BadParameter(f"{endpoint!r}: one of {', '.join(ENDPOINTS)}")
+    try:
+        content = with_model(file, model, ENDPOINTS[endpoint])
+    except UnicodeDecodeError as exc:
+        message = f"{file} is not UTF-8 text (byte {exc.start}): a batch file is JSONL"
+        raise SystemExit(message) from None
+    with _client(url, api_key) as http:
+        uploaded = _ask(
+            http, "POST", "/v1/files", data={"purpose": "batch"},
+            files={"file": (file.name, content, "application/jsonl")},
+        )  # fmt: skip
+        body = {
+            "input_file_id": uploaded["id"],
+            "endpoint": ENDPOINTS[endpoint],
+            "completion_window": within,
+        }
+        batch = _ask(http, "POST", "/v1/batches", json=body)
+        typer.echo(f"{batch['id']}: {batch['decision']}")
+        if wait:
+            batch = follow(http, batch)
+            typer.echo(f"{batch['id']} {batch['status']}: {_counts(batch)}")
+
+
+def follow(http: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
+    """A progress bar of the batch's answered requests until it ends."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task(batch["id"], total=batch["request_counts"]["total"])
+        while batch["status"] not in FINAL:
+            time.sleep(1.0)
+            batch = _ask(http, "GET", f"/v1/batches/{batch['id']}")
+            counts = batch["request_counts"]
+            bar.update(task, completed=counts["completed"] + counts["failed"])
+    return batch
+
+
+def _counts(batch: dict[str, Any]) -> str:
+    c = batch["request_counts"]
+    return f"{c['completed']} answered, {c['failed']} failed of {c['total']}"
+
+
+def _when(ts: int | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+@jobs_app.command("list")
+def list_jobs(url: Url = None, api_key: Key = None) -> None:
+    """The batches, newest first."""
+    with _client(url, api_key) as http:
+        batches = _ask(http, "GET", "/v1/batches", params={"limit": 100})["data"]
+    if not batches:
+        typer.echo("no batches")
+        return
+    columns = [
+        Column("batch", "left"), Column("model", "left"), Column("status", "left"),
+        Column("done"), Column("deadline"), Column("planned end"), Column("ended"),
+    ]  # fmt: skip
+    rows = [
+        [
+            b["id"],
+            b["model"],
+            b["status"],
+            f"{b['request_counts']['completed'] + b['request_counts']['failed']}"
+            f"/{b['request_counts']['total']}",
+            _when(b["expires_at"]),
+            _when(b.get("planned_finish_at")),
+            _when(b.get(f"{b['status']}_at") if b["status"] in FINAL else None),
+        ]
+        for b in batches
+    ]
+    console = Console()
+    console.print(fitted(console, "batches", columns, rows))
+
+
+@jobs_app.command()
+def show(batch_id: str, url: Url = None, api_key: Key = None) -> None:
+    """One batch, as the API has it (JSON)."""
+    with _client(url, api_key) as http:
+        typer.echo(json.dumps(_ask(http, "GET", f"/v1/batches/{batch_id}"), indent=2))
+
+
+@jobs_app.command()
+def cancel(batch_id: str, url: Url = None, api_key: Key = None) -> None:
+    """Cancel a batch: what was answered is kept."""
+    with _client(url, api_key) as http:
+        batch = _ask(http, "POST", f"/v1/batches/{batch_id}/cancel")
+    typer.echo(f"{batch['id']} {batch['status']}: {_counts(batch)}")
+
+
+@jobs_app.command()
+def results(
+    batch_id: str,
+    errors: Annotated[bool, typer.Option(help="The error file instead.")] = False,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """A finished batch's output (or error) file, JSONL, to standard output."""
+    with _client(url, api_key) as http:
+        batch = _ask(http, "GET", f"/v1/batches/{batch_id}")
+        file_id = batch["error_file_id" if errors else "output_file_id"]
+        if batch["status"] not in FINAL:
+            raise SystemExit(f"{batch_id} is {batch['status']}: {_counts(batch)}; no file yet")
+        if file_id is None:
+            raise SystemExit(
+                f"{batch_id} {batch['status']} with no {'error' if errors else 'output'} file"
+            )
+        sys.stdout.write(_ask(http, "GET", f"/v1/files/{file_id}/content").text)

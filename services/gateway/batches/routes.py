@@ -1,0 +1,194 @@
+"""OpenAI's Files and Batches API: upload a JSONL file of requests, create a batch of it with a
+completion window, poll it, read its output and error files, cancel it.
+
+A batch is checked whole when it is created (``lines.py``): a fault is a 400 naming the line,
+and nothing is queued. It is then admitted or declined at once by its deadline (``libs/core/
+deadlines.py``: earliest deadline first, at the throughput measured for its model): declined,
+it is a 400 with the reason and no batch exists. ``completion_window`` takes OpenAI's ``24h``
+and any other span (``30m``, ``2h``): that is the batch's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
+from pydantic import BaseModel, ConfigDict, Field
+
+from libs.core.deadlines import Work, admit
+from services.gateway.batches.lines import LineError, read_lines, window_seconds
+from services.gateway.batches.runner import BatchRunner
+from services.gateway.batches.store import ACTIVE, JobStore
+from services.gateway.core.errors import ApiError, documented
+from services.gateway.settings import GatewaySettings
+
+ERRORS = documented(400, 401, 404, 413)
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    completion_window: Annotated[str, Field(min_length=2, max_length=16)]
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+
+
+def runner_of(request: Request) -> BatchRunner:
+    found: BatchRunner = request.app.state.batches
+    return found
+
+
+def batches_router(settings: GatewaySettings) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["batches"])
+    admitting = asyncio.Lock()  # one admission at a time: each sees the ones before it
+
+    @router.post("/files", responses=ERRORS)
+    async def create_file(
+        request: Request, file: UploadFile, purpose: Annotated[str, Form()]
+    ) -> dict[str, Any]:
+        if purpose != "batch":
+            raise ApiError(
+                400, f"purpose {purpose!r}: only 'batch' files are taken", param="purpose"
+            )
+        content = await file.read()
+        try:
+            content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            message = f"the file is not UTF-8 text (byte {exc.start}): a batch file is JSONL"
+            raise ApiError(400, message, param="file") from None
+        return await runner_of(request).store.add_file(content, file.filename or "", purpose)
+
+    @router.get("/files", responses=ERRORS)
+    async def list_files(
+        request: Request,
+        purpose: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    ) -> dict[str, Any]:
+        files = await runner_of(request).store.files(limit)
+        data = [f for f in files if purpose is None or f["purpose"] == purpose]
+        return {"object": "list", "data": data, "has_more": False}
+
+    @router.get("/files/{file_id}", responses=ERRORS)
+    async def get_file(request: Request, file_id: str) -> dict[str, Any]:
+        found = await runner_of(request).store.file(file_id)
+        if found is None:
+            raise ApiError(404, f"no file {file_id!r}", code="file_not_found")
+        return found
+
+    @router.get("/files/{file_id}/content", responses=ERRORS)
+    async def file_content(request: Request, file_id: str) -> Response:
+        content = await runner_of(request).store.content(file_id)
+        if content is None:
+            raise ApiError(404, f"no file {file_id!r}", code="file_not_found")
+        return Response(content, media_type="application/octet-stream")
+
+    @router.delete("/files/{file_id}", responses=ERRORS)
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        if not await runner_of(request).store.delete_file(file_id):
+            raise ApiError(404, f"no file {file_id!r}", code="file_not_found")
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    @router.post("/batches", responses=ERRORS)
+    async def create_batch(request: Request, body: BatchCreate) -> dict[str, Any]:
+        runner = runner_of(request)
+        try:
+            window = window_seconds(body.completion_window)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="completion_window") from None
+        content = await runner.store.content(body.input_file_id)
+        if content is None:
+            raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
+        try:
+            # Read apart from the event loop: 50,000 lines take a while to check.
+            lines = await asyncio.to_thread(
+                read_lines, content, body.endpoint, settings.max_body_bytes
+            )
+        except LineError as exc:
+            raise ApiError(
+                400, str(exc), param="input_file_id", code="invalid_batch_line"
+            ) from None
+        model = str(lines[0].body["model"])
+        try:
+            await request.app.state.deployments.lookup(model)
+        except ApiError as exc:
+            raise ApiError(
+                404, f"line 1: {exc.message}", param="input_file_id", code="model_not_found"
+            ) from None
+        async with admitting:
+            return await admitted(runner, body, lines, model, window)
+
+    @router.get("/batches", responses=ERRORS)
+    async def list_batches(
+        request: Request,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:
+        store = runner_of(request).store
+        ids = await store.batch_ids(limit + 1, after)
+        data = [b for b in [await store.batch(i) for i in ids[:limit]] if b is not None]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(ids) > limit,
+        }
+
+    @router.get("/batches/{batch_id}", responses=ERRORS)
+    async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        return await _batch(runner_of(request).store, batch_id)
+
+    @router.post("/batches/{batch_id}/cancel", responses=ERRORS)
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        runner = runner_of(request)
+        batch = await _batch(runner.store, batch_id)
+        if batch["status"] in ACTIVE and batch["status"] != "cancelling":
+            await runner.store.update(batch_id, status="cancelling", cancelling_at=int(time.time()))
+            runner.wake.set()
+        return await _batch(runner.store, batch_id)
+
+    return router
+
+
+async def admitted(
+    runner: BatchRunner, body: BatchCreate, lines: list[Any], model: str, window: float
+) -> dict[str, Any]:
+    """The batch, created when its deadline can be met with every admitted one's; a 400 with
+    the reason when not."""
+    try:
+        rate = await runner.rate(model, lines[0], body.endpoint)
+    except ValueError as exc:
+        raise ApiError(503, f"cannot measure {model}'s throughput: {exc}") from None
+    now = time.time()
+    units = sum(max(line.token_budget, 1) for line in lines)
+    new = Work("this batch", units / rate, now + window)
+    decision = admit(await runner.pending_work(), new, now)
+    if not decision.admitted:
+        message = f"batch declined: {decision.reason} ({units} tokens at {rate:.1f}/s measured)"
+        raise ApiError(400, message, param="completion_window", code="deadline_unmeetable")
+    batch_id = await runner.store.add_batch(
+        {
+            "endpoint": body.endpoint,
+            "input_file_id": body.input_file_id,
+            "completion_window": body.completion_window,
+            "status": "in_progress",
+            "in_progress_at": int(now),
+            "expires_at": int(now + window),
+            "planned_finish_at": int(decision.planned_finish_s),
+            "metadata": body.metadata,
+            "model": model,
+            "total": len(lines),
+            "decision": f"admitted: {decision.reason} ({units} tokens at {rate:.1f}/s measured)",
+        }
+    )
+    runner.wake.set()
+    return await _batch(runner.store, batch_id)
+
+
+async def _batch(store: JobStore, batch_id: str) -> dict[str, Any]:
+    found = await store.batch(batch_id)
+    if found is None:
+        raise ApiError(404, f"no batch {batch_id!r}", code="batch_not_found")
+    return found
