@@ -32,6 +32,7 @@ from services.gateway.admin.dashboard import dashboard_router
 from services.gateway.admin.events import EventHub
 from services.gateway.admin.router import admin_router
 from services.gateway.anthropic.router import anthropic_router
+from services.gateway.batches.anthropic_routes import message_batches_router
 from services.gateway.batches.routes import batches_router
 from services.gateway.batches.runner import AsgiSender, BatchRunner
 from services.gateway.batches.store import JobStore
@@ -98,12 +99,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if not await deployments.catch_up():
             background.tasks.append(asyncio.create_task(until_snapshot()))
         background.every(hub.stats_every_s, hub.stats)
-        # Batches: each request through this app, at most half the requests in flight.
+        # Batches: each request through this app, at most half the requests in flight,
+        # yielding to interactive ones (told of each as it is admitted).
         concurrency = min(settings.batch_concurrency, max(1, settings.max_concurrent // 2))
         send = AsgiSender(app, runner_key)
-        app.state.batches = BatchRunner(
-            JobStore(app.state.redis, settings.key_prefix), send, concurrency
-        )
+        store = JobStore(app.state.redis, settings.key_prefix)
+        completions = app.state.completions
+        app.state.batches = BatchRunner(store, send, concurrency, lambda: completions.in_flight)
+        completions.on_admit = app.state.batches.wake.set
         background.tasks.append(asyncio.create_task(app.state.batches.run()))
         try:
             yield
@@ -133,6 +136,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_limits(app, settings, registry, runner_key)
     app.include_router(openai_router(settings))
     app.include_router(batches_router(settings))
+    app.include_router(message_batches_router(settings))
     app.include_router(anthropic_router())
     app.include_router(ollama_router())
     app.include_router(ollama_models_router())

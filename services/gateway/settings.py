@@ -40,9 +40,9 @@ class GatewaySettings(ServiceSettings):
     max_concurrent: int = Field(32, ge=1, le=100_000)
     #: The largest file ``POST /v1/files`` takes (a batch's requests), counted as it arrives.
     files_max_bytes: int = Field(64 * 1_048_576, ge=1024)
-    #: Batch requests in flight at once (at most half of ``max_concurrent``: the rest stays
-    #: for interactive requests).
-    batch_concurrency: int = Field(2, ge=1, le=10_000)
+    #: Batch requests in flight at once (at most half of ``max_concurrent``); they yield to
+    #: interactive requests (docs/batch.md).
+    batch_concurrency: int = Field(8, ge=1, le=10_000)
     #: Requests per second each client (API key; address with auth off) may send on average,
     #: and at once; more are refused with 429 and Retry-After.
     rate_per_s: float = Field(50.0, gt=0)

@@ -187,3 +187,42 @@ def test_tessera_jobs_submits_a_file_shows_progress_and_prints_the_results(
     got = [json.loads(x) for x in output.splitlines()]
     assert [r["custom_id"] for r in got] == ["j-0", "j-1", "j-2"]
     assert all(r["response"]["body"]["choices"][0]["message"]["content"] for r in got)
+
+
+def test_anthropics_message_batches_run_on_the_same_core(shared_cluster: RunningCluster) -> None:
+    """Anthropic's client: requests inline, results in its shape, each as the request alone."""
+    import anthropic
+
+    api = anthropic.Anthropic(base_url=shared_cluster.base_url, api_key=KEY, max_retries=0)
+
+    def params(question: str) -> dict[str, Any]:
+        messages = [{"role": "user", "content": question}]
+        return {"model": MODEL_NAME, "max_tokens": TOKENS, "temperature": 0, "messages": messages}
+
+    asked = {f"m-{i}": params(q) for i, q in enumerate(QUESTIONS[:3])}
+    batch = api.messages.batches.create(
+        requests=[{"custom_id": cid, "params": p} for cid, p in asked.items()]  # type: ignore[misc]
+    )
+    assert batch.processing_status == "in_progress" and batch.request_counts.processing == 3
+    deadline = time.monotonic() + 300
+    while (batch := api.messages.batches.retrieve(batch.id)).processing_status != "ended":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    assert batch.request_counts.succeeded == 3 and batch.results_url
+    results = {r.custom_id: r.result for r in api.messages.batches.results(batch.id)}
+    assert sorted(results) == sorted(asked)
+    texts = {cid: r.message.content[0].text for cid, r in results.items()}  # type: ignore[union-attr]
+    alone = {  # this SDK leaves sampling to the server: temperature goes as an extra field
+        cid: api.messages.create(  # type: ignore[call-overload]
+            **{k: v for k, v in p.items() if k != "temperature"}, extra_body={"temperature": 0}
+        )
+        .content[0]
+        .text
+        for cid, p in asked.items()
+    }
+    assert texts == alone
+    # A request its endpoint would refuse: the whole batch is refused, naming its index.
+    bad = [{"custom_id": "ok", "params": params("Hi")},
+           {"custom_id": "bad", "params": {**params("Hi"), "max_tokens": 0}}]  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError, match=r"requests\.1: body\.max_tokens"):
+        api.messages.batches.create(requests=bad)  # type: ignore[arg-type]

@@ -89,6 +89,11 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         {"concurrency", "identical_tokens"},
         NO_LLAMA or NO_VLLM,
     ),
+    "jobs_live": (
+        ["--batch", "3", "--interactive", "2", "--jobs", "2", "--job-size", "2", "--tokens", "4"],
+        {"deadlines_met", "declined", "interactive_p99_ratio", "batch_throughput_ratio"},
+        NO_LLAMA,
+    ),
     "gpu_check": (
         ["--layers", "2", "--hidden", "256", "--tokens", "8"],
         {"cpu", "gpu", "cuda_build", "gpu_whole", "gpu_cpu_split", "rpc_gpu_split"},

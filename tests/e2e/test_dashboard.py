@@ -7,6 +7,7 @@ a reload. Screenshots are kept in ``test-artifacts/``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
+from libs.models.shipped import MODEL_NAME
 from tests.e2e.cluster import RunningCluster, process_with_env
 
 KEY = "dashboard-key"
@@ -104,6 +106,28 @@ async def weights_moving(
     await close_nats(nc)
 
 
+def submit_batch(cluster: RunningCluster, count: int) -> str:
+    """A batch of ``count`` short chat requests, through the Batch API; its id."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    lines = [
+        {"custom_id": f"d-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                  "max_tokens": 4}}
+        for i in range(count)
+    ]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines)
+    with httpx.Client(base_url=cluster.base_url, headers=headers, timeout=60) as http:
+        file = http.post(
+            "/v1/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", content)}
+        )
+        file.raise_for_status()
+        body = {"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions",
+                "completion_window": "1h"}  # fmt: skip
+        batch = http.post("/v1/batches", json=body)
+        batch.raise_for_status()
+        return str(batch.json()["id"])
+
+
 def until(browser: WebDriver, condition: Any, timeout_s: float = 60) -> Any:
     return WebDriverWait(browser, timeout_s, poll_frequency=0.1).until(lambda _: condition())
 
@@ -158,6 +182,13 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
         120,
     )[0]
     assert answer.get_attribute("data-done") == "true" and answer.text.strip()
+
+    # A batch submitted through the Batch API: its row, with its progress, until it ends.
+    batch = submit_batch(cluster, 3)
+    row = f'#jobs tr[data-batch="{batch}"][data-status="completed"]'
+    [shown] = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 120)
+    assert "3/3" in shown.text and MODEL_NAME in shown.text
+    assert shown.find_element(By.TAG_NAME, "progress").get_attribute("value") == "3"
 
     # Kill the worker that serves the model: its row turns failed and the feed shows the
     # migration, pushed to the open page.

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from services.gateway.anthropic.protocol import MessagesRequest
 from services.gateway.openai.embeddings import EmbeddingRequest
 from services.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -24,6 +25,7 @@ ENDPOINTS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/messages": MessagesRequest,  # Anthropic's Message Batches
 }
 #: Requests one batch may hold (OpenAI's limit).
 MAX_LINES = 50_000
@@ -37,7 +39,7 @@ class LineError(ValueError):
     """A fault of the input file: ``line`` (1-based; 0 for the file as a whole) and the cause."""
 
     def __init__(self, line: int, message: str) -> None:
-        self.line = line
+        self.line, self.cause = line, message
         super().__init__(f"line {line}: {message}" if line else message)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
@@ -19,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from libs.core.deadlines import Work, admit
 from services.gateway.batches.lines import LineError, read_lines, window_seconds
-from services.gateway.batches.runner import BatchRunner
-from services.gateway.batches.store import ACTIVE, JobStore
+from services.gateway.batches.runner import BatchRunner, need_s
+from services.gateway.batches.store import JobStore
 from services.gateway.core.errors import ApiError, documented
 from services.gateway.settings import GatewaySettings
 
@@ -30,7 +31,7 @@ ERRORS = documented(400, 401, 404, 413)
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"]
     completion_window: Annotated[str, Field(min_length=2, max_length=16)]
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
 
@@ -42,7 +43,6 @@ def runner_of(request: Request) -> BatchRunner:
 
 def batches_router(settings: GatewaySettings) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["batches"])
-    admitting = asyncio.Lock()  # one admission at a time: each sees the ones before it
 
     @router.post("/files", responses=ERRORS)
     async def create_file(
@@ -92,32 +92,7 @@ def batches_router(settings: GatewaySettings) -> APIRouter:
 
     @router.post("/batches", responses=ERRORS)
     async def create_batch(request: Request, body: BatchCreate) -> dict[str, Any]:
-        runner = runner_of(request)
-        try:
-            window = window_seconds(body.completion_window)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="completion_window") from None
-        content = await runner.store.content(body.input_file_id)
-        if content is None:
-            raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
-        try:
-            # Read apart from the event loop: 50,000 lines take a while to check.
-            lines = await asyncio.to_thread(
-                read_lines, content, body.endpoint, settings.max_body_bytes
-            )
-        except LineError as exc:
-            raise ApiError(
-                400, str(exc), param="input_file_id", code="invalid_batch_line"
-            ) from None
-        model = str(lines[0].body["model"])
-        try:
-            await request.app.state.deployments.lookup(model)
-        except ApiError as exc:
-            raise ApiError(
-                404, f"line 1: {exc.message}", param="input_file_id", code="model_not_found"
-            ) from None
-        async with admitting:
-            return await admitted(runner, body, lines, model, window)
+        return await create(request, body, settings)
 
     @router.get("/batches", responses=ERRORS)
     async def list_batches(
@@ -143,13 +118,44 @@ def batches_router(settings: GatewaySettings) -> APIRouter:
     @router.post("/batches/{batch_id}/cancel", responses=ERRORS)
     async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
         runner = runner_of(request)
-        batch = await _batch(runner.store, batch_id)
-        if batch["status"] in ACTIVE and batch["status"] != "cancelling":
-            await runner.store.update(batch_id, status="cancelling", cancelling_at=int(time.time()))
-            runner.wake.set()
+        await _batch(runner.store, batch_id)  # 404 for no such batch
+        await runner.store.cancel(batch_id)
+        runner.wake.set()
         return await _batch(runner.store, batch_id)
 
     return router
+
+
+async def create(
+    request: Request,
+    body: BatchCreate,
+    settings: GatewaySettings,
+    where: Callable[[int], str] = lambda n: f"line {n}",
+) -> dict[str, Any]:
+    """A batch of the file's requests, checked whole, then admitted or declined (a 400 with
+    the reason); ``where`` names a faulty request by its line (Anthropic's: its index)."""
+    runner = runner_of(request)
+    try:
+        window = window_seconds(body.completion_window)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="completion_window") from None
+    content = await runner.store.content(body.input_file_id)
+    if content is None:
+        raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
+    try:
+        # Read apart from the event loop: 50,000 lines take a while to check.
+        lines = await asyncio.to_thread(read_lines, content, body.endpoint, settings.max_body_bytes)
+    except LineError as exc:
+        message = f"{where(exc.line)}: {exc.cause}" if exc.line else exc.cause
+        raise ApiError(400, message, param="input_file_id", code="invalid_batch_line") from None
+    model = str(lines[0].body["model"])
+    try:
+        await request.app.state.deployments.lookup(model)
+    except ApiError as exc:
+        message = f"{where(1)}: {exc.message}"
+        raise ApiError(404, message, param="input_file_id", code="model_not_found") from None
+    async with runner.admitting:  # one admission at a time: each sees the ones before it
+        return await admitted(runner, body, lines, model, window)
 
 
 async def admitted(
@@ -163,10 +169,13 @@ async def admitted(
         raise ApiError(503, f"cannot measure {model}'s throughput: {exc}") from None
     now = time.time()
     units = sum(max(line.token_budget, 1) for line in lines)
-    new = Work("this batch", units / rate, now + window)
-    decision = admit(await runner.pending_work(), new, now)
+    unit = "requests" if body.endpoint == "/v1/embeddings" else "tokens"
+    most = max(max(line.token_budget, 1) for line in lines)
+    admitted_before, in_flight = await runner.pending_work()
+    need = in_flight + need_s(len(lines), most, runner.concurrency, rate)
+    decision = admit(admitted_before, Work("this batch", need, now + window), now)
     if not decision.admitted:
-        message = f"batch declined: {decision.reason} ({units} tokens at {rate:.1f}/s measured)"
+        message = f"batch declined: {decision.reason} ({units} {unit} at {rate:.1f}/s measured)"
         raise ApiError(400, message, param="completion_window", code="deadline_unmeetable")
     batch_id = await runner.store.add_batch(
         {
@@ -180,7 +189,7 @@ async def admitted(
             "metadata": body.metadata,
             "model": model,
             "total": len(lines),
-            "decision": f"admitted: {decision.reason} ({units} tokens at {rate:.1f}/s measured)",
+            "decision": f"admitted: {decision.reason} ({units} {unit} at {rate:.1f}/s measured)",
         }
     )
     runner.wake.set()

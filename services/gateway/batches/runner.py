@@ -1,6 +1,12 @@
 """Runs the admitted batches: each request through the gateway's own API, earliest deadline
-first, at most ``concurrency`` at once (the rest of the gateway's requests stay for
-interactive clients), answers kept as they come (``store.py``).
+first, at most ``concurrency`` at once, answers kept as they come (``store.py``).
+
+Interactive requests come first. While any is in flight (the gateway's requests in flight
+beyond the runner's own), and for ``QUIET_S`` after the last, the batches' requests are
+preempted (cancelled: sent again later, from the start) and no new one starts, so a chat
+shares the devices with no batch; a batch whose deadline is near (what it still needs, at
+its model's measured rate, ``URGENT_MARGIN`` times over, would reach its deadline) runs on
+regardless, beside the chat.
 
 One gateway at a time runs batches (a lease in Redis); a gateway that restarts, or another
 that takes the lease, goes on with the requests not yet answered. A request refused for
@@ -18,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -34,6 +43,11 @@ log = logging.getLogger(__name__)
 #: Sends one request body to an endpoint of the gateway; its status and JSON answer.
 Send = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
 LEASE_S = 10.0
+#: Seconds without an interactive request before batches run again.
+QUIET_S = 1.0
+#: A batch runs beside interactive requests once this many times what it still needs would
+#: reach its deadline.
+URGENT_MARGIN = 1.5
 #: Server errors sent again rather than written as the request's answer, and how often.
 RETRIED = (500, 502, 503, 504)
 MAX_ATTEMPTS = 5
@@ -41,36 +55,77 @@ EXPIRED = "This request could not be executed before the completion window expir
 CANCELLED = "The batch was cancelled before this request ran."
 
 
+def need_s(requests: int, most: int, concurrency: int, rate: float) -> float:
+    """Seconds ``requests`` take, run ``concurrency`` at once, each making up to ``most``
+    units, at ``rate`` units/s over all of them: in waves, each as long as its longest
+    request (a batch of 2 takes one request's time however fast the devices are in bulk)."""
+    if requests <= 0:
+        return 0.0
+    return math.ceil(requests / concurrency) * max(most, 1) * concurrency / rate
+
+
+@dataclass
+class Progress:
+    """One batch as the runner holds it: its requests, those answered, those still to send
+    (in the file's order; one preempted or tried again goes back to the front), and the most
+    units (tokens) one of them may make."""
+
+    lines: list[BatchLine]
+    answered: set[str]
+    queue: deque[BatchLine] = field(default_factory=deque)
+    most: int = 1
+
+    def __post_init__(self) -> None:
+        self.queue = deque(ln for ln in self.lines if ln.custom_id not in self.answered)
+        self.most = max((max(ln.token_budget, 1) for ln in self.lines), default=1)
+
+    @property
+    def left(self) -> int:
+        """Requests not answered yet."""
+        return len(self.lines) - len(self.answered)
+
+    def answer(self, line: BatchLine) -> None:
+        self.answered.add(line.custom_id)
+
+
 class BatchRunner:
-    def __init__(self, store: JobStore, send: Send, concurrency: int) -> None:
-        self.store, self.send, self.concurrency = store, send, concurrency
+    def __init__(
+        self, store: JobStore, send: Send, concurrency: int, busy: Callable[[], int] = lambda: 0
+    ) -> None:
+        """``busy``: the gateway's requests in flight now (the runner's among them)."""
+        self.store, self.send, self.concurrency, self.busy = store, send, concurrency, busy
+        #: The runner's requests in flight at the gateway now, and when an interactive one
+        #: was last seen; how many were preempted.
+        self.sending = 0
+        self.chat_seen = -math.inf
+        self.preempted = 0
         self.holder = uuid.uuid4().hex
         self.wake = asyncio.Event()
-        self.flying: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.admitting = asyncio.Lock()
+        #: The requests in flight, by (batch, custom id): the task and its line.
+        self.flying: dict[tuple[str, str], tuple[asyncio.Task[None], BatchLine]] = {}
         self.attempts: dict[tuple[str, str], int] = {}
-        #: What this runner knows while it holds the lease (read again when it takes it).
-        self._lines: dict[str, list[BatchLine]] = {}
-        self._answered: dict[str, set[str]] = {}
+        #: What this runner knows of each batch while it holds the lease (read again when it
+        #: takes it), and when each one's planned end was last written.
+        self._progress: dict[str, Progress] = {}
+        self._planned: dict[str, float] = {}
         self._holding = False
         #: Per model: (units done, seconds busy) since this gateway started, for the rate.
         self._measured: dict[str, tuple[float, float]] = {}
 
     # -- what admission reads -----------------------------------------------------------------
-    async def lines(self, batch: dict[str, Any]) -> list[BatchLine]:
-        if batch["id"] not in self._lines:
+    async def progress(self, batch: dict[str, Any]) -> Progress:
+        if batch["id"] not in self._progress:
             content = await self.store.content(batch["input_file_id"]) or b""
             lines = await asyncio.to_thread(read_lines, content, batch["endpoint"])
-            self._lines[batch["id"]] = lines
-        return self._lines[batch["id"]]
-
-    async def answered(self, batch_id: str) -> set[str]:
-        if batch_id not in self._answered:
-            self._answered[batch_id] = await self.store.answered(batch_id)
-        return self._answered[batch_id]
+            answered = await self.store.answered(batch["id"])
+            self._progress[batch["id"]] = Progress(lines, answered)
+        return self._progress[batch["id"]]
 
     async def rate(self, model: str, sample: BatchLine, endpoint: str) -> float:
-        """Units (tokens made, or requests that make none) per second for ``model``: measured
-        by earlier batches, else measured now on ``sample`` (not kept as its answer)."""
+        """Units (tokens made, or requests that make none) per second for ``model``, over
+        ``concurrency`` requests at once: measured by earlier batches, else measured now on
+        that many copies of ``sample`` at once (none kept as its answer)."""
         known = await self.store.rate(model)
         if known:
             return known
@@ -79,21 +134,32 @@ class BatchRunner:
             body["max_tokens"] = min(sample.token_budget or 32, 32)
             body.pop("max_completion_tokens", None)
         started = time.monotonic()
-        status, answer = await self.send(endpoint, body)
-        if status != 200:
-            raise ValueError(f"the model answered a sample request with {status}: {answer}")
-        return _units(answer) / max(time.monotonic() - started, 1e-3)
+        sent = [self.send(endpoint, body) for _ in range(self.concurrency)]
+        answers = await asyncio.gather(*sent)
+        for status, answer in answers:
+            if status != 200:
+                raise ValueError(f"the model answered a sample request with {status}: {answer}")
+        made = sum(_units(answer) for _, answer in answers)
+        rate = made / max(time.monotonic() - started, 1e-3)
+        await self.store.set_rate(model, rate)  # until the batches measure it
+        return rate
 
-    async def pending_work(self) -> list[Work]:
-        """What the admitted, unfinished batches still need, in seconds at their rates."""
-        works = []
+    async def need(self, batch: dict[str, Any], progress: Progress) -> float:
+        """Seconds the batch still needs (``need_s`` at its model's measured rate)."""
+        rate = await self.store.rate(batch["model"]) or 1.0
+        return need_s(progress.left, progress.most, self.concurrency, rate)
+
+    async def pending_work(self) -> tuple[list[Work], float]:
+        """What the admitted, unfinished batches still need, in seconds at their rates; and
+        the longest a request in flight may still take (a new batch may wait for it)."""
+        works, longest = [], 0.0
         for batch in await self.active():
-            lines = await self.lines(batch)
-            answered = await self.answered(batch["id"])
-            units = sum(max(ln.token_budget, 1) for ln in lines if ln.custom_id not in answered)
-            rate = await self.store.rate(batch["model"]) or 1.0
-            works.append(Work(batch["id"], units / rate, float(batch["expires_at"])))
-        return works
+            progress = await self.progress(batch)
+            works.append(Work(batch["id"], await self.need(batch, progress), batch["expires_at"]))
+            if any(key[0] == batch["id"] for key in self.flying):
+                rate = await self.store.rate(batch["model"]) or 1.0
+                longest = max(longest, need_s(1, progress.most, self.concurrency, rate))
+        return works, longest
 
     async def active(self) -> list[dict[str, Any]]:
         """Unfinished batches, earliest deadline first."""
@@ -107,11 +173,11 @@ class BatchRunner:
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
+            self.wake.clear()  # before the step: a request ending during it wakes the next
             try:
                 holding = await self.store.lease(self.holder, LEASE_S)
                 if holding and not self._holding:  # another gateway may have run batches
-                    self._lines.clear()
-                    self._answered.clear()
+                    self._progress.clear()
                 self._holding = holding
                 if holding:
                     await self.step()
@@ -119,62 +185,79 @@ class BatchRunner:
                 raise
             except Exception:
                 log.exception("batch runner step failed; trying again")
-            self.wake.clear()
-            waiting = [t for t in self.flying.values() if not t.done()]
+            waiting = [t for t, _ in self.flying.values() if not t.done()]
             wake = asyncio.create_task(self.wake.wait())
             await asyncio.wait([wake, *waiting], timeout=0.5, return_when="FIRST_COMPLETED")
             wake.cancel()
 
     async def close(self) -> None:
-        for task in self.flying.values():
+        tasks = [t for t, _ in self.flying.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.flying.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _drop(self, key: tuple[str, str], progress: Progress) -> None:
+        """Stop a request in flight; it goes back to the front of its batch's queue."""
+        task, line = self.flying.pop(key)
+        task.cancel()
+        if line.custom_id not in progress.answered:
+            progress.queue.appendleft(line)
 
     async def step(self) -> None:
-        self.flying = {k: t for k, t in self.flying.items() if not t.done()}
+        self.flying = {k: v for k, v in self.flying.items() if not v[0].done()}
+        if self.busy() > self.sending:
+            self.chat_seen = time.monotonic()
+        yielding = time.monotonic() - self.chat_seen < QUIET_S
         for batch in await self.active():
             batch_id = batch["id"]
+            progress = await self.progress(batch)
             mine = [k for k in self.flying if k[0] == batch_id]
             if time.time() >= batch["expires_at"]:
                 for key in mine:
-                    self.flying.pop(key).cancel()
+                    self._drop(key, progress)
                 await self.finish(batch, "expired", EXPIRED, "batch_expired")
                 continue
-            lines = await self.lines(batch)
-            answered = await self.answered(batch_id)
-            pending = [
-                ln
-                for ln in lines
-                if ln.custom_id not in answered and (batch_id, ln.custom_id) not in self.flying
-            ]
             if batch["status"] == "cancelling" or batch.get("ending") == "cancelled":
                 if not mine:
                     await self.finish(batch, "cancelled", CANCELLED, "batch_cancelled")
                 continue
-            if not pending and not mine:
+            if not progress.queue and not mine:
                 await self.finish(batch, "completed", "", "")
                 continue
-            for line in pending:
-                if len(self.flying) >= self.concurrency:
-                    return
-                key = (batch_id, line.custom_id)
-                self.flying[key] = asyncio.create_task(self.one(batch, line))
+            if yielding and not await self.urgent(batch, progress):
+                for key in mine:  # preempted: sent again once the chat is done
+                    self._drop(key, progress)
+                    self.preempted += 1
+                continue
+            while progress.queue and len(self.flying) < self.concurrency:
+                line = progress.queue.popleft()
+                if line.custom_id in progress.answered:
+                    continue
+                task = asyncio.create_task(self.one(batch, progress, line))
+                self.flying[(batch_id, line.custom_id)] = (task, line)
+            if len(self.flying) >= self.concurrency:
+                return
 
-    async def one(self, batch: dict[str, Any], line: BatchLine) -> None:
+    async def one(self, batch: dict[str, Any], progress: Progress, line: BatchLine) -> None:
         key = (batch["id"], line.custom_id)
         started = time.monotonic()
+        self.sending += 1
         try:
             status, answer = await self.send(batch["endpoint"], line.body)
         except Exception as exc:  # the gateway's own error: sent again, as a 503 would be
             log.warning("batch request failed", extra={"batch": batch["id"], "error": str(exc)})
             status, answer = 503, {"error": {"message": str(exc)}}
+        finally:
+            self.sending -= 1
         tries = self.attempts.get(key, 0) + 1
         # Busy (429: interactive requests hold the gateway's places) is waited out until the
         # deadline; a server error is tried ``MAX_ATTEMPTS`` times.
         if status == 429 or (status in RETRIED and tries < MAX_ATTEMPTS):
             self.attempts[key] = tries
             await asyncio.sleep(min(8.0, 0.5 * 2 ** min(tries, 4)))
-            return  # pending again: the next step sends it
+            progress.queue.appendleft(line)  # pending again: the next step sends it
+            self.wake.set()
+            return
         self.attempts.pop(key, None)
         out = {
             "id": f"batch_req_{uuid.uuid4().hex[:24]}",
@@ -183,25 +266,39 @@ class BatchRunner:
             "error": None,
         }
         kept = await self.store.answer(batch["id"], line.custom_id, out, ok=status == 200)
-        (await self.answered(batch["id"])).add(line.custom_id)
+        progress.answer(line)
         if kept and status == 200:
-            await self.measured(batch, _units(answer), time.monotonic() - started)
+            await self.measured(batch, progress, _units(answer), time.monotonic() - started)
         self.wake.set()
 
-    async def measured(self, batch: dict[str, Any], units: float, seconds: float) -> None:
+    async def urgent(self, batch: dict[str, Any], progress: Progress) -> bool:
+        """Whether the batch must run now to meet its deadline (see the module)."""
+        rate = await self.store.rate(batch["model"])
+        if not rate:  # admitted at a measured rate, so known unless Redis lost it: yield
+            return False
+        need = need_s(progress.left, progress.most, self.concurrency, rate)
+        return time.time() + URGENT_MARGIN * need >= float(batch["expires_at"])
+
+    async def measured(
+        self, batch: dict[str, Any], progress: Progress, units: float, seconds: float
+    ) -> None:
         """Count a request's units toward its model's rate: the units of all of this runner's
-        requests of that model over the time they ran, ``concurrency`` at once."""
+        requests of that model over the time they ran, shared with those beside them; the
+        rate and the batch's planned end written at most once a second."""
         model = batch["model"]
         done, busy = self._measured.get(model, (0.0, 0.0))
-        alongside = sum(1 for k, t in self.flying.items() if k[0] == batch["id"] and not t.done())
+        alongside = sum(
+            1 for k, v in self.flying.items() if k[0] == batch["id"] and not v[0].done()
+        )
         done, busy = done + units, busy + seconds / max(1, alongside)
         self._measured[model] = (done, busy)
+        if time.monotonic() - self._planned.get(batch["id"], -math.inf) < 1.0:
+            return
+        self._planned[batch["id"]] = time.monotonic()
         rate = done / max(busy, 1e-3)
         await self.store.set_rate(model, rate)
-        lines = await self.lines(batch)
-        answered = await self.answered(batch["id"])
-        left = sum(max(ln.token_budget, 1) for ln in lines if ln.custom_id not in answered)
-        await self.store.update(batch["id"], planned_finish_at=int(time.time() + left / rate))
+        planned = int(time.time() + need_s(progress.left, progress.most, self.concurrency, rate))
+        await self.store.update(batch["id"], planned_finish_at=planned)
 
     async def finish(self, batch: dict[str, Any], status: str, message: str, code: str) -> None:
         """Write the output and error files and end the batch as ``status``; each request not
@@ -209,36 +306,40 @@ class BatchRunner:
         batch_id = batch["id"]
         now = int(time.time())
         await self.store.update(batch_id, status="finalizing", finalizing_at=now, ending=status)
-        lines = await self.lines(batch)
+        lines = (await self.progress(batch)).lines
         answered = await self.store.answered(batch_id)  # from Redis: the whole truth
-        for line in lines:
-            if line.custom_id not in answered:
-                out = {
-                    "id": f"batch_req_{uuid.uuid4().hex[:24]}",
-                    "custom_id": line.custom_id,
-                    "response": None,
-                    "error": {"code": code, "message": message},
-                }
-                await self.store.answer(batch_id, line.custom_id, out, ok=False)
+        unanswered = {
+            line.custom_id: {
+                "id": f"batch_req_{uuid.uuid4().hex[:24]}",
+                "custom_id": line.custom_id,
+                "response": None,
+                "error": {"code": code, "message": message},
+            }
+            for line in lines
+            if line.custom_id not in answered
+        }
+        await self.store.answer_many(batch_id, unanswered)
         files: dict[str, str | None] = {}
-        for ok, field in ((True, "output_file_id"), (False, "error_file_id")):
+        for ok, name in ((True, "output_file_id"), (False, "error_file_id")):
             kept = await self.store.answers(batch_id, ok)
             rows = [kept[ln.custom_id] for ln in lines if ln.custom_id in kept]
-            files[field] = None
+            files[name] = None
             if rows:
-                name = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
+                filename = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
                 content = "".join(r + "\n" for r in rows).encode()
-                files[field] = (await self.store.add_file(content, name, "batch_output"))["id"]
+                files[name] = (await self.store.add_file(content, filename, "batch_output"))["id"]
         await self.store.ended(batch_id, status=status, **{f"{status}_at": now}, **files)
-        self._lines.pop(batch_id, None)
-        self._answered.pop(batch_id, None)
+        self._progress.pop(batch_id, None)
+        self._planned.pop(batch_id, None)
         log.info("batch ended", extra={"batch": batch_id, "status": status})
 
 
 def _units(answer: dict[str, Any]) -> float:
-    """What a request made: its completion tokens, or 1 for a request that makes none."""
+    """What a request made: its completion tokens (Anthropic's output tokens), or 1 for a
+    request that makes none."""
     usage = answer.get("usage") or {}
-    return float(max(int(usage.get("completion_tokens") or 0), 1))
+    made = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+    return float(max(int(made), 1))
 
 
 class AsgiSender:

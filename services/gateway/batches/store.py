@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from services.gateway.core.ids import new_id
 
@@ -95,6 +96,25 @@ class JobStore:
     async def update(self, batch_id: str, **fields: Any) -> None:
         await self.redis.hset(f"{self.p}:batch:{batch_id}", mapping=_encoded(fields))
 
+    async def cancel(self, batch_id: str) -> None:
+        """Mark a running batch ``cancelling``; one that ended (even a moment ago, while this
+        looked) keeps its status."""
+        key = f"{self.p}:batch:{batch_id}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    status = json.loads(await pipe.hget(key, "status") or "null")
+                    if status not in ACTIVE or status == "cancelling":
+                        return
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    fields = {"status": "cancelling", "cancelling_at": int(time.time())}
+                    pipe.hset(key, mapping=_encoded(fields))
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue  # the runner wrote it meanwhile: look again
+
     async def raw(self, batch_id: str) -> dict[str, Any] | None:
         stored = await self.redis.hgetall(f"{self.p}:batch:{batch_id}")
         return {_text(k): json.loads(v) for k, v in stored.items()} if stored else None
@@ -137,6 +157,13 @@ class JobStore:
         """Keep one request's output line; False when it was kept already."""
         where = f"{self.p}:{'ok' if ok else 'err'}:{batch_id}"
         return bool(await self.redis.hsetnx(where, custom_id, json.dumps(line)))
+
+    async def answer_many(self, batch_id: str, errors: dict[str, dict[str, Any]]) -> None:
+        """Keep each custom id's error line, where it has no answer yet, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for custom_id, line in errors.items():
+            pipe.hsetnx(f"{self.p}:err:{batch_id}", custom_id, json.dumps(line))
+        await pipe.execute()
 
     async def answered(self, batch_id: str) -> set[str]:
         keys = [f"{self.p}:ok:{batch_id}", f"{self.p}:err:{batch_id}"]

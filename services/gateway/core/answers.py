@@ -144,8 +144,14 @@ class Answer:
         self.tasks.append(asyncio.create_task(pump()))
 
     async def open(self) -> None:
-        """Wait for the first piece; a failure there is raised as ``ApiError``."""
-        item = await self.queue.get()
+        """Wait for the first piece; a failure there is raised as ``ApiError``. Cancelled
+        meanwhile (a preempted batch request, a client gone): the generations are stopped and
+        the slot given back."""
+        try:
+            item = await self.queue.get()
+        except BaseException:
+            await self.close()
+            raise
         if item is None:
             await self.close()
             raise ApiError(503, "generation ended without a piece", "server_error")

@@ -10,7 +10,7 @@ when the scheduler moves it, and each API turns the chunks into its response or 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from libs.contracts import Prompt, Sampling, TokenChunk
@@ -50,6 +50,8 @@ class Completions:
         self.metrics = metrics
         self.max_concurrent = max_concurrent
         self.in_flight = 0
+        #: Told of every request admitted (the batch runner yields to interactive ones).
+        self.on_admit: Callable[[], None] = lambda: None
 
     async def tokenizer(self, deployment: str) -> Any:
         return await self.tokenizers.get(self.deployments.model_of(deployment))
@@ -76,7 +78,9 @@ class Completions:
                 "overloaded",
                 headers={"Retry-After": "1"},
             )
-        return Slot(self)
+        slot = Slot(self)
+        self.on_admit()
+        return slot
 
     async def chunks(
         self,

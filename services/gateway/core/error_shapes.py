@@ -48,7 +48,7 @@ def documented_as(body: type[BaseModel], *codes: int) -> dict[int | str, dict[st
 def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` (OpenAI's ``{"error": {...}}``) as the API of ``path`` answers errors."""
     message = str(body.get("error", {}).get("message", ""))
-    if path == "/v1/messages":
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
         kind = ANTHROPIC.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
     if path.startswith("/api/"):
@@ -65,7 +65,7 @@ class ErrorShapes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == "/v1/messages" or path.startswith("/api/")):
+        if not (path == "/v1/messages" or path.startswith(("/v1/messages/", "/api/"))):
             await self.app(scope, receive, send)
             return
         start: Message | None = None

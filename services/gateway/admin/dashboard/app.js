@@ -45,6 +45,8 @@ function showLogin(message = "") {
   $("#status").textContent = "signed out";
   state.feed?.abort();
   state.feed = null;
+  clearInterval(state.jobs);
+  $("#jobs").replaceChildren();
   state.devices.clear();
   $("#fleet tbody").replaceChildren();
 }
@@ -173,6 +175,31 @@ async function loadModels() {
       element("td", {}, m.name), element("td", {}, m.architecture), element("td", {}, `${m.layers}`),
       element("td", {}, (m.size_bytes / 1e9).toFixed(2)), element("td", {}, m.tensor_types.join(", ")),
       element("td", {}, `${m.context_train}`), element("td", {}, m.deployments.join(", ") || "–"))))));
+}
+
+// Batches with a deadline (OpenAI's Batch API): progress, deadline, planned and actual end;
+// read again every 2 s while the page is open.
+const ENDED = ["completed", "failed", "expired", "cancelled"];
+async function loadJobs() {
+  const { data } = await api("/v1/batches?limit=20");
+  const box = $("#jobs");
+  if (!data.length) return box.replaceChildren(element("p", { className: "muted" }, "none"));
+  const at = (ts) => (ts ? new Date(ts * 1000).toLocaleTimeString() : "–");
+  const head = ["batch", "model", "status", "answered", "deadline", "planned end", "ended"];
+  const rows = data.map((b) => {
+    const counts = b.request_counts, done = counts.completed + counts.failed;
+    const row = element("tr", { title: b.decision || "" },
+      element("td", {}, b.id), element("td", {}, b.model), element("td", {}, b.status),
+      element("td", {}, element("progress", { max: counts.total, value: done }), ` ${done}/${counts.total}`),
+      element("td", {}, at(b.expires_at)), element("td", {}, at(b.planned_finish_at)),
+      element("td", {}, at(ENDED.includes(b.status) ? b[`${b.status}_at`] : null)));
+    row.dataset.batch = b.id;
+    row.dataset.status = b.status;
+    return row;
+  });
+  box.replaceChildren(element("table", {},
+    element("thead", {}, element("tr", {}, ...head.map((h) => element("th", {}, h)))),
+    element("tbody", {}, ...rows)));
 }
 
 // A deployment's phase or progress changed: drawn again, at most once a second.
@@ -392,7 +419,9 @@ async function start() {
     $("#app").hidden = false;
     $("#logout").hidden = !state.key;
     rows.forEach(renderDevice);
-    await Promise.all([loadDeployments(), loadModels(), loadMode(), loadPolicy()]);
+    await Promise.all([loadDeployments(), loadModels(), loadMode(), loadPolicy(), loadJobs()]);
+    clearInterval(state.jobs);
+    state.jobs = setInterval(() => loadJobs().catch(() => {}), 2000);
     follow();
   } catch (error) {
     if (error instanceof Unauthorized) showLogin(state.key ? "that key was refused" : "");
