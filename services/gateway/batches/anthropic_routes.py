@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway.batches.routes import BatchCreate, create, runner_of
 from services.gateway.batches.store import FINAL, JobStore
+from services.gateway.core.error_shapes import AnthropicError, documented_as
 from services.gateway.core.errors import ApiError
 from services.gateway.settings import GatewaySettings
 
@@ -36,8 +37,9 @@ class MessageBatchCreate(BaseModel):
 
 def message_batches_router(settings: GatewaySettings) -> APIRouter:
     router = APIRouter(prefix="/v1/messages/batches", tags=["anthropic"])
+    errors = documented_as(AnthropicError, 400, 401, 404, 413, 503)
 
-    @router.post("")
+    @router.post("", responses=errors)
     async def create_batch(request: Request, body: MessageBatchCreate) -> dict[str, Any]:
         runner = runner_of(request)
         lines = [
@@ -54,7 +56,7 @@ def message_batches_router(settings: GatewaySettings) -> APIRouter:
             raise
         return await shaped(runner.store, batch["id"])
 
-    @router.get("")
+    @router.get("", responses=errors)
     async def list_batches(
         request: Request,
         after_id: str | None = None,
@@ -70,11 +72,11 @@ def message_batches_router(settings: GatewaySettings) -> APIRouter:
             "last_id": data[-1]["id"] if data else None,
         }
 
-    @router.get("/{batch_id}")
+    @router.get("/{batch_id}", responses=errors)
     async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
         return await shaped(runner_of(request).store, batch_id)
 
-    @router.post("/{batch_id}/cancel")
+    @router.post("/{batch_id}/cancel", responses=errors)
     async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
         runner = runner_of(request)
         await shaped(runner.store, batch_id)  # 404 for none
@@ -82,7 +84,7 @@ def message_batches_router(settings: GatewaySettings) -> APIRouter:
         runner.wake.set()
         return await shaped(runner.store, batch_id)
 
-    @router.get("/{batch_id}/results")
+    @router.get("/{batch_id}/results", responses=errors)
     async def results(request: Request, batch_id: str) -> Response:
         store = runner_of(request).store
         batch = await shaped(store, batch_id)

@@ -25,7 +25,7 @@ from services.gateway.batches.store import JobStore
 from services.gateway.core.errors import ApiError, documented
 from services.gateway.settings import GatewaySettings
 
-ERRORS = documented(400, 401, 404, 413)
+ERRORS = documented(400, 401, 404, 413, 503)
 
 
 class BatchCreate(BaseModel):
@@ -46,7 +46,7 @@ def batches_router(settings: GatewaySettings) -> APIRouter:
 
     @router.post("/files", responses=ERRORS)
     async def create_file(
-        request: Request, file: UploadFile, purpose: Annotated[str, Form()]
+        request: Request, file: UploadFile, purpose: Annotated[str, Form(min_length=1)]
     ) -> dict[str, Any]:
         if purpose != "batch":
             raise ApiError(
