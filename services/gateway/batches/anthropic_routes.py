@@ -90,7 +90,7 @@ def message_batches_router(settings: GatewaySettings) -> APIRouter:
         batch = await shaped(store, batch_id)
         if batch["processing_status"] != "ended":
             raise ApiError(400, f"batch {batch_id} is still {batch['processing_status']}")
-        rows = [await _result(store, batch_id, line) for line in await _outputs(store, batch_id)]
+        rows = [_result(line) for line in await _outputs(store, batch_id)]
         content = "".join(json.dumps(r) + "\n" for r in rows)
         return Response(content, media_type="application/x-jsonl")
 
@@ -111,7 +111,8 @@ async def _outputs(store: JobStore, batch_id: str) -> list[dict[str, Any]]:
     return [json.loads(kept[i]) for i in ids if i in kept]
 
 
-async def _result(store: JobStore, batch_id: str, line: dict[str, Any]) -> dict[str, Any]:
+def _result(line: dict[str, Any]) -> dict[str, Any]:
+    """One output line of the core as Anthropic's result line."""
     response, error = line.get("response"), line.get("error")
     if response is not None and response["status_code"] == 200:
         result: dict[str, Any] = {"type": "succeeded", "message": response["body"]}
@@ -131,7 +132,7 @@ async def shaped(store: JobStore, batch_id: str) -> dict[str, Any]:
         raise ApiError(404, f"no message batch {batch_id!r}", code="not_found_error")
     counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     for line in await _outputs(store, batch_id):
-        counts[(await _result(store, batch_id, line))["result"]["type"]] += 1
+        counts[_result(line)["result"]["type"]] += 1
     counts["processing"] = raw["total"] - sum(counts.values())
     status = raw["status"]
     ended = status in FINAL

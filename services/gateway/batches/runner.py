@@ -144,20 +144,16 @@ class BatchRunner:
         await self.store.set_rate(model, rate)  # until the batches measure it
         return rate
 
-    async def need(self, batch: dict[str, Any], progress: Progress) -> float:
-        """Seconds the batch still needs (``need_s`` at its model's measured rate)."""
-        rate = await self.store.rate(batch["model"]) or 1.0
-        return need_s(progress.left, progress.most, self.concurrency, rate)
-
     async def pending_work(self) -> tuple[list[Work], float]:
         """What the admitted, unfinished batches still need, in seconds at their rates; and
         the longest a request in flight may still take (a new batch may wait for it)."""
         works, longest = [], 0.0
         for batch in await self.active():
             progress = await self.progress(batch)
-            works.append(Work(batch["id"], await self.need(batch, progress), batch["expires_at"]))
+            rate = await self.store.rate(batch["model"]) or 1.0
+            need = need_s(progress.left, progress.most, self.concurrency, rate)
+            works.append(Work(batch["id"], need, batch["expires_at"]))
             if any(key[0] == batch["id"] for key in self.flying):
-                rate = await self.store.rate(batch["model"]) or 1.0
                 longest = max(longest, need_s(1, progress.most, self.concurrency, rate))
         return works, longest
 
