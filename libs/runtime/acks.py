@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from libs.contracts import ContractError
+from libs.runtime.cancelling import stopping
 from libs.runtime.tracing import processing
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ async def settle(
 
 
 async def _in_progress(msg: Settleable, every_s: float) -> None:
-    while True:
+    while not stopping():
         await asyncio.sleep(every_s)
         await _safely(msg.in_progress)
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from libs.contracts import Channel, ContractError
 from libs.runtime.acks import Delivery as Delivery  # where it was always imported from
 from libs.runtime.acks import Redelivery, acknowledging
+from libs.runtime.cancelling import stopping
 from libs.runtime.nats_client import keep_consumer
 from libs.runtime.tracing import processing, sending
 
@@ -336,7 +337,7 @@ class Pulling:
         self._task = asyncio.create_task(self._pull())
 
     async def _pull(self) -> None:
-        while True:
+        while not stopping():
             try:
                 msgs = await self.sub.fetch(1, timeout=PULL_WAIT_S)
             except nats.errors.TimeoutError:

@@ -13,6 +13,7 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from libs.runtime.bus import Unsubscribe
+from libs.runtime.cancelling import stopping
 from libs.runtime.settings import ready_file
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Background:
         step: Callable[[], Awaitable[None]],
         due_in_s: Callable[[], float] | None,
     ) -> None:
-        while True:
+        while not stopping():
             wait = period_s if due_in_s is None else max(0.0, min(period_s, due_in_s()))
             await asyncio.sleep(wait)
             try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from libs.runtime.acks import Redelivery
+from libs.runtime.cancelling import stopping
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -60,7 +61,7 @@ class MemorySubscription:
         self.inbox.put_nowait(delivery)
 
     async def run(self) -> None:
-        while True:
+        while not stopping():
             delivery = await self.inbox.get()
             try:
                 await self.callback(delivery)

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from libs.contracts import CHECKPOINT, ContractError, PlacementRequest, SchedulerCheckpoint
 from libs.contracts.keys import Keys
 from libs.deployments import DeploymentBook
+from libs.runtime.cancelling import stopping
 from libs.runtime.nats_client import copies
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.mode_keeper import ModeKeeper
@@ -149,7 +150,7 @@ class Checkpointer:
             self.metrics.checkpoint_timestamp.set(snapshot.ts)
 
     async def _writer(self) -> None:
-        while True:
+        while not stopping():
             await self._to_write.wait()
             try:
                 await self.write()

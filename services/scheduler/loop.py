@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from libs.runtime.cancelling import stopping
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -60,7 +62,7 @@ class CommandLoop:
         return await future
 
     async def _run(self) -> None:
-        while True:
+        while not stopping():
             command, future, name = await self.queue.get()
             if future is not None and future.cancelled():
                 continue

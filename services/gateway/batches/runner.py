@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from libs.core.deadlines import Work
+from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, read_lines
 from services.gateway.batches.store import JobStore
 
@@ -168,7 +169,7 @@ class BatchRunner:
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
-        while True:
+        while not stopping():
             self.wake.clear()  # before the step: a request ending during it wakes the next
             try:
                 holding = await self.store.lease(self.holder, LEASE_S)

@@ -40,6 +40,7 @@ from libs.contracts import (
 from libs.devices.emulated import EmulatedDevice
 from libs.models.shipped import MODEL_NAME
 from libs.runtime.bus import Bus, Delivery
+from libs.runtime.cancelling import stopping
 from libs.runtime.tracing import TRACEPARENT, carried, step
 from services.worker.device.metrics import WorkerMetrics
 from services.worker.device.prompts import refusal
@@ -282,7 +283,7 @@ class TorchWorker(DeviceWorker):
     async def _run(self) -> None:
         """Take everything that arrived, then step each engine with work: all its requests in
         one batch. Whatever arrives during a step joins the next one."""
-        while True:
+        while not stopping():
             if not any(e.ready for e in self.engines.values()):
                 await self._take(await self.inbox.queue.get())
             while not self.inbox.queue.empty():
