@@ -8,15 +8,18 @@ Starts `tessera up` as `make up` does and measures, with the official ``openai``
 - ``batch_throughput_ratio``: a batch's completion tokens/s (admitted to seen completed, no
   chat beside it) ÷ the same requests sent directly at ``--direct-concurrency`` streams
   (goal ≥ 0.8);
-- ``deadlines_met`` and ``declined``: ``--jobs`` batches of 2 to ``--job-size`` requests arriving
-  over time with windows of 1.5 to 4 × their estimated need, under the live policy (``edf``:
-  earliest deadline first with admission, the only one built); the fraction of the admitted
-  that ended within their window, and how many were declined at submission;
-- ``planned_finish_error_median``: |planned − actual end| ÷ the window, for the admitted.
+- per batch policy (``--policies``, each on a cluster of its own started with
+  ``TESSERA_GATEWAY_BATCH_POLICY``, the first one also measuring the above), on the same
+  ``--jobs`` batches of 2 to ``--job-size`` requests arriving over time with windows of 1.5
+  to 4 × their need at the batch's measured tokens/s: ``deadlines_met`` (of the admitted, the
+  share that ended within their window), ``declined`` (at submission), ``met_of_submitted``
+  (batches that ended in time ÷ all submitted: what the user got) and
+  ``planned_finish_error_median`` (|planned − actual end| ÷ the window, for the admitted).
 
-EdgeFlow, ElasticFlow and FIFO are not live policies yet: only ``edf`` is measured here.
+EdgeFlow is not a live policy (docs/batch.md says why): the simulator runs it.
 
     python bench/jobs_live.py --json [--batch 48] [--interactive 12] [--jobs 6] [--tokens 32]
+        [--policies edf,fifo,elasticflow]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 from openai import OpenAI
 from report import add_results_option, table, write_report  # bench/ is the script's folder
 
+from libs.core.batch_policies import POLICIES
 from libs.models.shipped import MODEL_NAME
 from libs.runtime.procs import ServiceProcess, free_port
 from services.gateway.batches.runner import QUIET_S
@@ -42,9 +46,10 @@ QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.", 
 FINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def start_cluster() -> tuple[ServiceProcess, str]:
+def start_cluster(policy: str) -> tuple[ServiceProcess, str]:
     port = free_port()
     env = {
+        "TESSERA_GATEWAY_BATCH_POLICY": policy,
         "TESSERA_GATEWAY_PORT": str(port),
         "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
         "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
@@ -158,15 +163,16 @@ def deadline_mix(
     ]
     return {
         "jobs": jobs_seen,
-        "deadlines_met": {"edf": round(len(met) / len(ended), 3) if ended else None},
-        "declined": {"edf": declined},
-        "admitted": len(ended),
+        "deadlines_met": round(len(met) / len(ended), 3) if ended else None,
+        "declined": declined,
+        "met_of_submitted": round(len(met) / jobs, 3),
         "planned_finish_error_median": round(statistics.median(errors), 3) if errors else None,
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    child, base = start_cluster()
+    first, *others = args.policies.split(",")
+    child, base = start_cluster(first)
     try:
         api = OpenAI(base_url=base, api_key="-", max_retries=8)
         chats(api, 1, args.tokens)  # warm
@@ -180,9 +186,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         running = submit(api, args.batch, args.tokens, "1h")
         beside = chats(api, args.interactive, args.tokens)
         wait(api, running.id)
-        mix = deadline_mix(api, args.jobs, args.job_size, args.tokens, batch_rate, args.seed)
+        mixes = {first: deadline_mix(api, *mix_args(args, batch_rate))}
     finally:
         child.stop(timeout_s=30)
+    for policy in others:  # the same arrivals, windows and sizes on a cluster of its own
+        child, base = start_cluster(policy)
+        try:
+            api = OpenAI(base_url=base, api_key="-", max_retries=8)
+            chats(api, 1, args.tokens)  # warm
+            mixes[policy] = deadline_mix(api, *mix_args(args, batch_rate))
+        finally:
+            child.stop(timeout_s=30)
+    per_policy = {
+        key: {policy: mix[key] for policy, mix in mixes.items()}
+        for key in ("deadlines_met", "declined", "met_of_submitted", "planned_finish_error_median")
+    }
     return {
         "interactive_p99_alone_s": round(p99(alone), 3),
         "interactive_p99_with_batch_s": round(p99(beside), 3),
@@ -191,8 +209,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "direct_tokens_per_s": round(direct_rate, 2),
         "batch_throughput_ratio": round(batch_rate / direct_rate, 3),
         "batch_status": batch.status,
-        **mix,
+        **per_policy,
+        "jobs": {policy: mix["jobs"] for policy, mix in mixes.items()},
     }
+
+
+def mix_args(args: argparse.Namespace, rate: float) -> tuple[int, int, int, float, int]:
+    return args.jobs, args.job_size, args.tokens, rate, args.seed
 
 
 def main() -> int:
@@ -205,6 +228,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32, help="max_tokens of every request")
     parser.add_argument("--direct-concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help="batch policies compared, one cluster each"
+    )
     add_results_option(parser)
     args = parser.parse_args()
     report = run(args)

@@ -1,20 +1,20 @@
-"""Admission of work with deadlines on one served model: earliest deadline first.
+"""Admission of work with deadlines run one after the other: earliest deadline first, or in
+another order (first come, first served).
 
 A batch of requests needs an estimated number of seconds of the model's serving (its tokens
-at the throughput measured for that model); the batches admitted before it run earliest
-deadline first. A new batch is admitted only when, with it inserted in that order, it and
-every batch already admitted still end before their deadlines; otherwise it is declined at
-once with the reason, and nothing of it is queued. Pure: ``now`` is passed in.
-
-This is the live policy of the gateway's Batch API (``services/gateway/batches``); seed 002's
-EdgeFlow over several devices (``edgeflow.py``) runs in the simulator only.
+at the throughput measured for that model); the batches admitted before it run in the order
+given (their deadlines unless told). A new batch is admitted only when, with it inserted in
+that order, it and every batch already admitted still end before their deadlines; otherwise
+it is declined at once with the reason, and nothing of it is queued. Pure: ``now`` is passed
+in. ``batch_policies.py`` builds the Batch API's live policies on it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,47 +33,57 @@ class Admission:
     reason: str
 
 
-def edf_finishes(works: Sequence[Work], now: float) -> dict[str, float]:
+def by_deadline(work: Work) -> Any:
+    return (work.deadline_s, work.job_id)
+
+
+def edf_finishes(
+    works: Sequence[Work], now: float, order: Callable[[Work], Any] = by_deadline
+) -> dict[str, float]:
     """When each work ends if all run one after the other, earliest deadline first (ties by
-    id), starting at ``now``."""
+    id) unless ``order`` says, starting at ``now``."""
     clock, out = now, {}
-    for work in sorted(works, key=lambda w: (w.deadline_s, w.job_id)):
+    for work in sorted(works, key=order):
         clock += max(0.0, work.seconds_left)
         out[work.job_id] = clock
     return out
 
 
-def admit(admitted: Sequence[Work], new: Work, now: float) -> Admission:
-    """Whether ``new`` may join ``admitted`` with every deadline still met (see the module)."""
+def admit(
+    admitted: Sequence[Work],
+    new: Work,
+    now: float,
+    order: Callable[[Work], Any] = by_deadline,
+) -> Admission:
+    """Whether ``new`` may join ``admitted`` with every deadline still met, run in ``order``
+    (see the module)."""
     if not math.isfinite(new.seconds_left):
         return Admission(False, math.inf, "no throughput measured for its model")
-    finishes = edf_finishes([*admitted, new], now)
+    finishes = edf_finishes([*admitted, new], now, order)
     planned = finishes[new.job_id]
-    ahead = sum(
-        w.seconds_left for w in admitted if (w.deadline_s, w.job_id) < (new.deadline_s, new.job_id)
-    )
+    ahead = sum(w.seconds_left for w in admitted if order(w) < order(new))
     if planned > new.deadline_s:
         window = max(0.0, new.deadline_s - now)
         return Admission(
             False,
             planned,
-            f"needs about {_span(new.seconds_left)} of serving and its deadline is in "
-            f"{_span(window)}, of which {_span(max(0.0, window - ahead))} is free "
-            f"({_span(ahead)} taken by batches with earlier deadlines)",
+            f"needs about {span(new.seconds_left)} of serving and its deadline is in "
+            f"{span(window)}, of which {span(max(0.0, window - ahead))} is free "
+            f"({span(ahead)} taken by batches ahead of it)",
         )
-    before = edf_finishes(admitted, now)
+    before = edf_finishes(admitted, now, order)
     for work in admitted:
         if finishes[work.job_id] > work.deadline_s >= before[work.job_id]:
             return Admission(
                 False,
                 planned,
-                f"admitting it (about {_span(new.seconds_left)} of serving) would make "
+                f"admitting it (about {span(new.seconds_left)} of serving) would make "
                 f"{work.job_id}, admitted before it, miss its deadline",
             )
-    return Admission(True, planned, f"planned to end in {_span(planned - now)}")
+    return Admission(True, planned, f"planned to end in {span(planned - now)}")
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     """Seconds as a person reads them: 45 s, 12.5 min, 3.2 h."""
     if seconds < 120:
         return f"{seconds:.0f} s"

@@ -105,7 +105,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         send = AsgiSender(app, runner_key)
         store = JobStore(app.state.redis, settings.key_prefix)
         completions = app.state.completions
-        app.state.batches = BatchRunner(store, send, concurrency, lambda: completions.in_flight)
+        app.state.batches = BatchRunner(
+            store, send, concurrency, lambda: completions.in_flight, settings.batch_policy
+        )
         completions.on_admit = app.state.batches.wake.set
         background.tasks.append(asyncio.create_task(app.state.batches.run()))
         try:

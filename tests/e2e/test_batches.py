@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -94,6 +95,16 @@ def test_a_batch_through_the_openai_client_answers_each_request_once_as_alone(
         for cid, body in asked.items()
     }
     assert answers == alone
+    # The devices that answered (each answer names them in x-tessera-devices): the model's.
+    said = api.chat.completions.with_raw_response.create(**asked["q-0"]).headers
+    placements = httpx.get(
+        f"{shared_cluster.base_url}/v1/cluster/placements",
+        headers={"authorization": f"Bearer {KEY}"},
+    ).json()
+    serving = {a["device_id"] for p in placements for a in p["assignments"]}
+    devices = set(done.model_extra["devices"])  # type: ignore[index]
+    assert devices and devices <= serving, (devices, serving)
+    assert set(said["x-tessera-devices"].split(",")) <= serving, said
     listed = [b.id for b in api.batches.list()]
     assert batch.id in listed
 
@@ -127,7 +138,7 @@ def test_bad_files_and_unmeetable_windows_are_refused_at_once_and_nothing_is_que
             input_file_id=uploaded.id, endpoint="/v1/chat/completions",
             completion_window="20s",  # type: ignore[arg-type]
         )  # fmt: skip
-    assert "batch declined: needs about" in str(declined.value), declined.value
+    assert "batch declined (edf): needs about" in str(declined.value), declined.value
     assert declined.value.code == "deadline_unmeetable"
     assert [b.id for b in api.batches.list(limit=100)] == before  # nothing queued
     with pytest.raises(openai.BadRequestError, match="UTF-8"):
@@ -174,7 +185,9 @@ def test_tessera_jobs_submits_a_file_shows_progress_and_prints_the_results(
         "jobs", "submit", str(questions), "--model", MODEL_NAME, "--within", "10m", "--wait", *key
     )
     assert (
-        code == 0 and "admitted: planned to end in" in said and "completed: 3 answered" in said
+        code == 0
+        and "admitted (edf): planned to end in" in said
+        and "completed: 3 answered" in said
     ), said
     [batch_id] = re.findall(r"batch-[0-9a-f]{24}", said)[:1]
     code, listed = shared_cluster.tessera("jobs", "list", *key)

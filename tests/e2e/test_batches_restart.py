@@ -1,6 +1,7 @@
 """A batch outlives what runs it: the gateway killed (SIGKILL) mid-batch is started again by
 `tessera up` and goes on with the requests not yet answered; the whole cluster stopped
-mid-batch and started again on its home finishes it too. Every ``custom_id`` is answered
+mid-batch and started again on its home finishes it too; so does a batch whose only worker
+is killed (SIGKILL) while it serves the batch's requests. Every ``custom_id`` is answered
 exactly once, with the greedy text the request gets alone."""
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def texts(out: list[dict[str, Any]]) -> dict[str, str]:
     return {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in out}
 
 
-def test_a_batch_goes_on_after_the_gateway_is_killed_and_after_the_cluster_restarts() -> None:
+def test_a_batch_goes_on_after_the_gateway_is_killed_the_cluster_restarts_or_a_worker_dies() -> (
+    None
+):
     cluster = RunningCluster("--workers", "1")
     try:
         cluster.wait_for("ready:", 300)
@@ -78,5 +81,17 @@ def test_a_batch_goes_on_after_the_gateway_is_killed_and_after_the_cluster_resta
         assert sorted(r["custom_id"] for r in out) == sorted(asked)
         assert texts(out) == alone
         assert json.loads(api.files.content(file.id).text.splitlines()[0])["custom_id"] == "r-0"
+
+        third = api.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="1h"
+        )
+        answered(api, third.id, 2)
+        os.kill(unit_pid(cluster.process.pid, "worker-0"), signal.SIGKILL)  # mid-request
+        cluster.wait_for("worker-0 back after", 60)
+        done = ended(api, third.id)
+        assert done.status == "completed", (done, rows(api, done.error_file_id))
+        out = rows(api, done.output_file_id)
+        assert sorted(r["custom_id"] for r in out) == sorted(asked)
+        assert texts(out) == alone
     finally:
         cluster.stop()

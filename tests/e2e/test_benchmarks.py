@@ -90,8 +90,22 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         NO_LLAMA or NO_VLLM,
     ),
     "jobs_live": (
-        ["--batch", "3", "--interactive", "2", "--jobs", "2", "--job-size", "2", "--tokens", "4"],
-        {"deadlines_met", "declined", "interactive_p99_ratio", "batch_throughput_ratio"},
+        # elasticflow: the live policy no other test runs (test_batches.py runs edf).
+        [
+            "--batch",
+            "3",
+            "--interactive",
+            "2",
+            "--jobs",
+            "2",
+            "--job-size",
+            "2",
+            "--tokens",
+            "4",
+            "--policies",
+            "elasticflow",
+        ],
+        {"deadlines_met", "met_of_submitted", "interactive_p99_ratio", "batch_throughput_ratio"},
         NO_LLAMA,
     ),
     "gpu_check": (

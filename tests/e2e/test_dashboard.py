@@ -189,10 +189,13 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     [shown] = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 120)
     assert "3/3" in shown.text and MODEL_NAME in shown.text
     assert shown.find_element(By.TAG_NAME, "progress").get_attribute("value") == "3"
+    [deployment] = api(cluster, "/v1/cluster/placements")
+    serving = {a["device_id"] for a in deployment["assignments"]}
+    devices = shown.find_elements(By.TAG_NAME, "td")[-1].text  # those that answered
+    assert devices != "–" and set(devices.split(", ")) <= serving, (devices, serving)
 
     # Kill the worker that serves the model: its row turns failed and the feed shows the
     # migration, pushed to the open page.
-    [deployment] = api(cluster, "/v1/cluster/placements")
     host = deployment["assignments"][0]["device_id"]
     pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", host)
     assert pid is not None

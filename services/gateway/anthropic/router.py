@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 
 from services.gateway.anthropic.protocol import MessageOut, MessagesRequest
 from services.gateway.anthropic.serving import openai_request, stop_of, whole
-from services.gateway.core.answers import Answer, start
+from services.gateway.core.answers import Answer, served_by, start
 from services.gateway.core.error_shapes import AnthropicError, documented_as
 from services.gateway.core.ids import new_id
 from services.gateway.openai.serving import chat_ask
@@ -85,7 +85,9 @@ def anthropic_router() -> APIRouter:
     errors = documented_as(AnthropicError, 400, 401, 404, 413, 429, 503)
 
     @router.post("/messages", response_model=MessageOut, responses=errors)
-    async def messages(body: MessagesRequest, request: Request) -> Response | MessageOut:
+    async def messages(
+        body: MessagesRequest, request: Request, response: Response
+    ) -> Response | MessageOut:
         service = request.app.state.completions
         resolved = await service.deployments.lookup(body.model)
         ask = chat_ask(openai_request(body))
@@ -98,6 +100,7 @@ def anthropic_router() -> APIRouter:
         if body.stream:
             return stream(answer, mid, body.model)
         [choice] = await answer.collect()
+        served_by([choice], response)
         return whole(choice, mid, body.model)
 
     return router

@@ -2,9 +2,10 @@
 completion window, poll it, read its output and error files, cancel it.
 
 A batch is checked whole when it is created (``lines.py``): a fault is a 400 naming the line,
-and nothing is queued. It is then admitted or declined at once by its deadline (``libs/core/
-deadlines.py``: earliest deadline first, at the throughput measured for its model): declined,
-it is a 400 with the reason and no batch exists. ``completion_window`` takes OpenAI's ``24h``
+and nothing is queued. It is then admitted or declined at once by its deadline, under the
+gateway's batch policy (``libs/core/batch_policies.py``: ``edf``, ``fifo`` or ``elasticflow``,
+at the throughput measured for its model): declined, it is a 400 with the reason and no batch
+exists. ``completion_window`` takes OpenAI's ``24h``
 and any other span (``30m``, ``2h``): that is the batch's deadline.
 """
 
@@ -18,9 +19,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
 
-from libs.core.deadlines import Work, admit
+from libs.core.batch_policies import Batch, admit_batch
 from services.gateway.batches.lines import LineError, read_lines, window_seconds
-from services.gateway.batches.runner import BatchRunner, need_s
+from services.gateway.batches.runner import BatchRunner
 from services.gateway.batches.store import JobStore
 from services.gateway.core.errors import ApiError, documented
 from services.gateway.settings import GatewaySettings
@@ -164,18 +165,21 @@ async def admitted(
     """The batch, created when its deadline can be met with every admitted one's; a 400 with
     the reason when not."""
     try:
-        rate = await runner.rate(model, lines[0], body.endpoint)
+        curve = await runner.curve(model, lines[0], body.endpoint)
     except ValueError as exc:
         raise ApiError(503, f"cannot measure {model}'s throughput: {exc}") from None
     now = time.time()
     units = sum(max(line.token_budget, 1) for line in lines)
     unit = "requests" if body.endpoint == "/v1/embeddings" else "tokens"
     most = max(max(line.token_budget, 1) for line in lines)
-    admitted_before, in_flight = await runner.pending_work()
-    need = in_flight + need_s(len(lines), most, runner.concurrency, rate)
-    decision = admit(admitted_before, Work("this batch", need, now + window), now)
+    before, in_flight = await runner.batches_now()
+    new = Batch("this batch", len(lines), most, now + window, now, curve)
+    # Planned from when the longest request in flight may have ended.
+    decision = admit_batch(runner.policy, before, new, now + in_flight, runner.concurrency)
+    at_once = max(new.curve(runner.concurrency), default=0)
+    measured = f"{units} {unit}; {curve.get(at_once, 0.0):.1f}/s measured at {at_once} at once"
     if not decision.admitted:
-        message = f"batch declined: {decision.reason} ({units} {unit} at {rate:.1f}/s measured)"
+        message = f"batch declined ({runner.policy}): {decision.reason} ({measured})"
         raise ApiError(400, message, param="completion_window", code="deadline_unmeetable")
     batch_id = await runner.store.add_batch(
         {
@@ -189,7 +193,7 @@ async def admitted(
             "metadata": body.metadata,
             "model": model,
             "total": len(lines),
-            "decision": f"admitted: {decision.reason} ({units} {unit} at {rate:.1f}/s measured)",
+            "decision": f"admitted ({runner.policy}): {decision.reason} ({measured})",
         }
     )
     runner.wake.set()

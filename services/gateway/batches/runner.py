@@ -1,5 +1,6 @@
-"""Runs the admitted batches: each request through the gateway's own API, earliest deadline
-first, at most ``concurrency`` at once, answers kept as they come (``store.py``).
+"""Runs the admitted batches: each request through the gateway's own API, at most
+``concurrency`` at once, each batch's share of them given by the policy (``edf``, ``fifo`` or
+``elasticflow``: ``libs/core/batch_policies.py``), answers kept as they come (``store.py``).
 
 Interactive requests come first. While any is in flight (the gateway's requests in flight
 beyond the runner's own), and for ``QUIET_S`` after the last, the batches' requests are
@@ -16,8 +17,9 @@ deadline (``expires_at``) a batch ends ``expired``; a cancelled one ends once it
 flight are answered. Either way each request not answered is written to the error file with
 the reason, so every ``custom_id`` appears exactly once in the output or the error file.
 
-The throughput of each model is measured here (tokens, or requests where no token is made,
-per second over the batches' requests of that model), kept in Redis, and read by admission.
+The throughput of each model is measured here, by requests at once (tokens, or requests where
+none is made, per second over the batches' requests of that model running that many at once:
+a curve), kept in Redis, and read by admission and the shares.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from typing import Any
 
 import httpx
 
-from libs.core.deadlines import Work
+from libs.core.batch_policies import Batch, need_s, shares
 from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, read_lines
 from services.gateway.batches.store import JobStore
+from services.gateway.core.answers import DEVICES_HEADER
 
 log = logging.getLogger(__name__)
 
-#: Sends one request body to an endpoint of the gateway; its status and JSON answer.
-Send = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+#: Sends one request body to an endpoint of the gateway; its status, JSON answer and the
+#: devices that answered it.
+Send = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any], list[str]]]]
 LEASE_S = 10.0
 #: Seconds without an interactive request before batches run again.
 QUIET_S = 1.0
@@ -56,15 +60,6 @@ EXPIRED = "This request could not be executed before the completion window expir
 CANCELLED = "The batch was cancelled before this request ran."
 
 
-def need_s(requests: int, most: int, concurrency: int, rate: float) -> float:
-    """Seconds ``requests`` take, run ``concurrency`` at once, each making up to ``most``
-    units, at ``rate`` units/s over all of them: in waves, each as long as its longest
-    request (a batch of 2 takes one request's time however fast the devices are in bulk)."""
-    if requests <= 0:
-        return 0.0
-    return math.ceil(requests / concurrency) * max(most, 1) * concurrency / rate
-
-
 @dataclass
 class Progress:
     """One batch as the runner holds it: its requests, those answered, those still to send
@@ -73,6 +68,7 @@ class Progress:
 
     lines: list[BatchLine]
     answered: set[str]
+    model: str = ""
     queue: deque[BatchLine] = field(default_factory=deque)
     most: int = 1
 
@@ -91,10 +87,16 @@ class Progress:
 
 class BatchRunner:
     def __init__(
-        self, store: JobStore, send: Send, concurrency: int, busy: Callable[[], int] = lambda: 0
+        self,
+        store: JobStore,
+        send: Send,
+        concurrency: int,
+        busy: Callable[[], int] = lambda: 0,
+        policy: str = "edf",
     ) -> None:
         """``busy``: the gateway's requests in flight now (the runner's among them)."""
         self.store, self.send, self.concurrency, self.busy = store, send, concurrency, busy
+        self.policy = policy
         #: The runner's requests in flight at the gateway now, and when an interactive one
         #: was last seen; how many were preempted.
         self.sending = 0
@@ -111,8 +113,10 @@ class BatchRunner:
         self._progress: dict[str, Progress] = {}
         self._planned: dict[str, float] = {}
         self._holding = False
-        #: Per model: (units done, seconds busy) since this gateway started, for the rate.
-        self._measured: dict[str, tuple[float, float]] = {}
+        #: Per model and requests at once: (units done, seconds busy) since this gateway
+        #: started, for the curve; when each model's was last written.
+        self._measured: dict[tuple[str, int], tuple[float, float]] = {}
+        self._written: dict[str, float] = {}
 
     # -- what admission reads -----------------------------------------------------------------
     async def progress(self, batch: dict[str, Any]) -> Progress:
@@ -120,52 +124,70 @@ class BatchRunner:
             content = await self.store.content(batch["input_file_id"]) or b""
             lines = await asyncio.to_thread(read_lines, content, batch["endpoint"])
             answered = await self.store.answered(batch["id"])
-            self._progress[batch["id"]] = Progress(lines, answered)
+            self._progress[batch["id"]] = Progress(lines, answered, batch["model"])
         return self._progress[batch["id"]]
 
-    async def rate(self, model: str, sample: BatchLine, endpoint: str) -> float:
-        """Units (tokens made, or requests that make none) per second for ``model``, over
-        ``concurrency`` requests at once: measured by earlier batches, else measured now on
-        that many copies of ``sample`` at once (none kept as its answer)."""
-        known = await self.store.rate(model)
-        if known:
+    def counts(self) -> list[int]:
+        """The requests at once measured: ``concurrency`` (what edf and fifo run at), and
+        for elasticflow's curve the powers of two below it too."""
+        if self.policy != "elasticflow":
+            return [self.concurrency]
+        below = [2**i for i in range(self.concurrency.bit_length()) if 2**i < self.concurrency]
+        return [*below, self.concurrency]
+
+    async def curve(self, model: str, sample: BatchLine, endpoint: str) -> dict[int, float]:
+        """Units (tokens made, or requests that make none) per second for ``model`` by
+        requests at once: measured by earlier batches, else measured now on copies of
+        ``sample``, ``counts()`` at once in turn (none kept as an answer)."""
+        known = await self.store.curve(model)
+        if all(k in known for k in self.counts()):
             return known
         body = {**sample.body}
         if endpoint != "/v1/embeddings":
             body["max_tokens"] = min(sample.token_budget or 32, 32)
             body.pop("max_completion_tokens", None)
-        started = time.monotonic()
-        sent = [self.send(endpoint, body) for _ in range(self.concurrency)]
-        answers = await asyncio.gather(*sent)
-        for status, answer in answers:
-            if status != 200:
-                raise ValueError(f"the model answered a sample request with {status}: {answer}")
-        made = sum(_units(answer) for _, answer in answers)
-        rate = made / max(time.monotonic() - started, 1e-3)
-        await self.store.set_rate(model, rate)  # until the batches measure it
-        return rate
+        for at_once in self.counts():
+            if at_once in known:
+                continue
+            started = time.monotonic()
+            answers = await asyncio.gather(*[self.send(endpoint, body) for _ in range(at_once)])
+            for status, answer, _ in answers:
+                if status != 200:
+                    raise ValueError(f"the model answered a sample request with {status}: {answer}")
+            made = sum(_units(answer) for _, answer, _ in answers)
+            known[at_once] = made / max(time.monotonic() - started, 1e-3)
+            await self.store.set_rate(model, at_once, known[at_once])  # until batches measure
+        return known
 
-    async def pending_work(self) -> tuple[list[Work], float]:
-        """What the admitted, unfinished batches still need, in seconds at their rates; and
-        the longest a request in flight may still take (a new batch may wait for it)."""
-        works, longest = [], 0.0
-        for batch in await self.active():
-            progress = await self.progress(batch)
-            rate = await self.store.rate(batch["model"]) or 1.0
-            need = need_s(progress.left, progress.most, self.concurrency, rate)
-            works.append(Work(batch["id"], need, batch["expires_at"]))
-            if any(key[0] == batch["id"] for key in self.flying):
-                longest = max(longest, need_s(1, progress.most, self.concurrency, rate))
-        return works, longest
+    async def batches_now(self) -> tuple[list[Batch], float]:
+        """The admitted, unfinished batches as the policy sees them, in its order; and the
+        longest a request in flight may still take (a new batch may wait for it)."""
+        out, longest = [], 0.0
+        active = await self.active()
+        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
+        for raw in active:
+            batch = await self.batch(raw, curves[raw["model"]])
+            out.append(batch)
+            if any(key[0] == batch.job_id for key in self.flying) and batch.rates:
+                k = max(batch.rates)
+                longest = max(longest, need_s(1, batch.most, k, batch.rates[k]))
+        return out, longest
+
+    async def batch(self, raw: dict[str, Any], rates: dict[int, float]) -> Batch:
+        """The batch as the policy sees it, at its model's ``rates``."""
+        progress = await self.progress(raw)
+        arrived = float(raw.get("created_at", raw["expires_at"]))
+        return Batch(raw["id"], progress.left, progress.most, raw["expires_at"], arrived, rates)
 
     async def active(self) -> list[dict[str, Any]]:
-        """Unfinished batches, earliest deadline first."""
+        """Unfinished batches, earliest deadline first (first come first, with ``fifo``)."""
         out = []
         for batch_id in await self.store.active_ids():
             raw = await self.store.raw(batch_id)
             if raw is not None and raw["status"] in ("in_progress", "finalizing", "cancelling"):
                 out.append(raw)
-        return sorted(out, key=lambda b: (b["expires_at"], b["id"]))
+        first = "created_at" if self.policy == "fifo" else "expires_at"
+        return sorted(out, key=lambda b: (b.get(first, 0), b["expires_at"], b["id"]))
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -205,7 +227,11 @@ class BatchRunner:
         if self.busy() > self.sending:
             self.chat_seen = time.monotonic()
         yielding = time.monotonic() - self.chat_seen < QUIET_S
-        for batch in await self.active():
+        active = await self.active()
+        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
+        now = [await self.batch(raw, curves[raw["model"]]) for raw in active]
+        share = shares(self.policy, now, time.time(), self.concurrency)
+        for batch, seen in zip(active, now, strict=True):
             batch_id = batch["id"]
             progress = await self.progress(batch)
             mine = [k for k in self.flying if k[0] == batch_id]
@@ -221,17 +247,22 @@ class BatchRunner:
             if not progress.queue and not mine:
                 await self.finish(batch, "completed", "", "")
                 continue
-            if yielding and not await self.urgent(batch, progress):
+            if yielding and not self.urgent(seen):
                 for key in mine:  # preempted: sent again once the chat is done
                     self._drop(key, progress)
                     self.preempted += 1
                 continue
-            while progress.queue and len(self.flying) < self.concurrency:
+            while (
+                progress.queue
+                and len(self.flying) < self.concurrency
+                and len(mine) < share[batch_id]
+            ):
                 line = progress.queue.popleft()
                 if line.custom_id in progress.answered:
                     continue
                 task = asyncio.create_task(self.one(batch, progress, line))
                 self.flying[(batch_id, line.custom_id)] = (task, line)
+                mine.append((batch_id, line.custom_id))
             if len(self.flying) >= self.concurrency:
                 return
 
@@ -240,10 +271,10 @@ class BatchRunner:
         started = time.monotonic()
         self.sending += 1
         try:
-            status, answer = await self.send(batch["endpoint"], line.body)
+            status, answer, devices = await self.send(batch["endpoint"], line.body)
         except Exception as exc:  # the gateway's own error: sent again, as a 503 would be
             log.warning("batch request failed", extra={"batch": batch["id"], "error": str(exc)})
-            status, answer = 503, {"error": {"message": str(exc)}}
+            status, answer, devices = 503, {"error": {"message": str(exc)}}, []
         finally:
             self.sending -= 1
         tries = self.attempts.get(key, 0) + 1
@@ -264,38 +295,44 @@ class BatchRunner:
         }
         kept = await self.store.answer(batch["id"], line.custom_id, out, ok=status == 200)
         progress.answer(line)
+        if kept and devices:
+            await self.store.add_devices(batch["id"], devices)
         if kept and status == 200:
             await self.measured(batch, progress, _units(answer), time.monotonic() - started)
         self.wake.set()
 
-    async def urgent(self, batch: dict[str, Any], progress: Progress) -> bool:
-        """Whether the batch must run now to meet its deadline (see the module)."""
-        rate = await self.store.rate(batch["model"])
-        if not rate:  # admitted at a measured rate, so known unless Redis lost it: yield
-            return False
-        need = need_s(progress.left, progress.most, self.concurrency, rate)
-        return time.time() + URGENT_MARGIN * need >= float(batch["expires_at"])
+    def urgent(self, batch: Batch) -> bool:
+        """Whether the batch must run now to meet its deadline (see the module); with no
+        rate measured (Redis lost it) it yields."""
+        need = batch.seconds(self.concurrency)
+        return math.isfinite(need) and time.time() + URGENT_MARGIN * need >= batch.deadline_s
 
     async def measured(
         self, batch: dict[str, Any], progress: Progress, units: float, seconds: float
     ) -> None:
-        """Count a request's units toward its model's rate: the units of all of this runner's
-        requests of that model over the time they ran, shared with those beside them; the
-        rate and the batch's planned end written at most once a second."""
+        """Count a request's units toward its model's curve at the requests of that model
+        running at once beside it: their units over the time they ran, shared among them;
+        the model's curve and the batch's planned end written at most once a second each."""
         model = batch["model"]
-        done, busy = self._measured.get(model, (0.0, 0.0))
-        alongside = sum(
-            1 for k, v in self.flying.items() if k[0] == batch["id"] and not v[0].done()
-        )
-        done, busy = done + units, busy + seconds / max(1, alongside)
-        self._measured[model] = (done, busy)
+        at_once = max(1, sum(
+            1 for k, v in self.flying.items()
+            if not v[0].done() and (p := self._progress.get(k[0])) is not None and p.model == model
+        ))  # fmt: skip
+        done, busy = self._measured.get((model, at_once), (0.0, 0.0))
+        done, busy = done + units, busy + seconds / at_once
+        self._measured[(model, at_once)] = (done, busy)
+        if time.monotonic() - self._written.get(model, -math.inf) >= 1.0:
+            self._written[model] = time.monotonic()
+            for (measured, k), (units_done, busy_s) in self._measured.items():
+                if measured == model:
+                    await self.store.set_rate(model, k, units_done / max(busy_s, 1e-3))
         if time.monotonic() - self._planned.get(batch["id"], -math.inf) < 1.0:
             return
         self._planned[batch["id"]] = time.monotonic()
-        rate = done / max(busy, 1e-3)
-        await self.store.set_rate(model, rate)
-        planned = int(time.time() + need_s(progress.left, progress.most, self.concurrency, rate))
-        await self.store.update(batch["id"], planned_finish_at=planned)
+        left = await self.batch(batch, await self.store.curve(model))
+        planned = time.time() + left.seconds(self.concurrency)
+        if math.isfinite(planned):
+            await self.store.update(batch["id"], planned_finish_at=int(planned))
 
     async def finish(self, batch: dict[str, Any], status: str, message: str, code: str) -> None:
         """Write the output and error files and end the batch as ``status``; each request not
@@ -350,13 +387,16 @@ class AsgiSender:
         )
         self.headers = {"authorization": f"Bearer {key}"}
 
-    async def __call__(self, endpoint: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def __call__(
+        self, endpoint: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], list[str]]:
         answer = await self.client.post(endpoint, json=body, headers=self.headers)
         try:
             parsed = answer.json()
         except ValueError:
             parsed = {"error": {"message": answer.text[:500]}}
-        return answer.status_code, parsed if isinstance(parsed, dict) else {"data": parsed}
+        devices = [d for d in answer.headers.get(DEVICES_HEADER, "").split(",") if d]
+        return answer.status_code, parsed if isinstance(parsed, dict) else {"data": parsed}, devices
 
     async def aclose(self) -> None:
         await self.client.aclose()

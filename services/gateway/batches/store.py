@@ -149,8 +149,16 @@ class JobStore:
             "metadata": raw.get("metadata"),
             "model": raw["model"],
             "decision": raw.get("decision"),
+            "devices": sorted(_text(d) for d in await self.redis.smembers(self.devices(batch_id))),
         }
         return out
+
+    def devices(self, batch_id: str) -> str:
+        return f"{self.p}:devices:{batch_id}"
+
+    async def add_devices(self, batch_id: str, devices: list[str]) -> None:
+        """The devices that answered one of the batch's requests."""
+        await self.redis.sadd(self.devices(batch_id), *devices)
 
     # -- answers ------------------------------------------------------------------------------
     async def answer(self, batch_id: str, custom_id: str, line: dict[str, Any], ok: bool) -> bool:
@@ -181,12 +189,13 @@ class JobStore:
         return {_text(k): _text(v) for k, v in stored.items()}
 
     # -- measured throughput -------------------------------------------------------------------
-    async def rate(self, model: str) -> float | None:
-        stored = await self.redis.hget(f"{self.p}:rates", model)
-        return float(stored) if stored else None
+    async def curve(self, model: str) -> dict[int, float]:
+        """``model``'s units/s by requests at once, as measured."""
+        stored = await self.redis.hgetall(f"{self.p}:rates:{model}")
+        return {int(_text(k)): float(_text(v)) for k, v in stored.items()}
 
-    async def set_rate(self, model: str, rate: float) -> None:
-        await self.redis.hset(f"{self.p}:rates", model, f"{rate:.6g}")
+    async def set_rate(self, model: str, at_once: int, rate: float) -> None:
+        await self.redis.hset(f"{self.p}:rates:{model}", str(at_once), f"{rate:.6g}")
 
     # -- the runner's lease -------------------------------------------------------------------
     async def lease(self, holder: str, ttl_s: float) -> bool:

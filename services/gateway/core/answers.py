@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fastapi import Response
+
 from libs.contracts import (
     DeploymentState,
     Prompt,
@@ -76,12 +78,18 @@ def sampling_for(
     )
 
 
+#: The response header naming the devices that answered a request that does not stream.
+DEVICES_HEADER = "x-tessera-devices"
+
+
 @dataclass
 class Choice:
     """One choice's answer gathered whole (a request that does not stream)."""
 
     index: int
     text: list[str] = field(default_factory=list)
+    #: The devices its pieces came from.
+    devices: set[str] = field(default_factory=set)
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
@@ -92,6 +100,8 @@ class Choice:
 
     def add(self, chunk: TokenChunk) -> None:
         self.text.append(chunk.text)
+        if chunk.device_id is not None:
+            self.devices.add(chunk.device_id)
         self.tool_calls.extend(chunk.tool_calls)
         self.logprobs.extend(chunk.logprobs)
         if chunk.finished:
@@ -110,6 +120,11 @@ def usage_of(choices: list[Choice]) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def served_by(choices: list[Choice], response: Response) -> None:
+    """Name the devices that answered in ``DEVICES_HEADER`` (the Batch API keeps them)."""
+    response.headers[DEVICES_HEADER] = ",".join(sorted(set().union(*(c.devices for c in choices))))
 
 
 def refused(chunk: TokenChunk) -> ApiError:

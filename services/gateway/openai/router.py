@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from libs.contracts import TokenChunk
-from services.gateway.core.answers import Answer, Choice, start, usage_of
+from services.gateway.core.answers import Answer, Choice, served_by, start, usage_of
 from services.gateway.core.completions import Completions
 from services.gateway.core.errors import documented
 from services.gateway.core.ids import new_id
@@ -97,7 +97,9 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
         return ModelList(data=[ModelCard(id=d, created=0) for d in deployments.listed])
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS)
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response | ChatCompletion:
+    async def chat(
+        body: ChatCompletionRequest, request: Request, response: Response
+    ) -> Response | ChatCompletion:
         service = completions(request)
         resolved = await service.deployments.lookup(body.model)  # 404 before any other check
         refuse_unsupported(body)
@@ -110,6 +112,7 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
                 _usage_chunk(rid, body.model, created, body.stream_options),
             )
         choices = await answer.collect()
+        served_by(choices, response)
         return ChatCompletion(
             id=rid,
             created=created,
@@ -119,7 +122,9 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
         )
 
     @router.post("/completions", response_model=TextCompletion, responses=ERRORS)
-    async def complete(body: CompletionRequest, request: Request) -> Response | TextCompletion:
+    async def complete(
+        body: CompletionRequest, request: Request, response: Response
+    ) -> Response | TextCompletion:
         service = completions(request)
         resolved = await service.deployments.lookup(body.model)
         refuse_unsupported(body)
@@ -147,6 +152,7 @@ def openai_router(settings: GatewaySettings) -> APIRouter:
                 _usage_chunk(rid, body.model, created, body.stream_options, "text_completion"),
             )
         choices = await answer.collect()
+        served_by(choices, response)
         return TextCompletion(
             id=rid,
             created=created,

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from libs.contracts import TokenChunk
+from libs.core.batch_policies import need_s
 from services.gateway.batches.lines import BatchLine
-from services.gateway.batches.runner import Progress, need_s
+from services.gateway.batches.runner import Progress
 from services.gateway.core.answers import Answer
 from services.gateway.core.completions import Completions, Slot
 

@@ -185,14 +185,15 @@ async function loadJobs() {
   const box = $("#jobs");
   if (!data.length) return box.replaceChildren(element("p", { className: "muted" }, "none"));
   const at = (ts) => (ts ? new Date(ts * 1000).toLocaleTimeString() : "–");
-  const head = ["batch", "model", "status", "answered", "deadline", "planned end", "ended"];
+  const head = ["batch", "model", "status", "answered", "deadline", "planned end", "ended", "devices"];
   const rows = data.map((b) => {
     const counts = b.request_counts, done = counts.completed + counts.failed;
     const row = element("tr", { title: b.decision || "" },
       element("td", {}, b.id), element("td", {}, b.model), element("td", {}, b.status),
       element("td", {}, element("progress", { max: counts.total, value: done }), ` ${done}/${counts.total}`),
       element("td", {}, at(b.expires_at)), element("td", {}, at(b.planned_finish_at)),
-      element("td", {}, at(ENDED.includes(b.status) ? b[`${b.status}_at`] : null)));
+      element("td", {}, at(ENDED.includes(b.status) ? b[`${b.status}_at`] : null)),
+      element("td", {}, (b.devices || []).join(", ") || "–"));
     row.dataset.batch = b.id;
     row.dataset.status = b.status;
     return row;

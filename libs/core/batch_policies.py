@@ -1,0 +1,153 @@
+"""The live policies of the Batch API: which batches are admitted, and how many of the
+runner's streams (requests at once) each one gets now. Pure: ``now`` is passed in, and each
+model's throughput is a measured curve (units/s by requests at once), never assumed.
+
+- ``edf``: earliest deadline first. Admitted when, run one after the other in deadline order
+  at every stream, it and each batch admitted before it end by their deadlines; the streams
+  go to the earliest deadline first.
+- ``fifo``: first come, first served. Admitted when it ends by its deadline after every batch
+  that came before it; the streams go to the earliest arrival first.
+- ``elasticflow``: ElasticFlow's plan (``elasticflow.py``, as its authors built it) with the
+  runner's streams for GPUs: each batch gets its minimum satisfactory share (the fewest
+  streams that end it by its deadline, given what the batches with earlier deadlines hold,
+  slot by slot), the streams left over go one step up a batch's curve at a time by marginal
+  gain; admitted when every batch's plan still meets its deadline. The curve is sub-linear
+  (eight requests at once make fewer than eight times the tokens of one), which is what
+  makes elastic shares pay.
+
+EdgeFlow (``edgeflow.py``) adds edge servers beside the cloud; the runner sends every request
+through the gateway to one pool, so it is not among these (the simulator runs it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from libs.core.deadlines import Admission, Work, admit, span
+from libs.core.elasticflow import PlanJob, plan_all, share_leftover
+
+POLICIES = ("edf", "fifo", "elasticflow")
+#: ElasticFlow's slot on the live cluster: batches last minutes, not the hours of training
+#: jobs its 240 s slot was made for.
+SLOT_S = 30.0
+
+
+def need_s(requests: int, most: int, concurrency: int, rate: float) -> float:
+    """Seconds ``requests`` take, run ``concurrency`` at once, each making up to ``most``
+    units, at ``rate`` units/s over all of them: in waves, each as long as its longest
+    request (a batch of 2 takes one request's time however fast the devices are in bulk)."""
+    if requests <= 0:
+        return 0.0
+    return math.ceil(requests / concurrency) * max(most, 1) * concurrency / rate
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    job_id: str
+    #: Requests not answered yet, and the most units (tokens) one of them may make.
+    requests: int
+    most: int
+    deadline_s: float
+    arrived_s: float
+    #: Its model's units/s by requests at once, as measured.
+    rates: Mapping[int, float]
+
+    def curve(self, streams: int) -> dict[int, float]:
+        """The measured points it may use: at most ``streams`` at once, and never more than
+        it has requests. With only more at once measured than it has requests left, its
+        requests at once run each at the pace one of the fewest measured runs at (a wave as
+        long as one request)."""
+        usable = {k: r for k, r in self.rates.items() if 0 < k <= streams and r > 0}
+        most = max(self.requests, 1)
+        within = {k: r for k, r in usable.items() if k <= most}
+        if within or not usable:
+            return within
+        fewest = min(usable)
+        return {most: usable[fewest] * most / fewest}
+
+    def seconds(self, streams: int) -> float:
+        """Seconds it needs at the largest measured count of requests at once it may use
+        (inf where nothing is measured)."""
+        curve = self.curve(streams)
+        if not curve:
+            return math.inf if self.requests > 0 else 0.0
+        k = max(curve)
+        return need_s(self.requests, self.most, k, curve[k])
+
+
+def _order(policy: str) -> Callable[[Batch], tuple[float, str]]:
+    if policy == "fifo":
+        return lambda b: (b.arrived_s, b.job_id)
+    return lambda b: (b.deadline_s, b.job_id)
+
+
+def _plan_job(batch: Batch, streams: int) -> PlanJob:
+    return PlanJob(
+        batch.job_id,
+        float(batch.requests * max(batch.most, 1)),
+        batch.deadline_s,
+        batch.curve(streams),
+    )
+
+
+def admit_batch(
+    policy: str, admitted: Sequence[Batch], new: Batch, now: float, streams: int
+) -> Admission:
+    """Whether ``new`` may join ``admitted`` with every deadline still met, under ``policy``
+    (see the module); ``now``: when the runner's streams are first free."""
+    if not new.curve(streams):
+        return Admission(False, math.inf, "no throughput measured for its model")
+    if policy == "elasticflow":
+        return _admit_elastic(admitted, new, now, streams)
+    key = _order(policy)
+
+    def work(b: Batch) -> Work:
+        return Work(b.job_id, b.seconds(streams), b.deadline_s)
+
+    rank = {b.job_id: key(b) for b in [*admitted, new]}
+    return admit([work(b) for b in admitted], work(new), now, lambda w: rank[w.job_id])
+
+
+def _admit_elastic(admitted: Sequence[Batch], new: Batch, now: float, streams: int) -> Admission:
+    plans, _ = plan_all([_plan_job(b, streams) for b in [*admitted, new]], streams, now, SLOT_S)
+    planned = plans[new.job_id].end_s
+    missing = [b.job_id for b in admitted if not plans[b.job_id].meets_deadline]
+    if not plans[new.job_id].meets_deadline:
+        alone = new.seconds(streams)
+        return Admission(
+            False,
+            planned,
+            f"needs about {span(alone)} of serving at all {streams} streams and its deadline "
+            f"is in {span(max(0.0, new.deadline_s - now))}: no share of the streams left by "
+            "the batches admitted before it ends it in time",
+        )
+    if missing:
+        return Admission(
+            False, planned, f"admitting it would make {missing[0]}, admitted before it, miss "
+            "its deadline",
+        )  # fmt: skip
+    return Admission(True, planned, f"planned to end in {span(planned - now)}")
+
+
+def shares(policy: str, batches: Sequence[Batch], now: float, streams: int) -> dict[str, int]:
+    """How many requests at once each batch may have now, under ``policy``."""
+    if policy != "elasticflow":
+        out, free = {}, streams
+        for batch in sorted(batches, key=_order(policy)):
+            out[batch.job_id] = min(free, batch.requests)
+            free -= out[batch.job_id]
+        return out
+    jobs = [_plan_job(b, streams) for b in batches if b.curve(streams)]
+    plans, _ = plan_all(jobs, streams, now, SLOT_S)
+    held, free = {}, streams
+    for job in sorted(jobs, key=lambda j: (j.deadline_s, j.job_id)):
+        held[job.job_id] = min(plans[job.job_id].gpus_now, free)
+        free -= held[job.job_id]
+    out = share_leftover(jobs, held, free)
+    free = streams - sum(out.values())
+    for batch in batches:  # no curve (its model's rates lost): a stream where one is left
+        if batch.job_id not in out and free > 0 and batch.requests > 0:
+            out[batch.job_id], free = 1, free - 1
+    return {b.job_id: out.get(b.job_id, 0) for b in batches}
