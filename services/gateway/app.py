@@ -34,7 +34,8 @@ from services.gateway.admin.router import admin_router
 from services.gateway.anthropic.router import anthropic_router
 from services.gateway.batches.anthropic_routes import message_batches_router
 from services.gateway.batches.routes import batches_router
-from services.gateway.batches.runner import AsgiSender, BatchRunner
+from services.gateway.batches.runner import BatchRunner
+from services.gateway.batches.sender import AsgiSender
 from services.gateway.batches.store import JobStore
 from services.gateway.core.completions import Completions
 from services.gateway.core.deployed import Deployed

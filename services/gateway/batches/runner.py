@@ -30,23 +30,18 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 from libs.core.batch_policies import Batch, need_s, shares
 from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, read_lines
+from services.gateway.batches.sender import Send
 from services.gateway.batches.store import JobStore
-from services.gateway.core.answers import DEVICES_HEADER
 
 log = logging.getLogger(__name__)
 
-#: Sends one request body to an endpoint of the gateway; its status, JSON answer and the
-#: devices that answered it.
-Send = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any], list[str]]]]
 LEASE_S = 10.0
 #: Seconds without an interactive request before batches run again.
 QUIET_S = 1.0
@@ -374,29 +369,3 @@ def _units(answer: dict[str, Any]) -> float:
     usage = answer.get("usage") or {}
     made = usage.get("completion_tokens") or usage.get("output_tokens") or 0
     return float(max(int(made), 1))
-
-
-class AsgiSender:
-    """Sends each request through the gateway's own application in this process (its keys,
-    limits, metrics and traces), with the runner's key."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        transport = httpx.ASGITransport(app=app)
-        self.client = httpx.AsyncClient(
-            transport=transport, base_url="http://gateway", timeout=None
-        )
-        self.headers = {"authorization": f"Bearer {key}"}
-
-    async def __call__(
-        self, endpoint: str, body: dict[str, Any]
-    ) -> tuple[int, dict[str, Any], list[str]]:
-        answer = await self.client.post(endpoint, json=body, headers=self.headers)
-        try:
-            parsed = answer.json()
-        except ValueError:
-            parsed = {"error": {"message": answer.text[:500]}}
-        devices = [d for d in answer.headers.get(DEVICES_HEADER, "").split(",") if d]
-        return answer.status_code, parsed if isinstance(parsed, dict) else {"data": parsed}, devices
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
