@@ -111,9 +111,16 @@ def admit_batch(
 
 
 def _admit_elastic(admitted: Sequence[Batch], new: Batch, now: float, streams: int) -> Admission:
-    plans, _ = plan_all([_plan_job(b, streams) for b in [*admitted, new]], streams, now, SLOT_S)
+    jobs = [_plan_job(b, streams) for b in admitted]
+    plans, _ = plan_all([*jobs, _plan_job(new, streams)], streams, now, SLOT_S)
+    before, _ = plan_all(jobs, streams, now, SLOT_S)
     planned = plans[new.job_id].end_s
-    missing = [b.job_id for b in admitted if not plans[b.job_id].meets_deadline]
+    # Those it would push past their deadlines (one late already is not its doing).
+    missing = [
+        j.job_id
+        for j in jobs
+        if before[j.job_id].meets_deadline and not plans[j.job_id].meets_deadline
+    ]
     if not plans[new.job_id].meets_deadline:
         alone = new.seconds(streams)
         return Admission(

@@ -66,3 +66,13 @@ def test_a_batch_smaller_than_the_streams_measured_runs_in_one_wave() -> None:
     assert two.seconds(8) == 8.0  # 30 tokens at 30/8 tokens/s each
     decision = admit_batch("edf", [], two, now=0.0, streams=8)
     assert decision.admitted and decision.planned_finish_s == 8.0
+
+
+def test_a_batch_already_late_does_not_close_elasticflow_to_every_new_one() -> None:
+    late = batch("late", deadline_s=1.0)  # 8 s of work, 1 s left: late whatever comes
+    roomy = batch("roomy", deadline_s=3600.0)
+    assert admit_batch("elasticflow", [late], roomy, now=0.0, streams=8).admitted
+    squeezed = batch("squeezed", deadline_s=12.0)
+    held = batch("held", deadline_s=11.0)  # the 4 + 4 streams case: a third one fits no more
+    decision = admit_batch("elasticflow", [held, squeezed], batch("third", 11.5), 0.0, 8)
+    assert not decision.admitted
