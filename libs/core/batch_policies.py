@@ -77,7 +77,9 @@ class Batch:
         return need_s(self.requests, self.most, k, curve[k])
 
 
-def _order(policy: str) -> Callable[[Batch], tuple[float, str]]:
+def order(policy: str) -> Callable[[Batch], tuple[float, str]]:
+    """The policy's order of batches: first come first with ``fifo``, else earliest
+    deadline first."""
     if policy == "fifo":
         return lambda b: (b.arrived_s, b.job_id)
     return lambda b: (b.deadline_s, b.job_id)
@@ -101,7 +103,7 @@ def admit_batch(
         return Admission(False, math.inf, "no throughput measured for its model")
     if policy == "elasticflow":
         return _admit_elastic(admitted, new, now, streams)
-    key = _order(policy)
+    key = order(policy)
 
     def work(b: Batch) -> Work:
         return Work(b.job_id, b.seconds(streams), b.deadline_s)
@@ -142,7 +144,7 @@ def shares(policy: str, batches: Sequence[Batch], now: float, streams: int) -> d
     """How many requests at once each batch may have now, under ``policy``."""
     if policy != "elasticflow":
         out, free = {}, streams
-        for batch in sorted(batches, key=_order(policy)):
+        for batch in sorted(batches, key=order(policy)):
             out[batch.job_id] = min(free, batch.requests)
             free -= out[batch.job_id]
         return out

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.core.batch_policies import Batch, need_s, shares
+from libs.core.batch_policies import Batch, need_s, order, shares
 from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, read_lines
 from services.gateway.batches.sender import Send
@@ -158,15 +158,21 @@ class BatchRunner:
         """The admitted, unfinished batches as the policy sees them, in its order; and the
         longest a request in flight may still take (a new batch may wait for it)."""
         out, longest = [], 0.0
-        active = await self.active()
-        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
-        for raw in active:
-            batch = await self.batch(raw, curves[raw["model"]])
+        for _, batch in await self.seen():
             out.append(batch)
             if any(key[0] == batch.job_id for key in self.flying) and batch.rates:
                 k = max(batch.rates)
                 longest = max(longest, need_s(1, batch.most, k, batch.rates[k]))
         return out, longest
+
+    async def seen(self) -> list[tuple[dict[str, Any], Batch]]:
+        """Each unfinished batch and how the policy sees it (each model's curve read once),
+        in the policy's order."""
+        active = await self.active()
+        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
+        pairs = [(raw, await self.batch(raw, curves[raw["model"]])) for raw in active]
+        first = order(self.policy)
+        return sorted(pairs, key=lambda pair: first(pair[1]))
 
     async def batch(self, raw: dict[str, Any], rates: dict[int, float]) -> Batch:
         """The batch as the policy sees it, at its model's ``rates``."""
@@ -175,14 +181,13 @@ class BatchRunner:
         return Batch(raw["id"], progress.left, progress.most, raw["expires_at"], arrived, rates)
 
     async def active(self) -> list[dict[str, Any]]:
-        """Unfinished batches, earliest deadline first (first come first, with ``fifo``)."""
+        """Unfinished batches."""
         out = []
         for batch_id in await self.store.active_ids():
             raw = await self.store.raw(batch_id)
             if raw is not None and raw["status"] in ("in_progress", "finalizing", "cancelling"):
                 out.append(raw)
-        first = "created_at" if self.policy == "fifo" else "expires_at"
-        return sorted(out, key=lambda b: (b.get(first, 0), b["expires_at"], b["id"]))
+        return out
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -222,11 +227,9 @@ class BatchRunner:
         if self.busy() > self.sending:
             self.chat_seen = time.monotonic()
         yielding = time.monotonic() - self.chat_seen < QUIET_S
-        active = await self.active()
-        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
-        now = [await self.batch(raw, curves[raw["model"]]) for raw in active]
-        share = shares(self.policy, now, time.time(), self.concurrency)
-        for batch, seen in zip(active, now, strict=True):
+        seen = await self.seen()
+        share = shares(self.policy, [b for _, b in seen], time.time(), self.concurrency)
+        for batch, view in seen:
             batch_id = batch["id"]
             progress = await self.progress(batch)
             mine = [k for k in self.flying if k[0] == batch_id]
@@ -242,7 +245,7 @@ class BatchRunner:
             if not progress.queue and not mine:
                 await self.finish(batch, "completed", "", "")
                 continue
-            if yielding and not self.urgent(seen):
+            if yielding and not self.urgent(view):
                 for key in mine:  # preempted: sent again once the chat is done
                     self._drop(key, progress)
                     self.preempted += 1
