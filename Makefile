@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # (braced: a pip that fails still fails the recipe, through pipefail).
 QUIET_PIP := { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
 
-.PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up join compose-test clean
+.PHONY: help deps deps-test venv vllm llama model lint typecheck docs unit integration e2e test up join compose-test chaos clean
 
 # Independent set-up steps run side by side: llama.cpp compiles while pip and apt download
 # (`make test` from nothing: docs/getting-started.md). Recipes that must not overlap depend on each other.
@@ -152,6 +152,13 @@ up: deps llama venv model
 ## (llama.cpp, the engine a joined host runs by default where built; the virtualenv).
 join: deps llama venv model
 	@$(if $(TOKEN),TESSERA_JOIN_TOKEN="$(TOKEN)") $(BIN)/tessera join $(ADDR) $(ARGS)
+
+## The chaos table (not part of `test`: ~15 min): a running `tessera up`'s processes killed with
+## SIGKILL under load, one fault at a time, then a power cut; 1,000 requests per fault, each
+## answered once or counted lost. Writes bench/results/chaos.md; ARGS: more options of
+## bench/chaos.py (e.g. ARGS="--nats-servers 3").
+chaos: deps llama venv model
+	$(BIN)/python bench/chaos.py --requests 1000 --json $(ARGS)
 
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the

@@ -156,7 +156,7 @@ def test_json_object_output_parses_whenever_it_ends_by_itself(client: Any) -> No
     """No schema: any object. An answer that ends by itself ("stop") always parses; a token
     limit that cuts it says "length". A stop sequence, which could cut it too, is refused."""
     stopped = 0
-    for i in range(20):
+    for i in range(10):
         reply = chat(
             client,
             f"Describe city number {i} as a JSON object.",
@@ -170,7 +170,7 @@ def test_json_object_output_parses_whenever_it_ends_by_itself(client: Any) -> No
         if choice.finish_reason == "stop":
             stopped += 1
             assert isinstance(json.loads(choice.message.content or ""), dict)
-    assert stopped >= 10  # most end by themselves: the check above is not empty
+    assert stopped >= 5  # most end by themselves: the check above is not empty
     with pytest.raises(openai.BadRequestError, match="stop") as cut:
         chat(client, "x", response_format={"type": "json_object"}, stop=["}"])
     assert cut.value.body["param"] == "stop"  # type: ignore[index]

@@ -118,9 +118,8 @@ def test_a_device_revoked_while_the_cluster_is_down_leaves_at_the_next_start() -
         assert f"restored split ({MODEL}), serving on worker-0" in lines, lines
         assert "ready:" in ready
         asked = f"{head.base_url}/v1"
-        [answer] = answers(
-            run_in([], {}, "-c", SERIES.replace(f"range({REQUESTS})", "range(1)"), asked)
-        )
+        one = SERIES.replace(f"range({REQUESTS})", "range(1)")
+        [answer] = answers(run_in([], {}, "-c", one.replace(f"={TOKENS}", "=8"), asked))
         assert answer, lines
     finally:
         head.stop()

@@ -178,6 +178,7 @@ async def test_a_dashboard_opened_while_weights_move_sees_them_at_once(
             bytes_done=done, bytes_total=100, ts=time.time(),
         )  # fmt: skip
         await device.publish(WEIGHTS_PROGRESS, message, device_id="dev-1")
+        await device.flush()  # at the server before the hub is waited on
 
     async def opened() -> list[dict[str, Any]]:
         stream = await hub.stream()
