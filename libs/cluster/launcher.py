@@ -1,14 +1,12 @@
-"""``tessera up``: the whole cluster on this machine as child processes.
-
-Starts an embedded nats-server and redis-server, then every service that exists
-(``services/<name>/__main__.py``) with the shared environment, prints their logs with a
-coloured prefix, waits until each has logged ``ready`` (and the gateway answers /healthz),
-and stops them all, children first. ``libs/cluster/up.py`` runs it in the foreground.
-What it starts is ``UpOptions`` (``libs/cluster/up_options.py``).
-"""
+"""``tessera up``: the whole cluster on this machine as child processes. Starts an embedded
+nats-server and redis-server, then every service that exists (``services/<name>/__main__.py``)
+with the shared environment, prints their logs with a coloured prefix, waits until each has
+logged ``ready`` (and the gateway answers /healthz), and stops them all, children first.
+``libs/cluster/up.py`` runs it in the foreground; what it starts is ``UpOptions``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -22,6 +20,7 @@ from libs.cluster import runfile
 from libs.cluster.access import REDIS_USERS, AccessControl
 from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import Announcement
+from libs.cluster.enforced import EnforcedFleet
 from libs.cluster.home import Home, open_home
 from libs.cluster.joining import JoinDesk
 from libs.cluster.prometheus_config import write_prometheus_config
@@ -67,6 +66,8 @@ class Cluster:
         )
         if warning:
             self.home_notes.append(warning)
+        #: The fleet file's workers held to their devices' size (None: none listed).
+        self.enforced = EnforcedFleet.read(options.fleet, secrets.token_hex(3))
         workers = [name for name, _ in self.worker_names()]
         self.access = (
             AccessControl(workers, path=self.home.access_file if self.home else None)
@@ -100,11 +101,8 @@ class Cluster:
         self._stopping = False
         #: Ports of the services that serve /metrics on a port of their own.
         self.metrics_ports = {name: free_port() for name in ("scorer", "telemetry", *workers)}
-        others = range(1, options.scheduler_replicas)
-        self.scheduler_ports = {
-            "scheduler": options.scheduler_port,
-            **{f"scheduler-{i}": free_port() for i in others},
-        }
+        others = {f"scheduler-{i}": free_port() for i in range(1, options.scheduler_replicas)}
+        self.scheduler_ports = {"scheduler": options.scheduler_port, **others}
 
     def _nats_port(self) -> int | None:
         """With ``--listen``: the home's kept port (``Home.nats_port``); None: any free."""
@@ -194,6 +192,8 @@ class Cluster:
                 self.say("cluster", "announced on the LAN (mDNS): the URL may be left out", "white")
             except Exception as exc:  # the cluster works without it: say so and go on
                 self.say("cluster", f"not announced on the LAN (mDNS): {exc!r}", "bold yellow")
+        if self.enforced:
+            self.enforced.start(lambda said: self.say("cluster", said, "white"))
         for index, (name, service, extra) in enumerate(self.planned()):
             child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
             self.children.append(child)
@@ -223,6 +223,7 @@ class Cluster:
             {**self.child_env(), **access, **extra},
             ["-m", f"services.{service}"],
             on_line=lambda line: self.say(name, render(line), colour),
+            prefix=self.enforced.prefix(name) if self.enforced else (),
         )
         return child.start(ready_timeout_s=None)
 
@@ -246,10 +247,11 @@ class Cluster:
         for service in available_services():
             if service == "scheduler":
                 for name, port in self.scheduler_ports.items():
-                    replica = {"TESSERA_SCHEDULER_REPLICA": name}
-                    out.append(
-                        (name, service, {**replica, "TESSERA_SCHEDULER_HTTP_PORT": str(port)})
-                    )
+                    replica = {
+                        "TESSERA_SCHEDULER_REPLICA": name,
+                        "TESSERA_SCHEDULER_HTTP_PORT": str(port),
+                    }
+                    out.append((name, service, replica))
                 continue
             if service != "worker":
                 out.append((service, service, {}))
@@ -266,6 +268,7 @@ class Cluster:
                     "TESSERA_WORKER_METRICS_PORT": str(port),
                     # torch workers share this machine's cores
                     "OMP_NUM_THREADS": child_env().get("OMP_NUM_THREADS", str(threads)),
+                    **(self.enforced.env(name) if self.enforced else {}),  # its size, if held
                 }
                 if engine == "llamacpp" and self.options.listen:  # joined heads reach it there
                     env["TESSERA_WORKER_RPC_HOST"] = self.options.listen
@@ -279,6 +282,7 @@ class Cluster:
         """(device id, engine) of each worker: CPU workers, then vLLM ones."""
         engine = self.options.cpu_engine
         cpu = [(f"worker-{i}", engine) for i in range(self.options.workers)]
+        cpu = self.enforced.names(engine) if self.enforced else cpu
         return cpu + [(f"vllm-{i}", "vllm") for i in range(self.options.vllm_workers)]
 
     def _standby_exists(self, child: ServiceProcess) -> bool:
@@ -296,9 +300,8 @@ class Cluster:
         return child.wait_ready(max(0.0, self._deadline - time.monotonic()))
 
     def wait_ready(self) -> bool:
-        if not all(self._wait_child(c) for c in self.children):
-            return False
-        if len(self.children) < len(self.planned()):
+        started = len(self.children) == len(self.planned())  # else start() returned early
+        if not started or not all(self._wait_child(c) for c in self.children):
             return False
         return self._gateway_healthy(self._deadline) if self.has("gateway") else True
 
@@ -308,12 +311,9 @@ class Cluster:
     def _gateway_healthy(self, deadline: float) -> bool:
         url = f"http://{self.options.gateway_host}:{self.options.gateway_port}/healthz"
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return True
-            except OSError:
-                pass
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return True
             time.sleep(0.1)
         return False
 
@@ -339,6 +339,8 @@ class Cluster:
             code = child.stop(timeout_s=15)
             if code is not None:
                 self.say(child.name, exit_text(code), self.colours[child.name])
+        if self.enforced:
+            self.enforced.stop()
         if self.announcement is not None:
             self.announcement.close()
         if self.desk is not None:

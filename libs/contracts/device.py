@@ -3,7 +3,7 @@ updates, failure and recovery."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -51,6 +51,16 @@ class Capabilities(WireModel):
         return self
 
 
+#: Where a device's reading comes from: ``measured`` on the host (a calibration, psutil, RAPL,
+#: NVML), ``enforced`` by the kernel (a cgroup's memory limit), ``estimated`` by a model from
+#: a measurement (the host's measured speed times an emulated class's factor), or
+#: ``emulated`` (a figure of its class, ``libs/devices/classes.py``).
+Source = Literal["measured", "enforced", "estimated", "emulated"]
+#: The readings a source is given for: ``speed`` (the FLOP/s and bandwidth announced),
+#: ``memory``, ``power``, ``temperature``, ``network`` (round trip and bandwidth).
+Reading = Literal["speed", "memory", "power", "temperature", "network"]
+
+
 class DeviceAnnounce(WireModel):
     """Sent once when an agent starts (and again on request) with the device's static facts."""
 
@@ -58,6 +68,8 @@ class DeviceAnnounce(WireModel):
     device_class: DeviceClass
     capabilities: Capabilities
     emulated: bool
+    #: Where each of its readings comes from (a reading left out: not said).
+    sources: dict[Reading, Source] = Field(default_factory=dict)
     #: How often the agent reports (s); the failure detector waits 3 of these.
     interval_s: Annotated[float, Field(ge=0.05, le=60.0)] = 5.0
     #: Worker engines that run model shards here ("torch", "vllm"); empty: no worker.

@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import get_args
 
 import numpy as np
 
 from libs.contracts import Capabilities, DeviceAnnounce, DeviceClass, GpuSample, TelemetrySample
+from libs.contracts.device import Reading, Source
 from libs.core.energy import IDLE_SHARE, SLEEP_AFTER_S, SLEEP_SHARE, device_power_w
 from libs.devices.classes import CLASS_PROFILES
 
@@ -37,6 +39,10 @@ class FaultKind(StrEnum):
     OVERHEAT = "overheat"
     BATTERY_SAG = "battery_sag"
     POWER_SURGE = "power_surge"  # draws (1 + amount) × its power for the same work
+
+
+#: Every reading a figure of the device's class.
+EMULATED: dict[Reading, Source] = dict.fromkeys(get_args(Reading), "emulated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,8 @@ class EmulatedDevice:
     measured_tokens_per_s: float | None = None
     #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
     measured_gflops: float | None = None
+    #: Where each reading comes from (``libs/contracts/device.py: Source``): all its class's.
+    sources: dict[Reading, Source] = field(default_factory=lambda: dict(EMULATED))
     #: Set by a real worker: the requests it serves or queues. None: an emulated device, whose
     #: tasks each count as one request it serves (what the scheduler's auto mode reads as demand).
     queue_depth: int | None = None
@@ -260,6 +268,7 @@ class EmulatedDevice:
             device_class=self.device_class,
             capabilities=self.capabilities,
             emulated=True,
+            sources=self.sources,
             interval_s=interval_s,
             engines=self.engines,
             rpc_endpoint=self.rpc_endpoint,

@@ -6,6 +6,9 @@ devices: {phone: 3, laptop: 2, watch: 2, workstation: 1}
 faults:
   - {device: home-phone-0, kind: drop_out, at_s: 30, duration_s: 20}
   - {device: home-laptop-1, kind: overheat, at_s: 10, amount: 40}
+workers:      # `tessera up --fleet`: workers the kernel holds to a device's CPU and memory
+  - {id: big, class: workstation, cpus: 1.0, memory_gb: 2}
+  - {id: small, class: edge_server, cpus: 0.25, memory_gb: 1}
 """
 
 from __future__ import annotations
@@ -40,17 +43,37 @@ class FaultSpec(BaseModel):
     amount: float = 0.0
 
 
+class WorkerSpec(BaseModel):
+    """A worker of ``tessera up --fleet`` that the kernel holds to its device's size: ``cpus``
+    cores' worth of CPU time and ``memory_gb`` of memory (``libs/cluster/limits.py``); its
+    speed is what it measures inside them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
+    device_class: DeviceClass = Field(alias="class")
+    cpus: Annotated[float, Field(ge=0.05, le=64)]
+    memory_gb: Annotated[float, Field(ge=0.1, le=4096)]
+
+
 class FleetSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     seed: int = 0
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{0,24}$")] = "dev"
-    devices: dict[DeviceClass, Annotated[int, Field(ge=0, le=100_000)]]
+    devices: dict[DeviceClass, Annotated[int, Field(ge=0, le=100_000)]] = Field(
+        default_factory=dict
+    )
     #: Utilisation every device starts with (work the cluster already runs), in [0, 1].
     background_load: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     faults: tuple[FaultSpec, ...] = ()
+    #: Workers under OS-enforced limits (``tessera up --fleet``), beside the emulated devices.
+    workers: tuple[WorkerSpec, ...] = ()
 
     @model_validator(mode="after")
     def _faults_name_devices(self) -> FleetSpec:
+        names = [w.id for w in self.workers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"worker ids given twice: {', '.join(twice)}")
         ids = set(device_ids(self)) | {"*"}
         unknown = [f.device for f in self.faults if f.device not in ids]
         if unknown:

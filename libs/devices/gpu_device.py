@@ -55,6 +55,8 @@ class GpuDevice(EmulatedDevice):
         }
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         device = cls(**{**fields, "capabilities": caps.model_copy(update=update)}, nvml=nvml)
+        for reading in ("memory", "power", "temperature"):  # NVML's
+            device.sources[reading] = "measured"
         log.info(
             "this worker's GPU is the device",
             extra={"device_id": device_id, "memory_gb": round(first.memory_total_gb, 1)},

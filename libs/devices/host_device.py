@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import psutil
@@ -28,6 +28,7 @@ from libs.contracts import (
     GpuSample,
     MemoryType,
 )
+from libs.contracts.device import Reading
 from libs.devices.calibration import Calibration
 from libs.devices.emulated import EmulatedDevice, Readings
 
@@ -211,7 +212,10 @@ class HostDevice(EmulatedDevice):
             started_at=time.time(),
             host=host,
             memory_cap_gb=memory_gb,
+            sources=dict.fromkeys(get_args(Reading), "measured"),
         )
+        if not host.meter.measures:  # its power figures are WATTS_PER_CORE's estimate
+            device.sources["power"] = "estimated"
         log.info(
             "this host is the device",
             extra={

@@ -8,12 +8,13 @@ import logging
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from libs.devices.calibration import Calibration, cached
+from libs.devices.calibration import Calibration, cached, measure
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.gpu_device import GpuDevice
 from libs.devices.host_device import HostDevice, open_nvml
@@ -63,7 +64,8 @@ def make_device(
             gpu.context_length = settings.context_length
             return gpu
     device = EmulatedDevice.draw(settings.device_id, settings.device_class, rng, now)
-    speed = settings.speed_factor or min(1.0, device.speed_factor)
+    # Held to a CPU quota, its calibration is its speed: no factor on top.
+    speed = 1.0 if settings.cpus else settings.speed_factor or min(1.0, device.speed_factor)
     update: dict[str, float] = {}
     if host is not None:
         update["fp32_tflops"] = host.fp32_gflops / 1000.0 * speed
@@ -72,8 +74,14 @@ def make_device(
     if settings.memory_gb is not None:
         update["memory_total_gb"] = settings.memory_gb
     caps = device.capabilities.model_copy(update=update)
+    sources = dict(device.sources)
+    if host is not None:  # the host's measured speed, as is (held to a quota) or by its class
+        sources["speed"] = "measured" if settings.cpus else "estimated"
+    if settings.cpus and settings.memory_gb is not None:  # its cgroup's limit
+        sources["memory"] = "enforced"
     return dataclasses.replace(
         device,
+        sources=sources,
         capabilities=caps,
         speed_factor=speed,
         engines=(settings.engine,),
@@ -161,8 +169,10 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
     loop = asyncio.get_running_loop()
     folder = await loop.run_in_executor(torch_thread, lambda: prepare(cache_dir=settings.model_dir))
     host = None
-    if settings.engine != "vllm":
-        host = await loop.run_in_executor(torch_thread, cached, settings.cache_dir)
+    if settings.engine != "vllm":  # under a CPU quota: measured inside it, over whole periods
+        measured = partial(measure, sustained_s=1.0) if settings.cpus else None
+        calibrate = measured or partial(cached, settings.cache_dir)
+        host = await loop.run_in_executor(torch_thread, calibrate)
     device = make_device(settings, time.time(), host)
     nc = await connect_nats(
         settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca

@@ -34,6 +34,9 @@ class WorkerSettings(ServiceSettings):
     #: Overrides of the class's drawn memory (GB) and speed factor (1 = this CPU's own speed).
     memory_gb: float | None = Field(None, gt=0.0)
     speed_factor: float | None = Field(None, gt=0.0, le=1.0)
+    #: The CPU quota (cores) the kernel holds this worker to (``tessera up --fleet``): its
+    #: speed is calibrated here, inside it, not read from the host's cached calibration.
+    cpus: float | None = Field(None, gt=0.0)
     #: ``torch``: layer shards on the CPU in PyTorch; ``llamacpp``: layer shards in llama.cpp
     #: (its RPC backend across devices); ``vllm``: whole models in a vLLM server process.
     engine: Literal["torch", "llamacpp", "vllm"] = "torch"

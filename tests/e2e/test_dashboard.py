@@ -149,6 +149,11 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     until(browser, lambda: len(api(cluster, "/v1/cluster/devices")) == 4)
     known = {row["device_id"] for row in api(cluster, "/v1/cluster/devices")}
     until(browser, lambda: set(shown_devices(browser)) == known)
+    # Where readings come from: a worker's power is its class's figure, its speed this host's
+    # scaled by its class; an emulated device's all its class's.
+    row = '#fleet tbody tr[data-device="worker-0"]'
+    marks = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, f"{row} small.source"))
+    assert {m.text for m in marks} == {"emulated", "estimated"}, [m.text for m in marks]
     until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .shard"))
     # Each deployment with its phase: the model's workers loaded it, so it serves.
     phase = until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#deployments .phase"))

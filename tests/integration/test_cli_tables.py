@@ -43,4 +43,10 @@ async def test_devices_at_80_columns_cut_no_cell(
     header = next(line for line in wide.splitlines() if "device" in line and "total" in line)
     for column in ("class", "comp", "mem", "eff", "net", "stab", "°C", "tok/s", "age s"):
         assert column in header, wide
+    assert "not measured" in header, wide  # every reading of an emulated device is its class's
+    assert all(
+        line.rstrip().endswith("all emulated")
+        for line in wide.splitlines()
+        if any(line.startswith(d) for d in ids)
+    ), wide
     assert "…" not in wide

@@ -46,6 +46,7 @@ def admin_router(settings: GatewaySettings) -> APIRouter:
             {
                 **row.model_dump(mode="json"),
                 "capabilities": a.capabilities.model_dump(mode="json") if a else None,
+                "sources": a.sources if a else {},
             }
             for row, a in fleet
         ]

@@ -74,10 +74,21 @@ function ratio(value, limit, unit) {
     element("i", { style: `width:${share * 100}%` }));
 }
 
+// Where a reading comes from (measured, enforced, estimated, emulated), beside it.
+function sourced(content, source) {
+  if (!source || source === "measured") return content;
+  return element("span", {}, content, " ",
+    element("small", { className: `source ${source}`, title: "where this reading comes from" },
+      source));
+}
+
 function renderDevice(row) {
   const sample = row.sample || {};
-  const caps = row.capabilities || state.devices.get(row.device_id)?.capabilities || {};
+  const known = state.devices.get(row.device_id) || {};
+  const caps = row.capabilities || known.capabilities || {};
+  const sources = row.sources || known.sources || {};
   row.capabilities = caps;
+  row.sources = sources;
   state.devices.set(row.device_id, row);
   const cells = [
     element("td", { className: "id" }, row.device_id),
@@ -85,13 +96,14 @@ function renderDevice(row) {
     element("td", { className: `state ${row.state}` }, row.state),
     ...DIMENSIONS.map((d) => element("td", { className: "num" },
       row[d] == null ? "-" : row[d].toFixed(2))),
-    element("td", {}, ratio(sample.temperature_c, caps.thermal_limit_c, "°C")),
-    element("td", {}, ratio(sample.power_w, caps.max_power_w, "W")),
+    element("td", {}, sourced(ratio(sample.temperature_c, caps.thermal_limit_c, "°C"),
+      sources.temperature)),
+    element("td", {}, sourced(ratio(sample.power_w, caps.max_power_w, "W"), sources.power)),
     element("td", { className: "num" },
       sample.battery_percent == null ? "-" : `${sample.battery_percent.toFixed(0)} %`),
     element("td", { className: "num" },
       sample.measured_tokens_per_s ? sample.measured_tokens_per_s.toFixed(1) : "-"),
-    element("td", { className: "num" }, (row.speed_scale ?? 1).toFixed(2)),
+    element("td", { className: "num" }, sourced((row.speed_scale ?? 1).toFixed(2), sources.speed)),
   ];
   let tr = $(`#fleet tbody tr[data-device="${CSS.escape(row.device_id)}"]`);
   if (!tr) {

@@ -1,0 +1,84 @@
+"""The limits an enforced fleet's device runs under are real (``libs/cluster/limits.py``): the
+calibration a host runs, run inside a quarter-core quota, measures a quarter of what it
+measures inside a one-core quota; a process past its group's memory limit is killed by the
+kernel, one within it is not. Skipped, saying why, where the kernel cannot (no root, no
+cgroup controllers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from libs.cluster.limits import Group, Limits, unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+WHY_NOT = unavailable()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no cgroup limits: {WHY_NOT}")
+CALIBRATE = (
+    "import json; from libs.devices.calibration import measure;"
+    "c = measure(size=256, sustained_s=1.5); print(json.dumps(c.fp32_gflops))"
+)
+
+
+@pytest.fixture
+def groups(uid: str) -> Iterator[list[Group]]:
+    made: list[Group] = []
+    yield made
+    for group in made:
+        group.remove()
+
+
+def run_in(group: Group, code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*group.prefix(), sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.alone  # compares two speeds: nothing may run beside it
+def test_a_quarter_core_quota_calibrates_at_a_quarter_of_one_core(
+    groups: list[Group], uid: str
+) -> None:
+    speeds = {}
+    for cpus in (1.0, 0.25):
+        group = Group(f"{uid}-{int(cpus * 100)}", Limits(cpus=cpus)).create()
+        groups.append(group)
+        done = run_in(group, CALIBRATE)
+        assert done.returncode == 0, done.stderr
+        speeds[cpus] = json.loads(done.stdout)
+    ratio = speeds[0.25] / speeds[1.0]
+    print(f"fp32 GFLOP/s: 1 core {speeds[1.0]:.2f}, 0.25 core {speeds[0.25]:.2f}: {ratio:.3f}")
+    assert 0.2 <= ratio <= 0.3, speeds
+
+
+def test_a_process_past_its_memory_limit_is_killed_and_one_within_it_is_not(
+    groups: list[Group], uid: str
+) -> None:
+    group = Group(f"{uid}-mem", Limits(memory_gb=0.25)).create()
+    groups.append(group)
+    touch = "b = bytearray({mb} * 2**20); b[::4096] = b'x' * len(b[::4096]); print('held')"
+    within = run_in(group, touch.format(mb=64))
+    assert within.returncode == 0 and "held" in within.stdout, within.stderr
+    past = run_in(group, touch.format(mb=512))
+    assert past.returncode == -9 and "held" not in past.stdout, (past.returncode, past.stderr)
+    assert group.pids() == []  # nothing left inside: the group goes with the fixture
+
+
+def test_limits_out_of_range_are_refused() -> None:
+    with pytest.raises(ValueError, match="cpus"):
+        Limits(cpus=0)
+    with pytest.raises(ValueError, match="memory_gb"):
+        Limits(memory_gb=-1)
+    with pytest.raises(ValueError, match="group name"):
+        Group("../escape", Limits(cpus=1))

@@ -1,0 +1,69 @@
+"""A fleet file's ``workers`` (``tessera up --fleet``): read with their limits, refused with
+the field named when wrong, and turned into what each worker is started with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from libs.cluster.enforced import EnforcedFleet
+from libs.devices.fleetfile import load_fleet
+
+WORKERS = [
+    {"id": "big", "class": "workstation", "cpus": 1.0, "memory_gb": 2},
+    {"id": "small", "class": "edge_server", "cpus": 0.25, "memory_gb": 1},
+]
+
+
+def test_workers_are_read_beside_the_emulated_devices() -> None:
+    spec = load_fleet({"devices": {"phone": 2}, "workers": WORKERS})
+    assert [(w.id, w.device_class.value, w.cpus) for w in spec.workers] == [
+        ("big", "workstation", 1.0),
+        ("small", "edge_server", 0.25),
+    ]
+    assert load_fleet({"workers": WORKERS}).devices == {}  # workers alone are a fleet
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"cpus": 0}, "cpus"),
+        ({"memory_gb": 0.01}, "memory_gb"),
+        ({"class": "toaster"}, "class"),
+        ({"id": "a b"}, "id"),
+        ({"gpus": 1}, "gpus"),
+    ],
+)
+def test_a_wrong_worker_is_refused_naming_the_field(change: dict[str, object], named: str) -> None:
+    with pytest.raises(ValidationError, match=named):
+        load_fleet({"workers": [WORKERS[0] | change]})
+
+
+def test_a_worker_id_given_twice_is_refused() -> None:
+    with pytest.raises(ValidationError, match="worker ids given twice: big"):
+        load_fleet({"workers": [WORKERS[0], WORKERS[0]]})
+
+
+def test_each_worker_is_started_with_its_class_memory_and_quota(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"workers": WORKERS}))
+    fleet = EnforcedFleet.read(path, "r1")
+    assert fleet is not None
+    assert fleet.names("llamacpp") == [("big", "llamacpp"), ("small", "llamacpp")]
+    env = fleet.env("small")
+    assert env["TESSERA_WORKER_DEVICE_CLASS"] == "edge_server"
+    assert env["TESSERA_WORKER_MEMORY_GB"] == "1.0"
+    assert "TESSERA_WORKER_CPUS" not in env and fleet.prefix("small") == []  # not enforced yet
+    fleet.enforced = True  # as once its groups are made
+    assert fleet.env("small")["TESSERA_WORKER_CPUS"] == "0.25"
+    assert fleet.prefix("small")[:2] == ["sh", "-c"]
+
+
+def test_a_fleet_file_without_workers_changes_no_worker(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"devices": {"phone": 3}}))
+    assert EnforcedFleet.read(path, "r1") is None
+    assert EnforcedFleet.read(None, "r1") is None
