@@ -38,8 +38,11 @@ async def test_cluster_devices_lists_the_devices_under_the_clusters_key_prefix(
                 assert answer.status_code == 200
                 listed = answer.json()
                 assert all(r["capabilities"]["memory_total_gb"] > 0 for r in listed)
+                # where each reading comes from: the emulated fleet's are all its classes'
+                assert all(set(r["sources"].values()) == {"emulated"} for r in listed), listed
+                added = ("capabilities", "sources")  # beside the scorer's row
                 rows[:] = [
-                    DeviceRow.model_validate({k: v for k, v in r.items() if k != "capabilities"})
+                    DeviceRow.model_validate({k: v for k, v in r.items() if k not in added})
                     for r in listed
                 ]
                 return len(rows) == 3
