@@ -143,7 +143,8 @@ class Group:
 
     def prefix(self) -> list[str]:
         """A command prefix that enters the group, then runs the command: ``[*prefix, *argv]``."""
-        writes = "; ".join(f"echo $$ > {shlex.quote(str(p))}" for p in self.procs_files())
+        # every write must succeed, or the command does not run (half held is not held)
+        writes = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in self.procs_files())
         return ["sh", "-c", f'{writes} && exec "$@"', "sh"]
 
     def pids(self) -> list[int]:

@@ -82,3 +82,14 @@ def test_limits_out_of_range_are_refused() -> None:
         Limits(memory_gb=-1)
     with pytest.raises(ValueError, match="group name"):
         Group("../escape", Limits(cpus=1))
+
+
+def test_a_command_that_cannot_enter_its_group_does_not_run(uid: str) -> None:
+    group = Group(f"{uid}-half", Limits(cpus=0.5, memory_gb=0.5)).create()
+    first = group.procs_files()[0].parent
+    first.rmdir()  # one of its folders gone: the pid is written to the other one only
+    try:
+        done = run_in(group, "print('ran')")
+        assert done.returncode != 0 and "ran" not in done.stdout  # not half held
+    finally:
+        group.remove()
