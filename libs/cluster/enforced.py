@@ -42,12 +42,12 @@ class EnforcedFleet:
 
     def env(self, name: str) -> dict[str, str]:
         worker = self.workers[name]
+        threads = str(max(1, round(worker.cpus)))  # the cores its quota gives, at least one
         env = {
             "TESSERA_WORKER_DEVICE_CLASS": worker.device_class.value,
             "TESSERA_WORKER_MEMORY_GB": str(worker.memory_gb),
-            # its engine's threads: the cores its quota gives, at least one
-            "TESSERA_WORKER_LLAMA_THREADS": str(max(1, round(worker.cpus))),
-            "OMP_NUM_THREADS": str(max(1, round(worker.cpus))),
+            "TESSERA_WORKER_LLAMA_THREADS": threads,
+            "OMP_NUM_THREADS": threads,
         }
         if self.enforced:
             env["TESSERA_WORKER_CPUS"] = str(worker.cpus)

@@ -136,11 +136,6 @@ class Group:
     def procs_files(self) -> list[Path]:
         return [folder / "cgroup.procs" for folder in self.dirs.values()]
 
-    def add(self, pid: int) -> None:
-        """Move a running process in (its children started later are in too)."""
-        for procs in self.procs_files():
-            procs.write_text(str(pid))
-
     def prefix(self) -> list[str]:
         """A command prefix that enters the group, then runs the command: ``[*prefix, *argv]``."""
         # every write must succeed, or the command does not run (half held is not held)
