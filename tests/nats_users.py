@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer
+from libs.runtime.nats_private import connected
 from tests.waiting import wait_until
 
 REFUSED = "permissions violation"
@@ -27,7 +27,7 @@ class Connection:
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc).lower())
 
-        self.nc = await nats.connect(
+        self.nc = await connected(
             self.access.nats_url(server.url, user),
             inbox_prefix=f"_INBOX_{user}",
             allow_reconnect=False,

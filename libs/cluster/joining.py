@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NatsClient
 
 from libs.cluster.access import JOIN_USER, AccessControl, with_user
@@ -49,6 +48,7 @@ from libs.contracts.device import DeviceLeaving
 from libs.runtime import pki
 from libs.runtime.bus import Delivery, NatsBus, request
 from libs.runtime.nats_client import inbox_of, server_list, tls_context, user_of
+from libs.runtime.nats_private import connected
 from libs.runtime.pki import ClusterCA
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ async def connect(url: str, ca_file: Path | None, **options: Any) -> NatsClient:
     """A NATS connection (over TLS trusting ``ca_file`` when given) for the join handshake,
     its replies under its user's own inbox prefix (the only ones it may read)."""
     options.setdefault("inbox_prefix", inbox_of(user_of(url)))
-    return await nats.connect(server_list(url), tls=tls_context(ca_file), **options)
+    return await connected(server_list(url), tls=tls_context(ca_file), **options)
 
 
 #: Where a host keeps the password of each device id it joined as (``device_password``).

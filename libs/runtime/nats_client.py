@@ -20,7 +20,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from libs.contracts import STREAMS
-from libs.runtime.nats_private import server_info
+from libs.runtime.nats_private import connected, server_info
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ async def connect_nats(
         if reconnected is not None:
             await reconnected()
 
-    return await nats.connect(
+    return await connected(  # its flush waits for what is queued: see OrderedClient
         server_list(url),
         name=name,
         inbox_prefix=inbox or inbox_of(user_of(url)),

@@ -10,7 +10,9 @@ nats-py offers no public way to get these, and Tessera needs them:
   cluster, whether it requires TLS;
 * the CONNECT line the connection sends and its nonce signer (``Client._connect_command``,
   ``Client._signature_cb``): the bulk reader logs in with the same credentials, whatever their
-  kind (user and password, token, a signed nonce).
+  kind (user and password, token, a signed nonce);
+* what the connection still holds for its flusher task (``Client._pending_data_size``,
+  ``Client._flush_pending``): ``OrderedClient.flush`` writes it before its PING.
 
 A private attribute may change in any release, so nowhere else reads one (a test of the
 architecture fails where another file does), and ``tests/integration/test_nats_private.py``
@@ -59,3 +61,23 @@ def connect_options(nc: NatsClient, nonce: str | None) -> dict[str, Any]:
     if "sig" in options and signer is not None and nonce is not None:
         options["sig"] = signer(nonce).decode()
     return options
+
+
+class OrderedClient(NatsClient):
+    """nats-py's client whose ``flush`` returns only once the server has read everything sent
+    before it. nats-py's own writes its PING straight to the socket, ahead of the SUBs and PUBs
+    still queued for its flusher task: its PONG could come back before the server held a
+    subscription just made (seen: a device's publish, sent after the PONG, reached no one).
+    Every connection Tessera opens is one of these (``connected``)."""
+
+    async def flush(self, timeout: int = 10) -> None:
+        if self.is_connected and self._pending_data_size > 0:
+            await self._flush_pending(force_flush=True)  # queued commands onto the socket first
+        await super().flush(timeout)
+
+
+async def connected(servers: str | list[str], **options: Any) -> OrderedClient:
+    """``nats.connect``, but the client is an ``OrderedClient``."""
+    nc = OrderedClient()
+    await nc.connect(servers, **options)
+    return nc

@@ -163,3 +163,42 @@ async def test_a_second_connection_signs_its_own_servers_nonce(
     assert options["nkey"] == key.public_key.decode() and key.signed[-1] == "another nonce"
     DirectGetReader(nc, "OBJ_TESSERA_MODELS", 5.0).close()  # refused if not signed again
     assert key.signed[-1] not in (own, "another nonce")  # the second server's own nonce
+
+
+class TracedNatsServer(NatsServer):
+    """A nats-server that logs every protocol line it reads, in the order it reads them."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-DV"]
+
+
+def read_order(server: TracedNatsServer, client: str) -> list[str]:
+    """The SUBs and PINGs the server read from the connection named ``client``, in order."""
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    ours = [line for line in lines if f':{client}"' in line and "<<- [" in line]
+    return [line.split("<<- [", 1)[1].split()[0].rstrip("]") for line in ours]
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "nats-py-own"])
+async def test_a_flush_returns_once_the_server_holds_the_subscriptions_made_before_it(
+    tmp_path: Path, ordered: bool
+) -> None:
+    """A service says it is ready once a flush returns after it subscribed: the server must
+    have read those SUBs by then. ``OrderedClient`` (every ``connect_nats`` connection) sends
+    its PING after them; nats-py's own client sends it ahead of them, which is why the class
+    exists (once this half fails, nats-py orders its flush itself and the class can go)."""
+    with TracedNatsServer(data_dir=tmp_path) as server:
+        if ordered:
+            nc = await connect_nats(server.url, "flusher")
+        else:
+            nc = await nats.connect(server.url, name="flusher", allow_reconnect=False)
+        try:
+            for n in range(7):
+                await nc.subscribe(f"subject.{n}")
+            await nc.flush()
+            read = read_order(server, "flusher")
+        finally:
+            await nc.close()
+    last_ping = max(i for i, op in enumerate(read) if op == "PING")
+    subs_before = read[:last_ping].count("SUB")
+    assert subs_before == (7 if ordered else 0), read
