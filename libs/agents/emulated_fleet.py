@@ -55,6 +55,13 @@ def shard_intensity(task: ShardTask) -> float:
     return min(1.0, 0.1 + 0.5 / task.shard_count)
 
 
+async def round_trip_ms(bus: Bus) -> float:
+    """This process's round trip to NATS now (ms): a flush, measured."""
+    started = time.perf_counter()
+    await bus.flush(timeout_s=5)
+    return (time.perf_counter() - started) * 1000.0
+
+
 class FleetAgent:
     def __init__(
         self,
@@ -67,9 +74,13 @@ class FleetAgent:
         clock: Callable[[], float] = time.time,
         published: Counter | None = None,
         follow_work: bool = True,
+        measure_rtt: bool = False,
     ) -> None:
-        """``follow_work``: whether this agent owns its devices' work (no worker runs them)."""
+        """``follow_work``: whether this agent owns its devices' work (no worker runs them);
+        ``measure_rtt``: each sample's round trip is this agent's own to NATS, measured (a
+        worker on a link of its own), not its device's emulated one."""
         self.bus = bus
+        self.measure_rtt = measure_rtt
         self.follow_work = follow_work
         self.published = published
         self.devices = {d.device_id: d for d in devices}
@@ -113,6 +124,8 @@ class FleetAgent:
             device.step(dt, now)
             if not device.reporting(now):
                 continue
+            if self.measure_rtt:
+                device.base_rtt_ms = await round_trip_ms(self.bus)
             sample = device.sample(self.seq, now, self.rng)
             await self.bus.publish(TELEMETRY, sample, device_id=device.device_id)
             if self.published is not None:

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from libs.agents.emulated_fleet import round_trip_ms
 from libs.contracts import ANNOUNCE, ANNOUNCE_REQUEST, TELEMETRY, AnnounceRequest, TelemetrySample
 from libs.devices.calibration import Calibration
 from libs.devices.host_device import HostDevice, host_device_id
@@ -27,13 +28,8 @@ class HostAgent:
         self.rng = np.random.default_rng()  # the host's readings draw nothing from it
         self.seq = 0
 
-    async def rtt_ms(self) -> float:
-        started = time.perf_counter()
-        await self.bus.flush(timeout_s=5)
-        return (time.perf_counter() - started) * 1000.0
-
     async def sample(self) -> TelemetrySample:
-        self.device.base_rtt_ms = await self.rtt_ms()  # measured, not the device's default
+        self.device.base_rtt_ms = await round_trip_ms(self.bus)  # measured, not the default
         self.seq += 1
         return self.device.sample(self.seq, time.time(), self.rng)
 

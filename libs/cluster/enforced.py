@@ -4,19 +4,28 @@ own (``libs/cluster/limits.py``) with its CPU quota and memory limit, reports it
 memory it may use, and the speed it measures inside its quota (``TESSERA_WORKER_CPUS``: the
 worker calibrates itself there instead of reading the host's cached calibration).
 
+A worker with a ``link`` runs in a network namespace of its own, joined to the head by a veth
+``tc`` holds to the link's bandwidth, and reaches NATS through a relay that adds the link's
+round trip (``libs/cluster/links.py``); it measures that round trip itself.
+
 Where the kernel cannot enforce limits (no root, no cgroup controllers) ``start`` says why and
-the workers run unlimited, with the memory the file gives them.
+the workers run unlimited, with the memory the file gives them; where it cannot make links,
+the linked workers run on the head's network, and ``start`` says so too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
+from libs.cluster import links
 from libs.cluster.limits import Group, Limits, LimitsUnavailable
+from libs.cluster.links import LinkedHost
 from libs.devices.fleetfile import WorkerSpec, load_fleet
 
 
@@ -28,6 +37,14 @@ class EnforcedFleet:
             for w in workers
         }
         self.enforced = False
+        subnet = 200 + secrets.randbelow(50)  # 10.200–249.*: one run's links, apart from others
+        linked = [w for w in workers if w.link is not None]
+        self.links = {
+            w.id: LinkedHost(run_id, i, subnet, w.link.rtt_ms, w.link.mbit)
+            for i, w in enumerate(linked)
+            if w.link is not None
+        }
+        self.linked: dict[str, LinkedHost] = {}  # those made (start)
 
     @classmethod
     def read(cls, path: Path | None, run_id: str) -> EnforcedFleet | None:
@@ -51,13 +68,32 @@ class EnforcedFleet:
         }
         if self.enforced:
             env["TESSERA_WORKER_CPUS"] = str(worker.cpus)
+        if (link := self.linked.get(name)) is not None:
+            env["TESSERA_WORKER_RPC_HOST"] = link.address  # the head reaches its RPC server there
+            env["TESSERA_WORKER_LINK_MBIT"] = str(link.mbit)
+            env["TESSERA_WORKER_MEASURE_RTT"] = "true"
         return env
 
-    def prefix(self, name: str) -> list[str]:
-        return self.groups[name].prefix() if self.enforced and name in self.groups else []
+    def nats_url(self, name: str, url: str) -> str:
+        """``url`` as worker ``name`` reaches NATS: through its link's relay where it has one."""
+        link = self.linked.get(name)
+        if link is None:
+            return url
+        first = urlsplit(url.split(",")[0])
+        credentials = first.netloc.rpartition("@")[0]
+        netloc = f"{credentials}@{link.nats_address}" if credentials else link.nats_address
+        return urlunsplit(first._replace(netloc=netloc))
 
-    def start(self, say: Callable[[str], None]) -> None:
-        """Make every worker's group; where the kernel cannot, say why and go on unlimited."""
+    def prefix(self, name: str) -> list[str]:
+        held = self.groups[name].prefix() if self.enforced and name in self.groups else []
+        link = self.linked.get(name)
+        # its groups first: ``ip netns exec`` mounts a /sys of its own, without the cgroups
+        return [*held, *(link.prefix() if link else [])]
+
+    def start(self, say: Callable[[str], None], nats_url: str = "") -> None:
+        """Make every worker's group, then its link to NATS at ``nats_url``; where the kernel
+        cannot, say why and go on without (unlimited, or on the head's network)."""
+        self._start_links(say, nats_url)
         try:
             for group in self.groups.values():
                 group.create()
@@ -72,8 +108,34 @@ class EnforcedFleet:
                 f"and {worker.memory_gb:g} GB"
             )
 
+    def _start_links(self, say: Callable[[str], None], nats_url: str) -> None:
+        if not self.links:
+            return
+        reason = links.unavailable()
+        target = urlsplit(nats_url.split(",")[0])
+        if reason is None and not target.port:
+            reason = f"no NATS address to relay to ({nats_url!r})"
+        if reason is not None:
+            say(f"fleet: links not made ({reason}): its workers use the head's network")
+            return
+        for name, link in self.links.items():
+            try:
+                link.create(f"{target.hostname}:{target.port}")
+            except (RuntimeError, OSError) as exc:
+                link.remove()
+                say(f"fleet: {name}'s link not made ({exc}): it uses the head's network")
+                continue
+            self.linked[name] = link
+            say(
+                f"fleet: {name} on a link of {link.mbit:g} Mbit/s each way, {link.rtt_ms:g} ms "
+                f"added to its round trip (namespace {link.namespace}, {link.address})"
+            )
+
     def stop(self) -> None:
-        """Remove the groups (once their processes have stopped)."""
+        """Remove the links and the groups (once their processes have stopped)."""
+        for link in self.linked.values():
+            link.remove()
+        self.linked.clear()
         for group in self.groups.values():
             with contextlib.suppress(RuntimeError):  # a process still inside: left behind
                 group.remove()

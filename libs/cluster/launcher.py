@@ -91,7 +91,9 @@ class Cluster:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
         #: Signs the devices' certificates for llama.cpp's RPC between hosts (libs/runtime/pki.py),
         #: kept in the home (joined hosts' certificates stay valid), else beside the NATS users.
-        self.rpc_ca = self._rpc_ca() if options.access and options.listen else None
+        #: (Also for a fleet's linked workers: their RPC servers listen on their links.)
+        beyond_loopback = options.listen or (self.enforced is not None and self.enforced.links)
+        self.rpc_ca = self._rpc_ca() if options.access and beyond_loopback else None
         self.children: list[ServiceProcess] = []
         #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``),
         #: and what it holds.
@@ -193,7 +195,7 @@ class Cluster:
             except Exception as exc:  # the cluster works without it: say so and go on
                 self.say("cluster", f"not announced on the LAN (mDNS): {exc!r}", "bold yellow")
         if self.enforced:
-            self.enforced.start(lambda said: self.say("cluster", said, "white"))
+            self.enforced.start(lambda said: self.say("cluster", said, "white"), self.nats.url)
         for index, (name, service, extra) in enumerate(self.planned()):
             child = self._spawn(name, service, extra, COLOURS[index % len(COLOURS)])
             self.children.append(child)
@@ -214,7 +216,8 @@ class Cluster:
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
         urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
-        access = {"TESSERA_NATS_URL": urls["nats"]}
+        nats_url = self.enforced.nats_url(name, urls["nats"]) if self.enforced else urls["nats"]
+        access = {"TESSERA_NATS_URL": nats_url}  # a linked worker's through its link
         if urls["redis"]:
             access["TESSERA_REDIS_URL"] = urls["redis"]
         self.colours[name] = colour
@@ -272,9 +275,9 @@ class Cluster:
                 }
                 if engine == "llamacpp" and self.options.listen:  # joined heads reach it there
                     env["TESSERA_WORKER_RPC_HOST"] = self.options.listen
-                    if self.rpc_ca is not None:  # through mutual TLS only
-                        folder = self.nats.data_dir / "rpc" / name
-                        env.update(rpc_env(self.rpc_ca.issue(folder, name)))
+                if engine == "llamacpp" and self.rpc_ca is not None:  # through mutual TLS only
+                    folder = self.nats.data_dir / "rpc" / name
+                    env.update(rpc_env(self.rpc_ca.issue(folder, name)))
                 out.append((name, service, env))
         return out
 

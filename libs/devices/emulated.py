@@ -115,6 +115,9 @@ class EmulatedDevice:
     measured_tokens_per_s: float | None = None
     #: Set by a real worker: the FP32 GFLOP/s its recent model steps achieved.
     measured_gflops: float | None = None
+    #: Set by a worker held to a memory limit: the room the limit leaves beside the worker
+    #: itself (GB), its memory reading in place of its class's share of its total.
+    memory_available_gb: float | None = None
     #: Where each reading comes from (``libs/contracts/device.py: Source``): all its class's.
     sources: dict[Reading, Source] = field(default_factory=lambda: dict(EMULATED))
     #: Set by a real worker: the requests it serves or queues. None: an emulated device, whose
@@ -281,7 +284,11 @@ class EmulatedDevice:
         """The emulated readings at ``now`` (a host device reads its own instead)."""
         caps = self.capabilities
         jitter = float(rng.lognormal(0.0, 0.2))
-        available = max(0.0, caps.memory_total_gb * 0.8 - self.reserved_memory_gb)
+        # a measured network (a worker on a link of its own) is read as measured, unjittered
+        link = 1.0 if self.sources.get("network") == "measured" else jitter
+        share = caps.memory_total_gb * 0.8
+        room = share if self.memory_available_gb is None else self.memory_available_gb
+        available = max(0.0, room - self.reserved_memory_gb)
         return Readings(
             cpu_utilisation=self.utilisation,
             memory_available_gb=min(available, caps.memory_total_gb),
@@ -289,8 +296,8 @@ class EmulatedDevice:
             temperature_c=min(self.temperature_c, 199.0),
             battery_percent=self.battery_percent,
             plugged=self.plugged if caps.has_battery else None,
-            network_rtt_ms=self.base_rtt_ms * jitter,
-            network_bandwidth_mbps=caps.network_bandwidth_mbps / jitter,
+            network_rtt_ms=self.base_rtt_ms * link,
+            network_bandwidth_mbps=caps.network_bandwidth_mbps / link,
             measured_tokens_per_s=self._measured(),
             energy_j=self.energy_j,
             frequency_scale=self.frequency_scale,

@@ -43,6 +43,14 @@ class FaultSpec(BaseModel):
     amount: float = 0.0
 
 
+class LinkSpec(BaseModel):
+    """A worker's link to the head: the round trip it adds and its bandwidth each way."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rtt_ms: Annotated[float, Field(ge=0.0, le=2000.0)] = 0.0
+    mbit: Annotated[float, Field(ge=0.1, le=100_000.0)] = 1000.0
+
+
 class WorkerSpec(BaseModel):
     """A worker of ``tessera up --fleet`` that the kernel holds to its device's size: ``cpus``
     cores' worth of CPU time and ``memory_gb`` of memory (``libs/cluster/limits.py``); its
@@ -53,6 +61,8 @@ class WorkerSpec(BaseModel):
     device_class: DeviceClass = Field(alias="class")
     cpus: Annotated[float, Field(ge=0.05, le=64)]
     memory_gb: Annotated[float, Field(ge=0.1, le=4096)]
+    #: Its own network namespace, joined to the head by this link (None: the head's network).
+    link: LinkSpec | None = None
 
 
 class FleetSpec(BaseModel):

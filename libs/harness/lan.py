@@ -8,11 +8,9 @@ iproute2 (``ip netns``: a process run in a namespace sees only that namespace's 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import uuid
@@ -20,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from libs.cluster.links import end_host, ip
 
 REPO = Path(__file__).resolve().parents[2]
 #: Why a LAN cannot be made here (None: it can).
@@ -42,25 +42,6 @@ class Lan:
     #: This machine's address on the LAN (the head's).
     address: str
     hosts: list[Host]
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def end_host(namespace: str) -> list[str]:
-    """Switch the host ``namespace`` off: SIGKILL whatever still runs there, then delete the
-    namespace (deleting alone leaves its processes running: a relay blocked on a link that is
-    down waits for TCP to give up, a quarter of an hour). Returns the commands it killed."""
-    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    killed = []
-    for pid in listed.stdout.split():
-        with contextlib.suppress(OSError):
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(command.decode(errors="replace").strip())
-    subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-    return killed
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from libs.devices.calibration import Calibration, cached, measure
+from libs.devices.cgroup_memory import memory_room_gb
 from libs.devices.emulated import EmulatedDevice
 from libs.devices.gpu_device import GpuDevice
 from libs.devices.host_device import HostDevice, open_nvml
@@ -73,12 +74,16 @@ def make_device(
         update["memory_bandwidth_gbps"] = host.memory_bandwidth_gbps * speed
     if settings.memory_gb is not None:
         update["memory_total_gb"] = settings.memory_gb
+    if settings.link_mbit is not None:
+        update["network_bandwidth_mbps"] = settings.link_mbit
     caps = device.capabilities.model_copy(update=update)
     sources = dict(device.sources)
     if host is not None:  # the host's measured speed, as is (held to a quota) or by its class
         sources["speed"] = "measured" if settings.cpus else "estimated"
     if settings.cpus and settings.memory_gb is not None:  # its cgroup's limit
         sources["memory"] = "enforced"
+    if settings.measure_rtt:  # its round trip measured, over a link tc holds to its bandwidth
+        sources["network"] = "measured"
     return dataclasses.replace(
         device,
         sources=sources,
@@ -174,6 +179,10 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
         calibrate = measured or partial(cached, settings.cache_dir)
         host = await loop.run_in_executor(torch_thread, calibrate)
     device = make_device(settings, time.time(), host)
+    if settings.cpus and (room := memory_room_gb()) is not None:  # held: what its limit leaves
+        limit_gb, used_gb = room
+        device.memory_available_gb = max(0.0, limit_gb - used_gb)
+        log.info("memory limit", extra={"limit_gb": limit_gb, "used_gb": used_gb})
     nc = await connect_nats(
         settings.nats_url, f"worker-{settings.device_id}", ca_file=settings.nats_ca
     )
@@ -190,7 +199,14 @@ async def main(stop: asyncio.Event, settings: WorkerSettings) -> None:
         await worker.preload()
     # The worker alone assigns its device's work, once a shard really loaded: the agent
     # only reports what the device does.
-    agent = FleetAgent(bus, [device], settings.interval_s, seed=settings.seed, follow_work=False)
+    agent = FleetAgent(
+        bus,
+        [device],
+        settings.interval_s,
+        seed=settings.seed,
+        follow_work=False,
+        measure_rtt=settings.measure_rtt,
+    )
     telemetry = asyncio.create_task(agent.run(stop))
     background = Background("worker")
 

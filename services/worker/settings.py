@@ -37,6 +37,11 @@ class WorkerSettings(ServiceSettings):
     #: The CPU quota (cores) the kernel holds this worker to (``tessera up --fleet``): its
     #: speed is calibrated here, inside it, not read from the host's cached calibration.
     cpus: float | None = Field(None, gt=0.0)
+    #: The bandwidth (Mbit/s each way) ``tc`` holds this worker's link to (``--fleet``: a
+    #: worker with a link of its own), announced as its network bandwidth.
+    link_mbit: float | None = Field(None, gt=0.0)
+    #: Report the round trip to NATS this worker measures, not its class's (on a link).
+    measure_rtt: bool = False
     #: ``torch``: layer shards on the CPU in PyTorch; ``llamacpp``: layer shards in llama.cpp
     #: (its RPC backend across devices); ``vllm``: whole models in a vLLM server process.
     engine: Literal["torch", "llamacpp", "vllm"] = "torch"

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from libs.cluster import limits
 from libs.harness.lan import UNAVAILABLE
+from libs.models.shipped import gguf_path
 from services.worker.settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +85,14 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         ["--rounds", "1", "--tokens", "4", "--streams", "1"],
         {"same_greedy_tokens", "goal_met"},
         NO_LLAMA or UNAVAILABLE,
+    ),
+    "placement": (
+        [
+            *("--model", str(gguf_path()), "--tokens", "6", "--streams", "2"),
+            *("--sweep", "5", "--named-only"),
+        ],
+        {"dwps_over_best", "dwps_over_exo", "prediction_error_median", "sweep"},
+        NO_LLAMA or limits.unavailable(),
     ),
     "serving": (
         ["--rounds", "1", "--requests", "1", "--levels", "1"],

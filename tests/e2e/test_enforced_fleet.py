@@ -1,12 +1,16 @@
 """`tessera up --fleet FILE` with workers the kernel holds to their devices' size
 (``libs/cluster/enforced.py``): each worker process runs in a cgroup of its own with its CPU
 quota and memory limit, announces the memory the file gives it and the speed it measured
-inside its quota (a quarter-core device a quarter of a one-core one's), and the cluster
-serves through them; the groups are gone once it stops. Skipped, saying why, where the kernel
-cannot enforce limits."""
+inside its quota (a quarter-core device a quarter of a one-core one's); a worker with a link
+runs in a network namespace of its own and reports the round trip it measures across it (at
+least what the link adds) and the link's bandwidth; the cluster serves through them; the groups
+and the link are gone once it stops. Skipped, saying why, where the kernel cannot enforce
+limits."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -14,6 +18,7 @@ import openai
 import pytest
 import yaml
 
+from libs.cluster import links
 from libs.cluster.limits import ROOT, unavailable
 from libs.runtime.proc_tree import process_with_env
 from tests.e2e.cluster import RunningCluster
@@ -21,11 +26,21 @@ from tests.e2e.cluster import RunningCluster
 WHY_NOT = unavailable()
 pytestmark = [
     pytest.mark.skipif(WHY_NOT is not None, reason=f"no cgroup limits: {WHY_NOT}"),
+    pytest.mark.skipif(links.unavailable() is not None, reason=f"no links: {links.unavailable()}"),
     pytest.mark.timeout(400),
 ]
 WORKERS = [
     {"id": "big", "class": "workstation", "cpus": 1.0, "memory_gb": 2},
-    {"id": "small", "class": "edge_server", "cpus": 0.25, "memory_gb": 1},
+    {
+        "id": "small",
+        "class": "edge_server",
+        "cpus": 0.25,
+        "memory_gb": 1,
+        "link": {"rtt_ms": 15, "mbit": 40},
+    },
+    # SmolLM2 at the default context needs more than its 0.5 GB limit leaves beside the
+    # worker itself: the placement refuses it there, and the worker lives on.
+    {"id": "tiny", "class": "phone", "cpus": 0.25, "memory_gb": 0.5},
 ]
 
 
@@ -58,6 +73,17 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
         assert sources["small"]["speed"] == "measured", sources
         assert sources["small"]["memory"] == "enforced", sources
         assert sources["small"]["power"] == "emulated", sources
+        assert sources["small"]["network"] == "measured", sources
+        assert sources["big"]["network"] == "emulated", sources
+        assert "fleet: small on a link of 40 Mbit/s each way, 15 ms added" in said, said
+        samples = {r["device_id"]: r["sample"] for r in rows}
+        rtt = samples["small"]["network_rtt_ms"]
+        print(f"small's measured round trip over its 15 ms link: {rtt:.1f} ms")
+        assert rtt >= 15.0, samples["small"]
+        assert caps["small"]["network_bandwidth_mbps"] == 40, caps["small"]
+        pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", "small")
+        assert pid is not None
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
         for name in ("big", "small"):  # its process is inside its groups
             pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", name)
             assert pid is not None
@@ -72,6 +98,17 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
             max_tokens=4,
         )
         assert reply.choices[0].message.content
+        pinned = {"model": "smollm2-135m-instruct", "deployment_id": "on-tiny", "devices": ["tiny"]}
+        refused = httpx.post(f"{cluster.base_url}/v1/cluster/placements", json=pinned, timeout=30)
+        assert refused.status_code == 409 and "memory" in refused.text, refused.text
+        room = samples["tiny"]["memory_available_gb"]
+        print(f"tiny: 0.5 GB limit, {room:.3f} GB of room reported; refused: {refused.text}")
+        assert 0 < room < 0.5, samples["tiny"]  # the limit, less what the worker already uses
+        assert f"have {room:.2f} GB free" in refused.text  # the room the placement counted
+        tiny = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", "tiny")
+        assert tiny is not None  # not killed: nothing was sent to it
     finally:
         cluster.stop()
-    assert groups_of("big") == [] and groups_of("small") == []
+    assert groups_of("big") == groups_of("small") == groups_of("tiny") == []
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [n for n in namespaces.split() if n.startswith("tl")], namespaces

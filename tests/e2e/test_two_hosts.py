@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from libs.harness.lan import end_host
+from libs.cluster.links import end_host
 from libs.models.chat import encode_chat
 from libs.models.shipped import prepare
 from libs.runtime.procs import ServiceProcess

@@ -75,6 +75,25 @@ def test_a_process_past_its_memory_limit_is_killed_and_one_within_it_is_not(
     assert group.pids() == []  # nothing left inside: the group goes with the fixture
 
 
+def test_a_process_inside_a_group_reads_its_limit_and_what_the_group_uses(
+    groups: list[Group], uid: str
+) -> None:
+    """What a held worker reports as its room: the limit, less what its group already uses
+    (the worker itself), growing as it takes more."""
+    group = Group(f"{uid}-room", Limits(memory_gb=0.5)).create()
+    groups.append(group)
+    read = (
+        "import json; from libs.devices.cgroup_memory import memory_room_gb as room;"
+        "before = room(); b = bytearray(96 * 2**20); b[::4096] = b'x' * len(b[::4096]);"
+        "print(json.dumps([before, room()]))"
+    )
+    done = run_in(group, read)
+    assert done.returncode == 0, done.stderr
+    (limit, before), (again, after) = json.loads(done.stdout)
+    assert limit == again == 0.5
+    assert 0.0 < before < limit and after - before >= 0.09, (before, after)
+
+
 def test_limits_out_of_range_are_refused() -> None:
     with pytest.raises(ValueError, match="cpus"):
         Limits(cpus=0)

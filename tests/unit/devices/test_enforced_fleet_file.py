@@ -35,6 +35,9 @@ def test_workers_are_read_beside_the_emulated_devices() -> None:
         ({"class": "toaster"}, "class"),
         ({"id": "a b"}, "id"),
         ({"gpus": 1}, "gpus"),
+        ({"link": {"rtt_ms": -1}}, "rtt_ms"),
+        ({"link": {"mbit": 0}}, "mbit"),
+        ({"link": {"delay": 5}}, "delay"),
     ],
 )
 def test_a_wrong_worker_is_refused_naming_the_field(change: dict[str, object], named: str) -> None:
@@ -67,3 +70,19 @@ def test_a_fleet_file_without_workers_changes_no_worker(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"devices": {"phone": 3}}))
     assert EnforcedFleet.read(path, "r1") is None
     assert EnforcedFleet.read(None, "r1") is None
+
+
+def test_a_worker_with_a_link_is_told_to_measure_its_round_trip_once_the_link_is_made(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    linked = WORKERS[1] | {"link": {"rtt_ms": 5, "mbit": 20}}
+    path.write_text(yaml.safe_dump({"workers": [WORKERS[0], linked]}))
+    fleet = EnforcedFleet.read(path, "r1")
+    assert fleet is not None
+    assert list(fleet.links) == ["small"]
+    url = "nats://small:secret@127.0.0.1:4222"
+    # no link made (start not called, or the kernel could not): the head's network, as is
+    assert fleet.nats_url("small", url) == url and "TESSERA_WORKER_MEASURE_RTT" not in fleet.env(
+        "small"
+    )

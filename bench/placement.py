@@ -1,0 +1,518 @@
+"""Placements measured on devices the kernel holds to their size: DWPS's choice against exo's,
+llama.cpp's own split and the best of a set of candidates, each beside its prediction.
+
+Each device of the fleet is a cgroup (``libs/cluster/limits.py``: a CPU quota and a memory
+limit) on this machine, calibrated inside it as a held worker calibrates itself. A candidate
+placement runs as a llama.cpp split does in Tessera: ``llama-server`` on the first device's
+layers, inside that device's group; every other device's layers on its ``ggml-rpc-server``,
+inside its own group. Each candidate is measured at 1 stream and at ``--streams`` at once
+(decode tokens/s, after a warm-up), and predicted before it runs (``libs/core/predict.py``).
+
+The candidates: DWPS's choice (what the scheduler's ``partition.choose`` picks from its
+previews of this fleet), exo's memory-proportional ring (``partition.memory_proportional``),
+llama.cpp's default split (every device, layers in proportion to free memory), and a sample of
+the other feasible contiguous splits (each device alone; each pair, fastest first, cut at a
+quarter, a half and three quarters; the three in speed order, split by speed and evenly).
+
+The link sweep: the two fastest devices, split as the scheduler splits them, their RPC traffic
+through a relay that adds each round trip (``libs/cluster/relay.py``), against the model whole
+on the fastest: which is faster measured, and which the scheduler chooses at that round trip.
+
+    python bench/placement.py --json [--model FILE.gguf] [--fleet FILE.yaml]
+
+Needs root (cgroups) and ``make llama``. Watts are not predicted against a measurement here:
+this machine has no power meter a cgroup can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from report import add_results_option, table, write_report  # bench/ is the script's folder
+
+from libs.cluster.limits import Group, Limits, unavailable
+from libs.cluster.relay import DelayRelay
+from libs.contracts import Sampling, shard_ring
+from libs.core import partition
+from libs.core.catalogue import ModelSpec, card_spec
+from libs.core.model import Device
+from libs.core.predict import Prediction, Stage, corrected, predict
+from libs.devices.fleetfile import WorkerSpec, load_fleet
+from libs.models.gguf_info import read_card
+from libs.runtime.procs import free_port
+from services.worker.rpc.channel import listening
+from services.worker.rpc.server import llama_env
+from services.worker.served.chat_templates import tool_template
+from services.worker.served.llama_server import LlamaServer
+from services.worker.settings import WorkerSettings
+
+REPO = Path(__file__).resolve().parents[1]
+BINARIES = WorkerSettings().llama_bin
+#: The default fleet: a laptop, a desktop and a NAS whose memory grows as its speed falls
+#: (exo places by memory alone; the NAS holds the most).
+DEFAULT_FLEET = [
+    {"id": "laptop", "class": "laptop", "cpus": 1.0, "memory_gb": 1.5},
+    {"id": "desktop", "class": "workstation", "cpus": 0.5, "memory_gb": 2.0},
+    {"id": "nas", "class": "edge_server", "cpus": 0.25, "memory_gb": 3.0},
+]
+#: What a device's memory limit must keep beside a model: llama.cpp's own buffers and the
+#: process (GB).
+PROCESS_GB = 0.3
+CONTEXT = 256  # per request slot: the prompt and the answer
+PROMPT = "Write a long story about a fox who finds a key in the snow."
+CALIBRATE = (
+    "import json; from libs.devices.calibration import measure;"
+    "c = measure(size=256, sustained_s=1.0);"
+    "print(json.dumps([c.fp32_gflops, c.memory_bandwidth_gbps]))"
+)
+
+
+@dataclass
+class HeldDevice:
+    spec: WorkerSpec
+    group: Group
+    gflops: float = 0.0
+    bandwidth_gbps: float = 0.0
+    rpc: subprocess.Popen[bytes] | None = None
+    rpc_port: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def device(self, rtt_ms: float = 0.1) -> Device:
+        """The device as the scheduler's planner sees it."""
+        free = max(0.0, self.spec.memory_gb - PROCESS_GB)
+        return Device(
+            device_id=self.id,
+            device_class=self.spec.device_class,
+            capability=(0.5, 0.5, 0.5, 0.5, 0.5),
+            memory_total_gb=self.spec.memory_gb,
+            memory_free_gb=free,
+            power_max_w=30.0,
+            power_now_w=5.0,
+            power_idle_w=5.0,
+            temperature_c=40.0,
+            thermal_limit_c=90.0,
+            delta_t_c=20.0,
+            speed=self.gflops,
+            slots=8,
+            network_rtt_ms=rtt_ms,
+        )
+
+
+@dataclass
+class Candidate:
+    name: str
+    devices: tuple[str, ...]
+    counts: tuple[int, ...]
+    roles: list[str] = field(default_factory=list)
+    predicted: Prediction | None = None
+    measured: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        return self.devices, self.counts
+
+
+def run_in(group: Group, code: str) -> str:
+    done = subprocess.run(
+        [*group.prefix(), sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+             "OPENBLAS_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"in {group.name}: {done.stderr[-500:]}")
+    return done.stdout
+
+
+@contextlib.contextmanager
+def held_fleet(specs: Sequence[WorkerSpec], tag: str) -> Iterator[list[HeldDevice]]:
+    """Each device's group, calibrated inside it, with its RPC server running there."""
+    devices = [HeldDevice(s, Group(f"pl{tag}-{s.id}", Limits(s.cpus, s.memory_gb))) for s in specs]
+    try:
+        for d in devices:
+            d.group.create()
+            d.gflops, d.bandwidth_gbps = json.loads(run_in(d.group, CALIBRATE))
+            said = f"{d.id}: {d.spec.cpus:g} cores, {d.spec.memory_gb:g} GB: "
+            print(f"{said}{d.gflops:.1f} GFLOP/s, {d.bandwidth_gbps:.1f} GB/s", file=sys.stderr)
+            d.rpc_port = free_port()
+            command = [str(BINARIES / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(d.rpc_port)]
+            d.rpc = subprocess.Popen(
+                [*d.group.prefix(), *command, "-t", "1"], env=llama_env(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not all(listening(d.rpc_port) for d in devices):
+            if time.monotonic() > deadline:
+                raise RuntimeError("an RPC server did not listen within 30 s")
+            time.sleep(0.2)
+        yield devices
+    finally:
+        for d in devices:
+            if d.rpc is not None:
+                d.rpc.kill()
+                d.rpc.wait()
+        time.sleep(0.5)
+        for d in devices:
+            with contextlib.suppress(RuntimeError):
+                d.group.remove()
+
+
+class HeldLlamaServer(LlamaServer):
+    """llama-server inside the first device's group, given the RPC servers' addresses as they
+    are (they run on this machine: no tunnels)."""
+
+    def __init__(self, prefix: list[str], *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.prefix = prefix
+
+    async def prepare(self) -> None:
+        self.template = await asyncio.to_thread(tool_template, self.gguf)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        command, env = super().command()
+        return [*self.prefix, *command], env
+
+
+async def one_stream(server: LlamaServer, prompt: list[int], tokens: int) -> float:
+    """Decode tokens/s of one greedy stream, after its first token."""
+    times: list[float] = []
+    async for _ in server.complete(prompt, Sampling(max_tokens=tokens), tokens):
+        times.append(time.perf_counter())
+    return (len(times) - 2) / (times[-1] - times[1])
+
+
+async def at_once(server: LlamaServer, prompt: list[int], tokens: int, n: int) -> float:
+    """Aggregate tokens/s of ``n`` streams at once, from the first request on."""
+    counts: list[int] = []
+
+    async def stream() -> None:
+        got = 0
+        async for piece in server.complete(prompt, Sampling(max_tokens=tokens), tokens):
+            got += len(piece.token_ids)
+        counts.append(got)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(n)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+async def measure(
+    fleet: dict[str, HeldDevice],
+    gguf: Path,
+    layers: int,
+    candidate: Candidate,
+    prompt: list[int],
+    args: argparse.Namespace,
+    endpoints: dict[str, str] | None = None,
+) -> dict[int, float]:
+    """``candidate`` run and measured: decode tokens/s at 1 stream and at ``args.streams``."""
+    shards, start = [], 0
+    for device, count in zip(candidate.devices, candidate.counts, strict=True):
+        shards.append((device, start, start + count))
+        start += count
+    addresses = endpoints or {}
+    route = [addresses.get(d, f"127.0.0.1:{fleet[d].rpc_port}") for d in candidate.devices]
+    task = shard_ring("load", "bench", gguf.stem, shards, 1, 0.0, None, route, CONTEXT)[0]
+    head = fleet[candidate.devices[0]]
+    server = HeldLlamaServer(
+        head.group.prefix(), BINARIES, gguf, task, layers,
+        threads=1, slots=args.streams, context=CONTEXT,
+    )  # fmt: skip
+    try:
+        await server.start(300.0)
+        await one_stream(server, prompt, 4)  # warm-up: first graphs, caches
+        one = await one_stream(server, prompt, args.tokens)
+        many = await at_once(server, prompt, args.tokens // 2, args.streams)
+    finally:
+        await server.stop()
+    return {1: one, args.streams: many}
+
+
+def stages_of(
+    spec: ModelSpec, fleet: dict[str, HeldDevice], c: Candidate, rtt_ms: float = 0.0
+) -> list[Stage]:
+    out, start = [], 0
+    for i, (device, count) in enumerate(zip(c.devices, c.counts, strict=True)):
+        d = fleet[device]
+        hop = rtt_ms if i else 0.0
+        out.append(Stage(device, start, start + count, d.gflops, d.bandwidth_gbps, hop))
+        start += count
+    return out
+
+
+def fits(
+    spec: ModelSpec, fleet: dict[str, HeldDevice], devices: Sequence[str], counts: Sequence[int]
+) -> bool:
+    start, n = 0, len(devices)
+    for i, (device, count) in enumerate(zip(devices, counts, strict=True)):
+        need = spec.shard_gb(count, i == 0, i == n - 1, CONTEXT, start)
+        if count < 1 or need > fleet[device].device().memory_free_gb:
+            return False
+        start += count
+    return True
+
+
+def candidates(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> tuple[list[Candidate], int]:
+    """The named placements and the sampled others (deduplicated), and how many feasible
+    contiguous splits there are in all (ordered devices, layer counts)."""
+    devices = [d.device() for d in fleet.values()]
+    by_speed = sorted(fleet, key=lambda i: -fleet[i].gflops)
+    out: dict[tuple[tuple[str, ...], tuple[int, ...]], Candidate] = {}
+
+    def add(name: str, ids: Sequence[str], counts: Sequence[int]) -> None:
+        if not fits(spec, fleet, ids, counts):
+            return
+        key = (tuple(ids), tuple(counts))
+        out.setdefault(key, Candidate(name, tuple(ids), tuple(counts))).roles.append(name)
+
+    dwps = partition.choose(partition.previews(spec, devices, CONTEXT))
+    if dwps.feasible:
+        add("dwps", dwps.devices, [s.layers for s in dwps.shards])
+    exo = partition.memory_proportional(spec, devices, CONTEXT)
+    if exo.feasible:
+        add("exo", exo.devices, [s.layers for s in exo.shards])
+    memory = [fleet[i].device().memory_free_gb for i in by_speed]
+    add("llama.cpp default", by_speed, partition.largest_remainder(spec.layers, memory))
+    L = spec.layers
+    for i in by_speed:
+        add(f"{i} whole", [i], [L])
+    for a_index, a in enumerate(by_speed):
+        for b in by_speed[a_index + 1 :]:
+            for share in (0.25, 0.5, 0.75):
+                cut = min(L - 1, max(1, round(L * share)))
+                add(f"{a}+{b} {cut}/{L - cut}", [a, b], [cut, L - cut])
+    speeds = [fleet[i].gflops for i in by_speed]
+    add("all by speed", by_speed, partition.largest_remainder(L, speeds))
+    add("all even", by_speed, partition.largest_remainder(L, [1.0] * len(by_speed)))
+    return list(out.values()), feasible_count(spec, fleet)
+
+
+def feasible_count(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> int:
+    """Feasible contiguous splits over every ordered subset of the fleet (counted, not run)."""
+    from itertools import combinations, pairwise, permutations
+
+    def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+        for cuts in combinations(range(1, total), parts - 1):
+            edges = (0, *cuts, total)
+            yield tuple(b - a for a, b in pairwise(edges))
+
+    count = 0
+    for k in range(1, len(fleet) + 1):
+        for ids in permutations(fleet, k):
+            count += sum(fits(spec, fleet, ids, c) for c in compositions(spec.layers, k))
+    return count
+
+
+def error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+async def run(
+    args: argparse.Namespace, specs: Sequence[WorkerSpec], gguf: Path
+) -> dict[str, object]:
+    from transformers import AutoTokenizer
+
+    from libs.models.chat import encode_chat
+    from libs.models.shipped import prepare
+
+    card = read_card(gguf, checksum=False)
+    spec = card_spec(card, "llamacpp", args.streams)
+    tokenizer = AutoTokenizer.from_pretrained(prepare())  # the made models use SmolLM2's
+    prompt = encode_chat(tokenizer, [{"role": "user", "content": PROMPT}])
+    with held_fleet(specs, uuid_tag()) as held:
+        fleet = {d.id: d for d in held}
+        chosen, total = candidates(spec, fleet)
+        if args.named_only:
+            named = {"dwps", "exo", "llama.cpp default"}
+            chosen = [c for c in chosen if named & set(c.roles)]
+        ordered = sorted(chosen, key=lambda c: "dwps" not in c.roles)  # DWPS's first: it corrects
+        factors: dict[int, dict[str, float]] = {}
+        for n, c in enumerate(ordered, 1):
+            c.predicted = predict(spec, stages_of(spec, fleet, c), (1, args.streams))
+            print(f"[{n}/{len(ordered)}] {c.name}: {c.devices} {c.counts}", file=sys.stderr)
+            c.measured = await measure(fleet, gguf, card.layers, c, prompt, args)
+            if n == 1:  # the model corrects itself from this one deployment's measurements
+                for load in (1, args.streams):
+                    stages = stages_of(spec, fleet, c)
+                    factors[load] = corrected(
+                        {}, stages, c.predicted.tokens_per_s[load], c.measured[load]
+                    )
+        sweep = await link_sweep(args, spec, fleet, gguf, card.layers, prompt)
+    return summary(args, spec, fleet, ordered, factors, total, sweep)
+
+
+async def link_sweep(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    fleet: dict[str, HeldDevice],
+    gguf: Path,
+    layers: int,
+    prompt: list[int],
+) -> list[dict[str, object]]:
+    """The two fastest split (as the scheduler splits them) over a link of each round trip,
+    against the model whole on the fastest."""
+    fast, second = sorted(fleet, key=lambda i: -fleet[i].gflops)[:2]
+    whole = Candidate("whole", (fast,), (spec.layers,))
+    whole_rate = (await measure(fleet, gguf, layers, whole, prompt, args))[1]
+    out = []
+    for rtt in args.sweep:
+        devices = [fleet[fast].device(), fleet[second].device(rtt)]
+        pair = partition.plan(spec, devices, CONTEXT)
+        options = [partition.plan(spec, devices[:1], CONTEXT), pair]
+        chosen = partition.choose(options)
+        split = Candidate("split", pair.devices, tuple(s.layers for s in pair.shards))
+        relay = DelayRelay("127.0.0.1", ("127.0.0.1", fleet[second].rpc_port), rtt / 2)
+        port = await relay.start()
+        try:
+            split_rate = (
+                await measure(
+                    fleet, gguf, layers, split, prompt, args, {second: f"127.0.0.1:{port}"}
+                )
+            )[1]
+        finally:
+            await relay.close()
+        faster = "split" if split_rate > whole_rate else "whole"
+        out.append({
+            "rtt_ms": rtt, "split_counts": list(split.counts),
+            "split_tokens_per_s": round(split_rate, 2), "whole_tokens_per_s": round(whole_rate, 2),
+            "faster": faster, "chosen": "split" if len(chosen.devices) > 1 else "whole",
+        })  # fmt: skip
+        print(
+            f"sweep {rtt} ms: split {split_rate:.2f}, whole {whole_rate:.2f} tokens/s",
+            file=sys.stderr,
+        )
+    return out
+
+
+def summary(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    fleet: dict[str, HeldDevice],
+    placed: list[Candidate],
+    factors: dict[int, dict[str, float]],
+    total: int,
+    sweep: list[dict[str, object]],
+) -> dict[str, object]:
+    loads = (1, args.streams)
+    label = {1: "c1", args.streams: f"c{args.streams}"}
+    dwps = next(c for c in placed if "dwps" in c.roles)
+    exo = next((c for c in placed if "exo" in c.roles), None)
+    best = {n: max(c.measured[n] for c in placed) for n in loads}
+    errors, after = [], []
+    for c in placed:
+        assert c.predicted is not None
+        for n in loads:
+            errors.append(error(c.predicted.tokens_per_s[n], c.measured[n]))
+            if c is not dwps:  # the one it corrected from is not counted
+                again = predict(spec, stages_of(spec, fleet, c), (n,), factors=factors[n])
+                after.append(error(again.tokens_per_s[n], c.measured[n]))
+    rows = []
+    for c in placed:
+        assert c.predicted is not None
+        parts = zip(c.devices, c.counts, strict=True)
+        row: dict[str, object] = {
+            "placement": " + ".join(f"{d}:{k}" for d, k in parts),
+            "as": ", ".join(c.roles),
+        }
+        for n in loads:
+            row[f"measured {label[n]}"] = round(c.measured[n], 2)
+            row[f"predicted {label[n]}"] = round(c.predicted.tokens_per_s[n], 2)
+        rows.append(row)
+    return {
+        "bench": "placement",
+        "model": {"layers": spec.layers, "gb": round(spec.shard_gb(spec.layers, True, True, 0), 3)},
+        "fleet": [
+            {
+                "id": d.id,
+                "cpus": d.spec.cpus,
+                "memory_gb": d.spec.memory_gb,
+                "gflops": round(d.gflops, 1),
+                "bandwidth_gbps": round(d.bandwidth_gbps, 1),
+            }
+            for d in fleet.values()
+        ],
+        "candidates_run": len(placed),
+        "feasible_splits": total,
+        "sampled": len(placed) < total,
+        "dwps": {"devices": list(dwps.devices), "counts": list(dwps.counts)},
+        "dwps_over_best": {label[n]: round(dwps.measured[n] / best[n], 3) for n in loads},
+        "dwps_over_exo": (
+            {label[n]: round(dwps.measured[n] / exo.measured[n], 3) for n in loads} if exo else None
+        ),
+        "prediction_error_median": round(statistics.median(errors), 3),
+        "prediction_error_median_corrected": round(statistics.median(after), 3) if after else None,
+        "placements": rows,
+        "sweep": sweep,
+    }
+
+
+def uuid_tag() -> str:
+    import secrets
+
+    return secrets.token_hex(3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a GGUF (default: a made one of --size-gb)")
+    parser.add_argument("--size-gb", type=float, default=0.5)
+    parser.add_argument("--fleet", type=Path, help="a fleet file whose workers are the devices")
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument(
+        "--sweep", type=lambda s: [float(x) for x in s.split(",")], default=[0.2, 2, 5, 20]
+    )
+    parser.add_argument(
+        "--named-only",
+        action="store_true",
+        help="run DWPS's, exo's and llama.cpp's placements only (no sample of the others)",
+    )
+    parser.add_argument("--json", action="store_true")
+    add_results_option(parser)
+    args = parser.parse_args()
+    if why := unavailable():
+        sys.exit(f"placement bench: {why}")
+    if not (BINARIES / "llama-server").exists():
+        sys.exit("placement bench: llama.cpp not built (make llama)")
+    fleet_file = {"workers": DEFAULT_FLEET}
+    if args.fleet is not None:
+        fleet_file = yaml.safe_load(args.fleet.read_text())
+    specs = load_fleet({"workers": fleet_file.get("workers", [])}).workers
+    if not specs:
+        sys.exit("placement bench: the fleet file lists no workers")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="placement-bench-") as tmp:
+        gguf = args.model
+        if gguf is None:
+            sys.path.insert(0, str(REPO))
+            from tests.made_models import make_gguf
+
+            gguf = make_gguf(Path(tmp) / "made.gguf", "llama", "Q8_0", layers=16,
+                             target_bytes=int(args.size_gb * 1e9))  # fmt: skip
+        result = asyncio.run(run(args, specs, gguf))
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["command"] = " ".join(["python", *sys.argv])
+    rows: list[dict[str, object]] = result["placements"]  # type: ignore[assignment]
+    figures = {k: v for k, v in result.items() if k != "placements"}
+    title = "Placements measured on a fleet the kernel holds"
+    write_report(args.results, "placement", title, table(rows) + "\n\n" + table(figures))
+    print(json.dumps(result, indent=2) if args.json else table(rows))
+
+
+if __name__ == "__main__":
+    main()
