@@ -74,7 +74,7 @@ CONTEXT = 256  # per request slot: the prompt and the answer
 PROMPT = "Write a long story about a fox who finds a key in the snow."
 CALIBRATE = (
     "import json; from libs.devices.calibration import measure;"
-    "c = measure(size=256, sustained_s=1.0);"
+    "c = measure(sustained_s=1.0);"  # as a held worker calibrates itself
     "print(json.dumps([c.fp32_gflops, c.memory_bandwidth_gbps]))"
 )
 
@@ -197,18 +197,20 @@ async def one_stream(server: LlamaServer, prompt: list[int], tokens: int) -> flo
 
 
 async def at_once(server: LlamaServer, prompt: list[int], tokens: int, n: int) -> float:
-    """Aggregate tokens/s of ``n`` streams at once, from the first request on."""
-    counts: list[int] = []
+    """Aggregate decode tokens/s of ``n`` streams at once: the tokens all of them gave while
+    every one was decoding (from the last first token to the first last one), per second."""
+    times: list[list[float]] = []
 
     async def stream() -> None:
-        got = 0
-        async for piece in server.complete(prompt, Sampling(max_tokens=tokens), tokens):
-            got += len(piece.token_ids)
-        counts.append(got)
+        seen: list[float] = []
+        times.append(seen)
+        async for _ in server.complete(prompt, Sampling(max_tokens=tokens), tokens):
+            seen.append(time.perf_counter())
 
-    started = time.perf_counter()
     await asyncio.gather(*(stream() for _ in range(n)))
-    return sum(counts) / (time.perf_counter() - started)
+    start, end = max(t[0] for t in times), min(t[-1] for t in times)
+    given = sum(sum(1 for x in t if start < x <= end) for t in times)
+    return given / (end - start) if end > start else float("nan")
 
 
 async def measure(
@@ -237,7 +239,7 @@ async def measure(
         await server.start(300.0)
         await one_stream(server, prompt, 4)  # warm-up: first graphs, caches
         one = await one_stream(server, prompt, args.tokens)
-        many = await at_once(server, prompt, args.tokens // 2, args.streams)
+        many = await at_once(server, prompt, args.tokens, args.streams)
     finally:
         await server.stop()
     return {1: one, args.streams: many}
@@ -250,7 +252,7 @@ def stages_of(
     for i, (device, count) in enumerate(zip(c.devices, c.counts, strict=True)):
         d = fleet[device]
         hop = rtt_ms if i else 0.0
-        out.append(Stage(device, start, start + count, d.gflops, d.bandwidth_gbps, hop))
+        out.append(Stage(device, start, start + count, d.gflops, hop))
         start += count
     return out
 

@@ -70,11 +70,13 @@ def show_previews(
     for option in options:
         n = len(option["devices"])
         if option["feasible"]:
-            console.print(
-                shards_table(
-                    f"{n} device(s): ~{option['step_ms']:.2f} ms/token step", option["shards"]
+            title = f"{n} device(s): ~{option['step_ms']:.2f} ms/token step"
+            if guess := option.get("predicted"):
+                title += (
+                    f"; predicted {guess['tokens_per_s_1']:.1f} tokens/s at 1 stream, "
+                    f"{guess['tokens_per_s_8']:.1f} at 8, first token in {guess['ttft_ms']:.0f} ms"
                 )
-            )
+            console.print(shards_table(title, option["shards"]))
         else:
             console.print(f"[red]{n} device(s): infeasible[/red] — {option['reason']}")
 

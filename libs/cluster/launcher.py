@@ -64,8 +64,7 @@ class Cluster:
         warning = lan_exposure(
             options.gateway_host, given or self.keys_file is not None, options.open_lan
         )
-        if warning:
-            self.home_notes.append(warning)
+        self.home_notes += [warning] if warning else []
         #: The fleet file's workers held to their devices' size (None: none listed).
         self.enforced = EnforcedFleet.read(options.fleet, secrets.token_hex(3))
         workers = [name for name, _ in self.worker_names()]
@@ -89,11 +88,10 @@ class Cluster:
         )
         if self.access is not None:
             self.nats.config = self.access.write_nats_config(self.nats.data_dir / "nats.conf")
-        #: Signs the devices' certificates for llama.cpp's RPC between hosts (libs/runtime/pki.py),
-        #: kept in the home (joined hosts' certificates stay valid), else beside the NATS users.
-        #: (Also for a fleet's linked workers: their RPC servers listen on their links.)
-        beyond_loopback = options.listen or (self.enforced is not None and self.enforced.links)
-        self.rpc_ca = self._rpc_ca() if options.access and beyond_loopback else None
+        #: Signs certificates for llama.cpp's RPC between hosts and to a fleet's linked workers
+        #: (libs/runtime/pki.py), kept in the home, else beside the NATS users.
+        beyond = options.listen or (self.enforced is not None and self.enforced.links)
+        self.rpc_ca = self._rpc_ca() if options.access and beyond else None
         self.children: list[ServiceProcess] = []
         #: The run file's locked descriptor, held until ``stop`` (``libs/cluster/runfile.py``),
         #: and what it holds.

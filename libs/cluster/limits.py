@@ -15,13 +15,21 @@ is limited: the caller says so and runs as before.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-PERIOD_US = 100_000
+#: The CPU quota's period: 5 ms. A group may run at full speed for its quota of each period;
+#: over 100 ms (the kernel's default), a device busy a few milliseconds per token (one stage
+#: of a split, waiting on the others) never used up its quota and ran at this machine's full
+#: speed: splits measured up to 1.5 × faster than their devices' quotas allow
+#: (bench/placement.py). Over 5 ms they run as slow as the quota says.
+PERIOD_US = 5_000
+#: The kernel's shortest quota (1 ms): a small share gets a longer period to keep to it.
+MIN_QUOTA_US = 1_000
 #: Name of every group made here (``tessera-<device>``); ``remove`` takes only these.
 PREFIX = "tessera-"
 
@@ -101,7 +109,7 @@ class Group:
         reason = unavailable(self.root)
         if reason:
             raise LimitsUnavailable(reason)
-        quota = None if self.limits.cpus is None else round(self.limits.cpus * PERIOD_US)
+        period, quota = self.period_and_quota()
         memory = None if self.limits.memory_gb is None else int(self.limits.memory_gb * 1024**3)
         try:
             for folder in self.dirs.values():
@@ -110,13 +118,13 @@ class Group:
                 folder = self.dirs[""]
                 self._enable_v2(folder.parent)
                 if quota is not None:
-                    (folder / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                    (folder / "cpu.max").write_text(f"{quota} {period}")
                 if memory is not None:
                     (folder / "memory.max").write_text(str(memory))
                     (folder / "memory.swap.max").write_text("0")
             else:
                 if quota is not None:
-                    (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                    (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(period))
                     (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
                 if memory is not None:
                     folder = self.dirs["memory"]
@@ -126,6 +134,15 @@ class Group:
         except OSError as exc:
             raise LimitsUnavailable(f"cannot set up the cgroup {self.name}: {exc}") from exc
         return self
+
+    def period_and_quota(self) -> tuple[int, int | None]:
+        """The CPU period and quota (µs) of ``cpus``: ``PERIOD_US``, longer where the quota
+        would be under the kernel's shortest; no quota without ``cpus``."""
+        cpus = self.limits.cpus
+        if cpus is None:
+            return PERIOD_US, None
+        period = max(PERIOD_US, math.ceil(MIN_QUOTA_US / cpus))
+        return period, round(cpus * period)
 
     @staticmethod
     def _enable_v2(parent: Path) -> None:

@@ -35,7 +35,10 @@ def unavailable() -> str | None:
 
 
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    """Run ``ip ARGS``; a refusal raises ``RuntimeError`` with what ip said."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
 def end_host(namespace: str) -> list[str]:

@@ -1,17 +1,23 @@
 """A placement's speed, predicted before it is made and corrected by what it then measures.
 
 One decode step of ``streams`` requests at once runs every stage in turn (llama.cpp's RPC
-split: the head sends each device its layers' work and waits): a stage's layers take the
-longer of reading their weights once (``bytes / bandwidth``: a decode step on a CPU is bound by
-memory at few streams) and computing every stream's token through them (``streams × FLOPs /
-speed``); the last stage also runs the output layer; each stage after the first adds one round
-trip of its link. A device's ``factor`` (1 until measured) scales its stages' time: after a
-placement has served, ``corrected`` sets the factor of each of its devices from the measured
-rate, and the default factor (``"*"``) of devices not measured yet, so the next prediction is
-closer: for those devices, and for others on the same engine.
+split: the head sends each device its layers' work and waits). A stage computes its layers'
+FLOPs for every stream's token, plus a fixed part per step (``STEP_TOKENS``: reading and
+unpacking the weights once, whatever the streams), at ``ENGINE_SHARE`` of the FP32 rate its
+device calibrated; the output layer runs on the first stage where the model ties it to the
+embeddings (llama.cpp keeps that tensor where the embeddings are), else on the last; each stage
+after the first adds ``TRIPS_PER_STEP`` round trips of its link. A device's ``factor`` (1 until
+measured) scales its stages' time: after a placement has served, ``corrected`` sets the factor
+of each of its devices from the measured rate, and the default factor (``"*"``) of devices not
+measured yet, so the next prediction is closer: for those devices, and for others on the same
+engine.
 
-Time to first token: the prompt's tokens computed at once through every stage (bound by
-compute), plus the round trips, plus one decode step.
+Time to first token: the prompt's tokens computed at once through every stage, plus the round
+trips, plus one decode step.
+
+The two constants were fitted to llama.cpp's CPU build on devices held to CPU quotas
+(``bench/placement.py``, 15 placements of a 0.5 GB Q8_0 model at 1 and 8 streams); another
+engine or machine starts from them and corrects itself by its first measurement.
 """
 
 from __future__ import annotations
@@ -24,18 +30,21 @@ from libs.core.catalogue import ModelSpec
 #: Round trips of the link per stage per decode step (llama.cpp's RPC: the graph's compute
 #: call and the result read back).
 TRIPS_PER_STEP = 2
+#: The share of a device's calibrated FP32 GFLOP/s that llama.cpp's CPU kernels reach.
+ENGINE_SHARE = 0.30
+#: A step's fixed part, as tokens' worth of compute (its weights read once per step).
+STEP_TOKENS = 0.26
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """One device's part of a placement: its layers and what it measured of itself."""
+    """One device's part of a placement: its layers and the speed it calibrated."""
 
     device_id: str
     layer_start: int
     layer_end: int
-    #: FP32 GFLOP/s and memory bandwidth (GB/s), as calibrated on the device (in its quota).
+    #: FP32 GFLOP/s, as calibrated on the device (inside its quota, where it has one).
     gflops: float
-    bandwidth_gbps: float
     #: Round trip from the head to this device (ms); 0 for the head itself.
     rtt_ms: float = 0.0
 
@@ -53,19 +62,16 @@ def factor_of(factors: Mapping[str, float], device_id: str) -> float:
 
 
 def _stage_s(
-    model: ModelSpec, stage: Stage, last: bool, tokens: int, factor: float, weights_once: bool
+    model: ModelSpec, stages: Sequence[Stage], i: int, tokens: int, factor: float
 ) -> float:
-    """Seconds for ``tokens`` tokens through ``stage``'s layers (and the output layer)."""
+    """Seconds for ``tokens`` tokens at once through stage ``i``'s layers (and the output
+    layer, where it runs there)."""
+    stage = stages[i]
     params = model.params_per_layer * (stage.layer_end - stage.layer_start)
-    weight_gb = model.layers_gb(stage.layer_start, stage.layer_end, 0)
-    if last:
+    if i == (0 if model.tied else len(stages) - 1):
         params += model.head_params
-        weight_gb += (
-            model.head_params * (model.embedding_bytes_per_param or model.bytes_per_param) / 1e9
-        )
-    compute_s = 2.0 * params * tokens / 1e9 / max(stage.gflops, 1e-9)
-    memory_s = weight_gb / max(stage.bandwidth_gbps, 1e-9) if weights_once else 0.0
-    return max(compute_s, memory_s) * factor
+    rate = max(stage.gflops, 1e-9) * ENGINE_SHARE
+    return 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / rate * factor
 
 
 def step_s(
@@ -78,8 +84,7 @@ def step_s(
     factors = factors or {}
     total = 0.0
     for i, stage in enumerate(stages):
-        last = i == len(stages) - 1
-        total += _stage_s(model, stage, last, streams, factor_of(factors, stage.device_id), True)
+        total += _stage_s(model, stages, i, streams, factor_of(factors, stage.device_id))
         total += TRIPS_PER_STEP * stage.rtt_ms / 1000.0
     return total
 
@@ -98,9 +103,7 @@ def predict(
     rates = {n: n / step_s(model, stages, n, factors) for n in streams}
     factors = factors or {}
     prefill = sum(
-        _stage_s(
-            model, s, i == len(stages) - 1, prompt_tokens, factor_of(factors, s.device_id), False
-        )
+        _stage_s(model, stages, i, prompt_tokens, factor_of(factors, s.device_id))
         + TRIPS_PER_STEP * s.rtt_ms / 1000.0
         for i, s in enumerate(stages)
     )

@@ -84,6 +84,8 @@ class FleetSpec(BaseModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"worker ids given twice: {', '.join(twice)}")
+        if sum(w.link is not None for w in self.workers) > 64:
+            raise ValueError("at most 64 workers may have a link")
         ids = set(device_ids(self)) | {"*"}
         unknown = [f.device for f in self.faults if f.device not in ids]
         if unknown:

@@ -68,12 +68,14 @@ def create_api(scheduler: Scheduler) -> FastAPI:
         options = planner.preview(
             book, model, context, max_shards, now, precision=precision, card=card
         )
+        devices = {d.device_id: d for d in planner.model_devices(book, now)}
         return [
             {
                 "devices": list(p.devices),
                 "feasible": p.feasible,
                 "reason": p.reason,
                 "step_ms": p.step_ms,
+                "predicted": planner.predicted(p, devices, precision, card),
                 "shards": [
                     {
                         "device_id": s.device_id,

@@ -12,6 +12,7 @@ from libs.contracts import ModelCard
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
 from libs.core.partition import Preview, whole_models_only
+from libs.core.predict import Stage, predict
 from libs.deployments import DeploymentBook
 from services.scheduler import fit
 from services.scheduler.replicas import ENGINE_SLOTS
@@ -144,3 +145,28 @@ class Planner:
     def no_worker(self) -> set[str]:
         """Devices with no worker engine: nothing loads there, nobody reports."""
         return {d for d, a in self.view.announces.items() if not a.engines}
+
+    def predicted(
+        self,
+        option: Preview,
+        devices: Mapping[str, Device],
+        precision: str | None = None,
+        card: ModelCard | None = None,
+    ) -> dict[str, float] | None:
+        """``option``'s predicted tokens/s at 1 and 8 streams and time to a first token of
+        64 (``libs/core/predict.py``), from its devices' speeds and round trips; None where it
+        is infeasible or runs on another engine than llama.cpp's (the model is fitted to it)."""
+        if not option.feasible or self.family(option.devices[0]) != "llamacpp":
+            return None
+        spec = fit.spec_for(card or self.cards[option.model], "llamacpp", 8, precision)
+        stages = [
+            Stage(s.device_id, s.layer_start, s.layer_end, devices[s.device_id].speed,
+                  devices[s.device_id].network_rtt_ms if s.shard_index else 0.0)
+            for s in option.shards
+        ]  # fmt: skip
+        guess = predict(spec, stages, (1, 8), prompt_tokens=64)
+        return {
+            "tokens_per_s_1": round(guess.tokens_per_s[1], 2),
+            "tokens_per_s_8": round(guess.tokens_per_s[8], 2),
+            "ttft_ms": round(guess.ttft_ms, 1),
+        }

@@ -98,6 +98,16 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
             max_tokens=4,
         )
         assert reply.choices[0].message.content
+        shown = httpx.get(
+            f"{cluster.base_url}/v1/cluster/previews",
+            params={"model": "smollm2-135m-instruct"},
+            timeout=30,
+        ).json()
+        guesses = {len(p["devices"]): p["predicted"] for p in shown if p["feasible"]}
+        print(f"predicted by devices: {guesses}")
+        alone = guesses[1]  # the fastest device alone, then with slower ones: predicted slower
+        assert 0 < alone["tokens_per_s_1"] < alone["tokens_per_s_8"], guesses
+        assert guesses[2]["tokens_per_s_1"] < alone["tokens_per_s_1"], guesses
         pinned = {"model": "smollm2-135m-instruct", "deployment_id": "on-tiny", "devices": ["tiny"]}
         refused = httpx.post(f"{cluster.base_url}/v1/cluster/placements", json=pinned, timeout=30)
         assert refused.status_code == 409 and "memory" in refused.text, refused.text

@@ -94,6 +94,22 @@ def test_a_process_inside_a_group_reads_its_limit_and_what_the_group_uses(
     assert 0.0 < before < limit and after - before >= 0.09, (before, after)
 
 
+def test_a_small_share_keeps_its_ratio_on_a_longer_period(groups: list[Group], uid: str) -> None:
+    """A 5 ms period (a device idle between bursts still runs at its share), made longer where
+    the kernel's shortest quota (1 ms) would not give the share asked for."""
+    for cpus in (0.05, 0.5):
+        group = Group(f"{uid}-{int(cpus * 100)}share", Limits(cpus=cpus)).create()
+        groups.append(group)
+        folder = group.procs_files()[0].parent
+        if group.v2:
+            quota, period = map(int, (folder / "cpu.max").read_text().split())
+        else:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        assert quota / period == pytest.approx(cpus) and quota >= 1000
+        assert period == (20_000 if cpus == 0.05 else 5_000)
+
+
 def test_limits_out_of_range_are_refused() -> None:
     with pytest.raises(ValueError, match="cpus"):
         Limits(cpus=0)

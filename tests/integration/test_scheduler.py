@@ -132,6 +132,7 @@ async def test_a_deployment_lands_where_the_core_would_choose(
     async with httpx.AsyncClient(base_url=cluster.api) as client:
         shown = (await client.get("/instance/previews", params={"model": SMOL})).json()
         assert next(p["devices"] for p in shown if p["feasible"]) == list(expected.devices[:1])
+        assert all(p["predicted"] is None for p in shown)  # no llama.cpp worker: not predicted
         response = await client.post("/placements", json={"model": SMOL, "deployment_id": "d1"})
         assert response.status_code == 201
         placed = [a["device_id"] for a in response.json()["assignments"]]

@@ -1,40 +1,64 @@
-"""A placement's predicted speed (``libs/core/predict.py``): memory-bound at one stream,
-compute-bound at many, each hop paying its round trips; and corrected by what one placement
-measured, for its own devices and, by default, for the others."""
+"""A placement's predicted speed (``libs/core/predict.py``): each stage's compute at its
+device's speed, a step's fixed part shared by the streams it carries, each hop paying its
+round trips; and corrected by what one placement measured, for its own devices and, by
+default, for the others."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from libs.core.catalogue import ModelSpec
-from libs.core.predict import TRIPS_PER_STEP, Stage, corrected, predict, step_s
+from libs.core.predict import (
+    STEP_TOKENS,
+    TRIPS_PER_STEP,
+    Stage,
+    corrected,
+    predict,
+    step_s,
+)
 
-# 16 layers of 25 M parameters, one byte each (Q8): 0.4 GB of layers, 50 GFLOP per token.
-MODEL = ModelSpec("m", 16, 25e6, 1e6, 1e6, 1.0, 1000.0, runtime_overhead_gb=0.0)
+# 16 layers of 25 M parameters and an output layer of 4 M (untied: on the last stage).
+MODEL = ModelSpec("m", 16, 25e6, 4e6, 4e6, 1.0, 1000.0, runtime_overhead_gb=0.0)
 
 
-def whole(device: str = "a", gflops: float = 100.0, bandwidth: float = 10.0) -> list[Stage]:
-    return [Stage(device, 0, 16, gflops, bandwidth)]
+def whole(device: str = "a", gflops: float = 100.0) -> list[Stage]:
+    return [Stage(device, 0, 16, gflops)]
 
 
-def test_one_stream_is_bound_by_reading_the_weights_and_many_by_computing() -> None:
-    one = step_s(MODEL, whole(), 1)
-    assert step_s(MODEL, whole(bandwidth=20.0), 1) == pytest.approx(one / 2, rel=0.01)
-    assert step_s(MODEL, whole(gflops=200.0), 1) == pytest.approx(one)  # not compute-bound
+def halves(first: float, second: float, rtt_ms: float = 0.0) -> list[Stage]:
+    return [Stage("a", 0, 8, first), Stage("b", 8, 16, second, rtt_ms)]
+
+
+def test_a_twice_as_fast_device_is_predicted_twice_as_fast_at_any_load() -> None:
+    for streams in (1, 8):
+        slow = predict(MODEL, whole(gflops=100.0), (streams,)).tokens_per_s[streams]
+        fast = predict(MODEL, whole(gflops=200.0), (streams,)).tokens_per_s[streams]
+        assert fast == pytest.approx(2 * slow)
+
+
+def test_streams_share_a_steps_fixed_part_so_more_of_them_give_more_tokens() -> None:
     rates = predict(MODEL, whole(), (1, 8, 64)).tokens_per_s
-    assert rates[1] < rates[8] == pytest.approx(rates[64])  # more streams: up to compute's cap
-    # at 64 streams compute binds: twice the GFLOP/s, about twice the rate
-    assert predict(MODEL, whole(gflops=200.0), (64,)).tokens_per_s[64] == pytest.approx(
-        2 * rates[64], rel=0.05
-    )
+    assert rates[1] < rates[8] < rates[64]
+    # never past what the compute alone allows: only the fixed part is shared
+    assert rates[64] / rates[1] < (STEP_TOKENS + 1) / STEP_TOKENS
+
+
+def test_a_split_costs_each_stage_its_layers_and_the_output_layer_where_it_runs() -> None:
+    balanced = step_s(MODEL, halves(100.0, 100.0))
+    assert balanced == pytest.approx(step_s(MODEL, whole()))  # no link: the same work
+    # the output layer: on the last stage untied, on the first where tied to the embeddings
+    slow_last = step_s(MODEL, halves(100.0, 50.0))
+    tied = replace(MODEL, tied=True)
+    assert step_s(tied, halves(100.0, 50.0)) < slow_last
 
 
 def test_each_stage_after_the_first_pays_its_links_round_trips() -> None:
-    near = [Stage("a", 0, 8, 100.0, 10.0), Stage("b", 8, 16, 100.0, 10.0, rtt_ms=0.0)]
-    far = [Stage("a", 0, 8, 100.0, 10.0), Stage("b", 8, 16, 100.0, 10.0, rtt_ms=20.0)]
-    added = step_s(MODEL, far) - step_s(MODEL, near)
+    added = step_s(MODEL, halves(100.0, 100.0, rtt_ms=20.0)) - step_s(MODEL, halves(100.0, 100.0))
     assert added == pytest.approx(TRIPS_PER_STEP * 0.020)
-    assert predict(MODEL, far).ttft_ms > predict(MODEL, near).ttft_ms
+    near = predict(MODEL, halves(100.0, 100.0)).ttft_ms
+    assert predict(MODEL, halves(100.0, 100.0, rtt_ms=20.0)).ttft_ms > near
 
 
 def test_a_measured_placement_corrects_its_devices_and_the_default_for_the_others() -> None:
