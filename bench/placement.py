@@ -61,12 +61,9 @@ from services.worker.settings import WorkerSettings
 REPO = Path(__file__).resolve().parents[1]
 BINARIES = WorkerSettings().llama_bin
 #: The default fleet: a laptop, a desktop and a NAS whose memory grows as its speed falls
-#: (exo places by memory alone; the NAS holds the most).
-DEFAULT_FLEET = [
-    {"id": "laptop", "class": "laptop", "cpus": 1.0, "memory_gb": 1.5},
-    {"id": "desktop", "class": "workstation", "cpus": 0.5, "memory_gb": 2.0},
-    {"id": "nas", "class": "edge_server", "cpus": 0.25, "memory_gb": 3.0},
-]
+#: (exo places by memory alone; the NAS holds the most). Links are not made here: the sweep
+#: puts its own round trips on the split's RPC traffic.
+DEFAULT_FLEET = REPO / "deploy" / "fleets" / "home.yaml"
 #: What a device's memory limit must keep beside a model: llama.cpp's own buffers and the
 #: process (GB).
 PROCESS_GB = 0.3
@@ -473,7 +470,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a GGUF (default: a made one of --size-gb)")
     parser.add_argument("--size-gb", type=float, default=0.5)
-    parser.add_argument("--fleet", type=Path, help="a fleet file whose workers are the devices")
+    parser.add_argument(
+        "--fleet",
+        type=Path,
+        help="a fleet file whose workers are the devices (default: deploy/fleets/home.yaml)",
+    )
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument(
@@ -491,9 +492,7 @@ def main() -> None:
         sys.exit(f"placement bench: {why}")
     if not (BINARIES / "llama-server").exists():
         sys.exit("placement bench: llama.cpp not built (make llama)")
-    fleet_file = {"workers": DEFAULT_FLEET}
-    if args.fleet is not None:
-        fleet_file = yaml.safe_load(args.fleet.read_text())
+    fleet_file = yaml.safe_load((args.fleet or DEFAULT_FLEET).read_text()) or {}
     specs = load_fleet({"workers": fleet_file.get("workers", [])}).workers
     if not specs:
         sys.exit("placement bench: the fleet file lists no workers")

@@ -87,8 +87,7 @@ class EnforcedFleet:
     def prefix(self, name: str) -> list[str]:
         held = self.groups[name].prefix() if self.enforced and name in self.groups else []
         link = self.linked.get(name)
-        # its groups first: ``ip netns exec`` mounts a /sys of its own, without the cgroups
-        return [*held, *(link.prefix() if link else [])]
+        return [*held, *(link.prefix() if link else [])]  # its groups, then its network
 
     def start(self, say: Callable[[str], None], nats_url: str = "") -> None:
         """Make every worker's group, then its link to NATS at ``nats_url``; where the kernel

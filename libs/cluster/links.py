@@ -28,9 +28,9 @@ def unavailable() -> str | None:
     """Why links cannot be made here, or None when they can."""
     if os.geteuid() != 0:
         return "links need root (network namespaces and tc)"
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "nsenter") if shutil.which(tool) is None]
     if missing:
-        return f"links need iproute2 ({' and '.join(missing)} not found)"
+        return f"links need iproute2 and util-linux ({', '.join(missing)} not found)"
     return None
 
 
@@ -124,7 +124,9 @@ class LinkedHost:
         return f"{self.head_address}:{self.relay_port}"
 
     def prefix(self) -> list[str]:
-        return ["ip", "netns", "exec", self.namespace]
+        """Runs a command in the namespace's network: ``nsenter``, not ``ip netns exec``, which
+        also mounts a /sys of its own (without the cgroups a held worker reads its limit in)."""
+        return ["nsenter", f"--net=/var/run/netns/{self.namespace}"]
 
     def remove(self) -> None:
         """Stop the relay, kill what still runs in the namespace, delete it (and its veth)."""

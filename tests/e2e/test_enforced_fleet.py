@@ -114,6 +114,8 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
         room = samples["tiny"]["memory_available_gb"]
         print(f"tiny: 0.5 GB limit, {room:.3f} GB of room reported; refused: {refused.text}")
         assert 0 < room < 0.5, samples["tiny"]  # the limit, less what the worker already uses
+        for name, limit in (("tiny", 0.5), ("small", 1.0)):  # linked or not: read, not 80 %
+            assert samples[name]["memory_available_gb"] != pytest.approx(0.8 * limit), name
         assert f"have {room:.2f} GB free" in refused.text  # the room the placement counted
         tiny = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", "tiny")
         assert tiny is not None  # not killed: nothing was sent to it

@@ -86,3 +86,16 @@ def test_a_worker_with_a_link_is_told_to_measure_its_round_trip_once_the_link_is
     assert fleet.nats_url("small", url) == url and "TESSERA_WORKER_MEASURE_RTT" not in fleet.env(
         "small"
     )
+
+
+def test_the_shipped_household_fleet_is_read_with_its_link() -> None:
+    """``deploy/fleets/home.yaml``: the fleet the placement benchmark measures on."""
+    path = Path(__file__).resolve().parents[3] / "deploy" / "fleets" / "home.yaml"
+    fleet = EnforcedFleet.read(path, "r1")
+    assert fleet is not None
+    assert [(w.id, w.cpus) for w in fleet.workers.values()] == [
+        ("laptop", 1.0),
+        ("desktop", 0.5),
+        ("nas", 0.25),
+    ]
+    assert list(fleet.links) == ["nas"]

@@ -276,7 +276,9 @@ $("#preview-form").addEventListener("submit", async (event) => {
     const left = [...state.devices.keys()].filter((d) => !considered.has(d));
     box.replaceChildren(...options.map((o) => element("div", { className: `preview ${o.feasible ? "" : "infeasible"}` },
       element("h4", {}, `${o.devices.length} device(s): `, o.feasible
-        ? `~${o.step_ms.toFixed(2)} ms per token step` : element("span", { className: "error" }, o.reason)),
+        ? `~${o.step_ms.toFixed(2)} ms per token step` : element("span", { className: "error" }, o.reason),
+        o.predicted ? `; predicted ${o.predicted.tokens_per_s_1.toFixed(1)} tokens/s at 1 stream, `
+          + `${o.predicted.tokens_per_s_8.toFixed(1)} at 8, first token in ${o.predicted.ttft_ms.toFixed(0)} ms` : ""),
       o.feasible ? element("ul", {}, ...o.shards.map((s) => element("li", {},
         `${s.device_id}: layers ${s.layer_start}–${s.layer_end - 1}, ${s.memory_gb.toFixed(2)} GB`))) : "")),
       left.length ? element("p", { className: "muted" },
