@@ -242,14 +242,11 @@ async def measure(
     return {1: one, args.streams: many}
 
 
-def stages_of(
-    spec: ModelSpec, fleet: dict[str, HeldDevice], c: Candidate, rtt_ms: float = 0.0
-) -> list[Stage]:
+def stages_of(fleet: dict[str, HeldDevice], c: Candidate) -> list[Stage]:
+    """``c``'s stages as the predictor reads them (its RPC servers on this machine: no link)."""
     out, start = [], 0
-    for i, (device, count) in enumerate(zip(c.devices, c.counts, strict=True)):
-        d = fleet[device]
-        hop = rtt_ms if i else 0.0
-        out.append(Stage(device, start, start + count, d.gflops, hop))
+    for device, count in zip(c.devices, c.counts, strict=True):
+        out.append(Stage(device, start, start + count, fleet[device].gflops))
         start += count
     return out
 
@@ -339,15 +336,19 @@ async def run(
         if args.named_only:
             named = {"dwps", "exo", "llama.cpp default"}
             chosen = [c for c in chosen if named & set(c.roles)]
+        if not any("dwps" in c.roles for c in chosen):
+            devices = [d.device() for d in held]
+            why = partition.choose(partition.previews(spec, devices, CONTEXT)).reason
+            raise SystemExit(f"placement bench: no placement of this model on this fleet ({why})")
         ordered = sorted(chosen, key=lambda c: "dwps" not in c.roles)  # DWPS's first: it corrects
         factors: dict[int, dict[str, float]] = {}
         for n, c in enumerate(ordered, 1):
-            c.predicted = predict(spec, stages_of(spec, fleet, c), (1, args.streams))
+            c.predicted = predict(spec, stages_of(fleet, c), (1, args.streams))
             print(f"[{n}/{len(ordered)}] {c.name}: {c.devices} {c.counts}", file=sys.stderr)
             c.measured = await measure(fleet, gguf, card.layers, c, prompt, args)
             if n == 1:  # the model corrects itself from this one deployment's measurements
                 for load in (1, args.streams):
-                    stages = stages_of(spec, fleet, c)
+                    stages = stages_of(fleet, c)
                     factors[load] = corrected(
                         {}, stages, c.predicted.tokens_per_s[load], c.measured[load]
                     )
@@ -365,7 +366,12 @@ async def link_sweep(
 ) -> list[dict[str, object]]:
     """The two fastest split (as the scheduler splits them) over a link of each round trip,
     against the model whole on the fastest."""
+    if len(fleet) < 2:
+        return []
     fast, second = sorted(fleet, key=lambda i: -fleet[i].gflops)[:2]
+    if not fits(spec, fleet, [fast], [spec.layers]):  # nothing to compare a split with
+        print(f"no sweep: the model does not fit {fast} whole", file=sys.stderr)
+        return []
     whole = Candidate("whole", (fast,), (spec.layers,))
     whole_rate = (await measure(fleet, gguf, layers, whole, prompt, args))[1]
     out = []
@@ -418,7 +424,7 @@ def summary(
         for n in loads:
             errors.append(error(c.predicted.tokens_per_s[n], c.measured[n]))
             if c is not dwps:  # the one it corrected from is not counted
-                again = predict(spec, stages_of(spec, fleet, c), (n,), factors=factors[n])
+                again = predict(spec, stages_of(fleet, c), (n,), factors=factors[n])
                 after.append(error(again.tokens_per_s[n], c.measured[n]))
     rows = []
     for c in placed:

@@ -34,11 +34,15 @@ def unavailable() -> str | None:
     return None
 
 
-def ip(*args: str) -> None:
-    """Run ``ip ARGS``; a refusal raises ``RuntimeError`` with what ip said."""
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+def run_tool(*argv: str) -> None:
+    """Run ``argv`` (``ip …``, ``tc …``); a refusal raises ``RuntimeError`` with what it said."""
+    done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+
+
+def ip(*args: str) -> None:
+    run_tool("ip", *args)
 
 
 def end_host(namespace: str) -> list[str]:
@@ -56,19 +60,13 @@ def end_host(namespace: str) -> list[str]:
     return killed
 
 
-def tc(*args: str) -> None:
-    done = subprocess.run(["tc", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"tc {' '.join(args)}: {done.stderr.strip()}")
-
-
 def shape(device: str, mbit: float, namespace: str | None = None) -> None:
     """Hold what ``device`` sends to ``mbit`` (a token bucket a few milliseconds deep)."""
     rate = f"{mbit * 1000:.0f}kbit"
     burst = f"{max(1600, int(mbit * 1e6 / 8 / 250))}"  # 4 ms of traffic, at least a frame
     where = ["-n", namespace] if namespace else []
-    tc(*where, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate, "burst", burst,
-       "latency", "50ms")  # fmt: skip
+    bucket = ["tbf", "rate", rate, "burst", burst, "latency", "50ms"]
+    run_tool("tc", *where, "qdisc", "replace", "dev", device, "root", *bucket)
 
 
 class LinkedHost:
