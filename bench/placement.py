@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -37,10 +38,12 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations, pairwise, permutations
 from pathlib import Path
 
 import yaml
 from report import add_results_option, table, write_report  # bench/ is the script's folder
+from rpc_channel import one_stream
 
 from libs.cluster.limits import Group, Limits, unavailable
 from libs.cluster.relay import DelayRelay
@@ -185,14 +188,6 @@ class HeldLlamaServer(LlamaServer):
         return [*self.prefix, *command], env
 
 
-async def one_stream(server: LlamaServer, prompt: list[int], tokens: int) -> float:
-    """Decode tokens/s of one greedy stream, after its first token."""
-    times: list[float] = []
-    async for _ in server.complete(prompt, Sampling(max_tokens=tokens), tokens):
-        times.append(time.perf_counter())
-    return (len(times) - 2) / (times[-1] - times[1])
-
-
 async def at_once(server: LlamaServer, prompt: list[int], tokens: int, n: int) -> float:
     """Aggregate decode tokens/s of ``n`` streams at once: the tokens all of them gave while
     every one was decoding (from the last first token to the first last one), per second."""
@@ -235,7 +230,7 @@ async def measure(
     try:
         await server.start(300.0)
         await one_stream(server, prompt, 4)  # warm-up: first graphs, caches
-        one = await one_stream(server, prompt, args.tokens)
+        one, _ = await one_stream(server, prompt, args.tokens)
         many = await at_once(server, prompt, args.tokens, args.streams)
     finally:
         await server.stop()
@@ -300,7 +295,6 @@ def candidates(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> tuple[list[Cand
 
 def feasible_count(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> int:
     """Feasible contiguous splits over every ordered subset of the fleet (counted, not run)."""
-    from itertools import combinations, pairwise, permutations
 
     def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
         for cuts in combinations(range(1, total), parts - 1):
@@ -330,7 +324,7 @@ async def run(
     spec = card_spec(card, "llamacpp", args.streams)
     tokenizer = AutoTokenizer.from_pretrained(prepare())  # the made models use SmolLM2's
     prompt = encode_chat(tokenizer, [{"role": "user", "content": PROMPT}])
-    with held_fleet(specs, uuid_tag()) as held:
+    with held_fleet(specs, secrets.token_hex(3)) as held:
         fleet = {d.id: d for d in held}
         chosen, total = candidates(spec, fleet)
         if args.named_only:
@@ -464,12 +458,6 @@ def summary(
         "placements": rows,
         "sweep": sweep,
     }
-
-
-def uuid_tag() -> str:
-    import secrets
-
-    return secrets.token_hex(3)
 
 
 def main() -> None:

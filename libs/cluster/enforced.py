@@ -38,11 +38,10 @@ class EnforcedFleet:
         }
         self.enforced = False
         subnet = 200 + secrets.randbelow(50)  # 10.200–249.*: one run's links, apart from others
-        linked = [w for w in workers if w.link is not None]
+        linked = [(w.id, w.link) for w in workers if w.link is not None]
         self.links = {
-            w.id: LinkedHost(run_id, i, subnet, w.link.rtt_ms, w.link.mbit)
-            for i, w in enumerate(linked)
-            if w.link is not None
+            name: LinkedHost(run_id, i, subnet, link.rtt_ms, link.mbit)
+            for i, (name, link) in enumerate(linked)
         }
         self.linked: dict[str, LinkedHost] = {}  # those made (start)
 

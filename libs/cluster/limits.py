@@ -21,7 +21,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path("/sys/fs/cgroup")
+from libs.devices.cgroup_memory import ROOT, own_paths
+
 #: The CPU quota's period: 5 ms. A group may run at full speed for its quota of each period;
 #: over 100 ms (the kernel's default), a device busy a few milliseconds per token (one stage
 #: of a split, waiting on the others) never used up its quota and ran at this machine's full
@@ -51,16 +52,6 @@ class Limits:
             raise ValueError(f"memory_gb must be above 0.01, not {self.memory_gb}")
 
 
-def _own_paths(root: Path) -> dict[str, str]:
-    """This process's cgroup per v1 controller ("" for v2's single hierarchy)."""
-    paths: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") if controllers else [""]:
-            paths[controller] = path
-    return paths
-
-
 def layout(root: Path = ROOT) -> str:
     """ "v2" where the unified hierarchy holds the controllers, else "v1"."""
     return "v2" if (root / "cgroup.controllers").exists() else "v1"
@@ -88,7 +79,7 @@ class Group:
             raise ValueError(f"a group name is letters, digits, - and _: {name!r}")
         self.name, self.limits, self.root = PREFIX + name, limits, root
         self.v2 = layout(root) == "v2"
-        own = _own_paths(root)
+        own = own_paths()
         if self.v2:
             self.dirs = {"": root / own.get("", "/").lstrip("/") / self.name}
         else:

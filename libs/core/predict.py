@@ -101,12 +101,7 @@ def predict(
     if not stages:
         raise ValueError("a placement has at least one stage")
     rates = {n: n / step_s(model, stages, n, factors) for n in streams}
-    factors = factors or {}
-    prefill = sum(
-        _stage_s(model, stages, i, prompt_tokens, factor_of(factors, s.device_id))
-        + TRIPS_PER_STEP * s.rtt_ms / 1000.0
-        for i, s in enumerate(stages)
-    )
+    prefill = step_s(model, stages, prompt_tokens, factors)  # the prompt's tokens at once
     return Prediction(rates, (prefill + step_s(model, stages, 1, factors)) * 1000.0)
 
 

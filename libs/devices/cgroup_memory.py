@@ -2,7 +2,8 @@
 kernel's files (v1 ``memory.limit_in_bytes`` and ``memory.usage_in_bytes``, v2 ``memory.max``
 and ``memory.current``) of the group ``/proc/self/cgroup`` names. A worker held to a device's
 size (``tessera up --fleet``, ``libs/cluster/limits.py``) reports the room its limit leaves it,
-so that the placement counts the limit before a model is sent there."""
+so that the placement counts the limit before a model is sent there. ``own_paths`` is also where
+``libs/cluster/limits.py`` makes a device's groups (inside this process's own)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,22 @@ ROOT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 60
 
 
-def _group(root: Path) -> Path | None:
-    """This process's memory cgroup folder (v1's memory controller, else v2's one group)."""
+def own_paths() -> dict[str, str]:
+    """This process's cgroup per v1 controller ("" for v2's single hierarchy)."""
+    paths: dict[str, str] = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(",") or (
-            controllers == "" and (root / "cgroup.controllers").exists()
-        ):
-            base = root / "memory" if controllers else root
-            return base / path.lstrip("/")
-    return None
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def _group(root: Path) -> Path | None:
+    """This process's memory cgroup folder (v2's one group, else v1's memory controller)."""
+    own = own_paths()
+    if (root / "cgroup.controllers").exists():
+        return root / own.get("", "/").lstrip("/")
+    return root / "memory" / own["memory"].lstrip("/") if "memory" in own else None
 
 
 def memory_room_gb(root: Path = ROOT) -> tuple[float, float] | None:
