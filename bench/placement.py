@@ -9,7 +9,8 @@ inside its own group. Each candidate is measured at 1 stream and at ``--streams`
 (decode tokens/s, after a warm-up), and predicted before it runs (``libs/core/predict.py``).
 
 The candidates: DWPS's choice (what the scheduler's ``partition.choose`` picks from its
-previews of this fleet), exo's memory-proportional ring (``partition.memory_proportional``),
+previews of this fleet, each split weighed by the predictor's step as the scheduler weighs a
+llama.cpp split), exo's memory-proportional ring (``partition.memory_proportional``),
 llama.cpp's default split (every device, layers in proportion to free memory), and a sample of
 the other feasible contiguous splits (each device alone; each pair, fastest first, cut at a
 quarter, a half and three quarters; the three in speed order, split by speed and evenly).
@@ -51,7 +52,7 @@ from libs.contracts import Sampling, shard_ring
 from libs.core import partition
 from libs.core.catalogue import ModelSpec, card_spec
 from libs.core.model import Device
-from libs.core.predict import Prediction, Stage, corrected, predict
+from libs.core.predict import Prediction, Stage, corrected, placement_step_ms, predict
 from libs.devices.fleetfile import WorkerSpec, load_fleet
 from libs.models.gguf_info import read_card
 from libs.runtime.procs import free_port
@@ -258,6 +259,11 @@ def fits(
     return True
 
 
+def scheduler_choice(spec: ModelSpec, devices: Sequence[Device]) -> partition.Preview:
+    """What the scheduler places on ``devices``: its llama.cpp candidates, chosen."""
+    return partition.choose(partition.previews(spec, devices, CONTEXT, step=placement_step_ms))
+
+
 def candidates(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> tuple[list[Candidate], int]:
     """The named placements and the sampled others (deduplicated), and how many feasible
     contiguous splits there are in all (ordered devices, layer counts)."""
@@ -271,7 +277,7 @@ def candidates(spec: ModelSpec, fleet: dict[str, HeldDevice]) -> tuple[list[Cand
         key = (tuple(ids), tuple(counts))
         out.setdefault(key, Candidate(name, tuple(ids), tuple(counts))).roles.append(name)
 
-    dwps = partition.choose(partition.previews(spec, devices, CONTEXT))
+    dwps = scheduler_choice(spec, devices)
     if dwps.feasible:
         add("dwps", dwps.devices, [s.layers for s in dwps.shards])
     exo = partition.memory_proportional(spec, devices, CONTEXT)
@@ -332,7 +338,7 @@ async def run(
             chosen = [c for c in chosen if named & set(c.roles)]
         if not any("dwps" in c.roles for c in chosen):
             devices = [d.device() for d in held]
-            why = partition.choose(partition.previews(spec, devices, CONTEXT)).reason
+            why = scheduler_choice(spec, devices).reason
             raise SystemExit(f"placement bench: no placement of this model on this fleet ({why})")
         ordered = sorted(chosen, key=lambda c: "dwps" not in c.roles)  # DWPS's first: it corrects
         factors: dict[int, dict[str, float]] = {}
@@ -371,8 +377,8 @@ async def link_sweep(
     out = []
     for rtt in args.sweep:
         devices = [fleet[fast].device(), fleet[second].device(rtt)]
-        pair = partition.plan(spec, devices, CONTEXT)
-        options = [partition.plan(spec, devices[:1], CONTEXT), pair]
+        pair = partition.plan(spec, devices, CONTEXT, placement_step_ms)
+        options = [partition.plan(spec, devices[:1], CONTEXT, placement_step_ms), pair]
         chosen = partition.choose(options)
         split = Candidate("split", pair.devices, tuple(s.layers for s in pair.shards))
         relay = DelayRelay("127.0.0.1", ("127.0.0.1", fleet[second].rpc_port), rtt / 2)

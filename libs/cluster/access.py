@@ -26,16 +26,17 @@ The **services** (``service_grants``):
   telemetry, leaving and mode changes in. No JetStream.
 - ``scheduler``: placements, deployment status, shard tasks (into the work stream), hints,
   mode changes, checkpoints and announce requests (when it starts) out; placement
-  requests, scores, device events and shard status in. It is the cluster's JetStream
-  administrator: it creates the streams and its key-value buckets (leader lease,
-  checkpoints) and reads and writes them, so it keeps
+  requests, scores, device events, shard status and what the gateway measured in. It is the
+  cluster's JetStream administrator: it creates the streams and its key-value buckets
+  (leader lease, checkpoints) and reads and writes them, so it keeps
   ``$JS.API.>`` and ``$KV.>`` (never acknowledges: no ``$JS.ACK``). Removing a model
   (``DELETE /models/NAME``) removes its weights from the object store: it may write an
   object's meta (the deletion marker, ``MODEL_DELETE``) and purge its chunks (``$JS.API``),
   never write a chunk.
 - ``models``: the compose stack's one-shot ``models`` service (``tessera models
   add-shipped``): writes the model weights' object store (``MODEL_WRITE``), nothing else.
-- ``gateway``: placement requests, generation requests and cancels out; every token chunk
+- ``gateway``: placement requests, generation requests, cancels and what each deployment's
+  requests measured out; every token chunk
   (filtered by route), placements, device events, scores, deployment status, weights progress
   (the event feed's bars), mode changes and service restarts in. No JetStream.
 - ``batch``: placement requests and decisions in (it watches). No JetStream.
@@ -56,12 +57,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libs.cluster.jetstream_grants import (
+    JETSTREAM_ADMIN,
+    MODEL_DELETE,
+    MODEL_READ,
+    MODEL_WRITE,
+    work_grant,
+)
 from libs.contracts import (
     ANNOUNCE,
     ANNOUNCE_REQUEST,
     CANCEL,
     CHECKPOINT,
     DEPLOYMENT_EVENT,
+    DEPLOYMENT_MEASURED,
     DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     DEVICE_LEAVING,
@@ -82,59 +91,16 @@ from libs.contracts import (
     WEIGHTS_PROGRESS,
     WEIGHTS_WANT,
 )
-from libs.contracts.channels import MODEL_BUCKET, STREAMS, work_consumer
 from libs.runtime.nats_client import inbox_of, server_list
 from libs.runtime.private_files import write_private_json
 
 #: The users that talk to Redis (the rest have no Redis user at all).
 REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
-#: The scheduler's JetStream: streams, its key-value buckets, publishing into streams.
-JETSTREAM_ADMIN = ("$JS.API.>", "$KV.>")
-WORK_STREAM = next(name for name, subjects in STREAMS.items() if SHARD_TASK.wildcard in subjects)
-MODEL_STREAM = f"OBJ_{MODEL_BUCKET}"
-#: Reading the model weights' object store, nothing more: the stream's info (nats-py's
-#: ``object_store``, which names the stream: listing streams is refused), a message by subject
-#: (an object's meta, directly or through the API) and JetStream's direct get by sequence
-#: (``libs/weights/whole_files.py``'s fetch: batches of an object's chunks onto the reader's own
-#: inbox). No consumer: a consumer's creator chooses where a push consumer delivers, so a
-#: grant to make one would let a device pour the weights onto any subject. No put, no
-#: delete, no purge: ``$O.TESSERA_MODELS.>`` itself is not granted.
-MODEL_READ = (
-    f"$JS.API.STREAM.INFO.{MODEL_STREAM}",
-    f"$JS.API.STREAM.MSG.GET.{MODEL_STREAM}",
-    f"$JS.API.DIRECT.GET.{MODEL_STREAM}",
-    f"$JS.API.DIRECT.GET.{MODEL_STREAM}.>",
-)
-#: Marking an object of the model store deleted (its meta, with a rollup; the scheduler purges
-#: the chunks through ``$JS.API``, which it holds already): no chunk is ever written.
-MODEL_DELETE = (f"$O.{MODEL_BUCKET}.M.>",)
-#: Putting weights into the model store (``libs/weights/whole_files.publish``): the bucket made when
-#: missing, chunks and meta written, a failed put's chunks purged; no other stream.
-MODEL_WRITE = (
-    *MODEL_READ,
-    f"$JS.API.STREAM.CREATE.{MODEL_STREAM}",
-    f"$JS.API.STREAM.PURGE.{MODEL_STREAM}",
-    f"$O.{MODEL_BUCKET}.>",
-)
 
 
 def inbox(user: str) -> str:
     """The subjects of ``user``'s replies (its connection's inbox prefix: ``inbox_of``)."""
     return f"{inbox_of(user)}.>"
-
-
-def work_grant(device_id: str) -> tuple[str, ...]:
-    """A device's own pull consumer on its own shard tasks: create it (by name and filter
-    subject), read its info, pull its next message, acknowledge its messages."""
-    consumer = work_consumer(device_id)
-    api = "$JS.API.CONSUMER"
-    own = f"{WORK_STREAM}.{consumer}"
-    return (
-        f"{api}.CREATE.{own}.{SHARD_TASK.subject(device_id=device_id)}",
-        f"{api}.INFO.{own}",
-        f"{api}.MSG.NEXT.{own}",
-        f"$JS.ACK.{own}.>",
-    )
 
 
 def with_user(url: str, user: str, password: str) -> str:
@@ -198,10 +164,16 @@ def service_grants() -> dict[str, Grant]:
                 DEVICE_RECOVERED.wildcard,
                 SHARD_STATUS.wildcard,
                 ANNOUNCE_REQUEST.wildcard,
+                DEPLOYMENT_MEASURED.wildcard,  # what the gateway measured: beside the prediction
             ),
         ),
         "gateway": Grant(
-            (PLACEMENT_REQUEST.wildcard, GENERATION.wildcard, CANCEL.wildcard),
+            (
+                PLACEMENT_REQUEST.wildcard,
+                GENERATION.wildcard,
+                CANCEL.wildcard,
+                DEPLOYMENT_MEASURED.wildcard,  # it times every request
+            ),
             (
                 TOKENS.wildcard,
                 PLACEMENT_DECISION.wildcard,

@@ -21,6 +21,7 @@ from libs.contracts.channels import (
     CANCEL,
     CHECKPOINT,
     DEPLOYMENT_EVENT,
+    DEPLOYMENT_MEASURED,
     DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     DEVICE_LEAVING,
@@ -61,6 +62,7 @@ from libs.contracts.control import (
 from libs.contracts.deployments import (
     DeploymentChange,
     DeploymentEvent,
+    DeploymentMeasured,
     DeploymentPhase,
     DeploymentPlanned,
     DeploymentRemoved,
@@ -70,6 +72,7 @@ from libs.contracts.deployments import (
     DeploymentStopped,
     ShardProgress,
     ShardReported,
+    Speed,
 )
 from libs.contracts.device import (
     AnnounceRequest,
@@ -115,6 +118,7 @@ __all__ = [
     "DEFAULT_CONTEXT_TOKENS",
     "DEPLOYMENTS_SNAPSHOT",
     "DEPLOYMENT_EVENT",
+    "DEPLOYMENT_MEASURED",
     "DEVICE_FAILED",
     "DEVICE_LEAVING",
     "DEVICE_RECOVERED",
@@ -148,6 +152,7 @@ __all__ = [
     "DeploymentChange",
     "DeploymentEvent",
     "DeploymentId",
+    "DeploymentMeasured",
     "DeploymentPhase",
     "DeploymentPlanned",
     "DeploymentRemoved",
@@ -188,6 +193,7 @@ __all__ = [
     "ShardReported",
     "ShardStatus",
     "ShardTask",
+    "Speed",
     "StepRow",
     "Subject",
     "TelemetrySample",

@@ -26,7 +26,7 @@ from libs.contracts.control import (
     TokenAnswer,
     TokenRotation,
 )
-from libs.contracts.deployments import DeploymentEvent, DeploymentsSnapshot
+from libs.contracts.deployments import DeploymentEvent, DeploymentMeasured, DeploymentsSnapshot
 from libs.contracts.device import (
     AnnounceRequest,
     DeviceAnnounce,
@@ -170,6 +170,11 @@ DEPLOYMENT_EVENT = Channel(
 DEPLOYMENTS_SNAPSHOT = Channel(
     "deployments_snapshot", "tessera.v1.deployment.snapshot", DeploymentsSnapshot
 )
+#: What a deployment's requests measured, by the gateway to the scheduler (each deployment
+#: at most every few seconds).
+DEPLOYMENT_MEASURED = Channel(
+    "deployment_measured", "tessera.v1.deployment.measured.{deployment_id}", DeploymentMeasured
+)
 #: Hidden states between shards: binary ``Frame``s (libs/contracts/frames.py), not a model.
 #: ``device_id`` receives, ``sender_id`` sent: a device's NATS user may publish only frames that
 #: name itself as the sender, and a worker takes them only from a device of the deployment.
@@ -217,6 +222,7 @@ ALL_CHANNELS: tuple[Channel[BaseModel], ...] = (
     SHARD_STATUS,
     DEPLOYMENT_EVENT,
     DEPLOYMENTS_SNAPSHOT,
+    DEPLOYMENT_MEASURED,
     WEIGHTS_PROGRESS,
     WEIGHTS_WANT,
     MODE_CHANGE,

@@ -46,6 +46,17 @@ class ShardProgress(WireModel):
     reason: Annotated[str, Field(max_length=2000)] | None = None
 
 
+class Speed(WireModel):
+    """A deployment's speed, predicted when it is placed or measured while it serves:
+    aggregate tokens/s with 1 and with 8 requests at once, and the time to a first token."""
+
+    tokens_per_s_1: Annotated[float, Field(ge=0.0, le=10_000_000.0)]
+    #: None: not measured yet (no 8 requests ran at once).
+    tokens_per_s_8: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
+    #: Predicted: for a prompt of 64 tokens; measured: the median of requests that ran alone.
+    ttft_ms: Annotated[float, Field(ge=0.0, le=86_400_000.0)] | None = None
+
+
 class DeploymentState(WireModel):
     """One deployment (or one replica of it) as the scheduler holds it."""
 
@@ -73,6 +84,10 @@ class DeploymentState(WireModel):
     #: the scheduler's choice).
     shard_count: Annotated[int, Field(ge=1, le=256)] | None = None
     devices: tuple[DeviceId, ...] = Field(default=(), max_length=256)
+    #: The current plan's speed as predicted when it was made (``libs/core/predict.py``;
+    #: None: its engine has no fitted model), and as its requests measured it since.
+    predicted: Speed | None = None
+    measured: Speed | None = None
 
     @property
     def base(self) -> str:
@@ -144,8 +159,20 @@ class DeploymentRemoved(WireModel):
     deployment_id: DeploymentId
 
 
+class DeploymentMeasured(WireModel):
+    """What a deployment's requests measured (the gateway times every one): sent to the
+    scheduler, which records it beside the prediction and corrects its model by it."""
+
+    kind: Literal["measured"] = "measured"
+    deployment_id: DeploymentId
+    epoch: Annotated[int, Field(ge=0)]
+    measured: Speed
+    #: How many requests it is measured from.
+    requests: Annotated[int, Field(ge=1)]
+
+
 DeploymentChange = Annotated[
-    DeploymentPlanned | ShardReported | DeploymentStopped | DeploymentRemoved,
+    DeploymentPlanned | ShardReported | DeploymentStopped | DeploymentRemoved | DeploymentMeasured,
     Field(discriminator="kind"),
 ]
 

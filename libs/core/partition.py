@@ -1,23 +1,36 @@
 """Split a model's layers into contiguous shards across devices (exo's core idea).
 
-Layers are shared in proportion to each device's capacity (half free memory share, half
-speed share), rounded by largest remainder with at least one layer each, then moved off any
-device whose share does not fit its memory. ``previews`` lists every candidate (the k most
+Two splits are weighed for each set of devices: the balanced one (layers in proportion to
+each device's capacity, half free memory share, half speed share, rounded by largest remainder
+with at least one layer each, then moved off any device whose share does not fit its memory)
+and the fastest one (each device in turn, fastest first, takes as many layers as its memory
+holds: a decode step runs the stages one after another, so a layer costs least on the fastest
+device). The fastest is kept where its estimated step is at least ``FASTER_BY`` shorter, so
+that devices whose speeds differ only by their calibration's noise keep balanced memory.
+
+The step's estimate is the caller's (``Step``): ``step_ms`` here, compute over each device's
+speed plus a round trip per hop; the scheduler passes the engine's fitted model
+(``libs/core/predict.py``) where it has one. ``previews`` lists every candidate (the k most
 capable devices, k = 1..max) with per-device layers and memory, or the reason it fails; the
 chosen option is the feasible one with the smallest estimated per-token step time, where
-every extra hop costs the network round trip — so a poor network prefers fewer devices.
+every extra hop costs the network round trip — so a poor network prefers fewer devices, and a
+model that fits whole on a device faster than any split stays whole.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate, pairwise
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
+
+#: How much shorter (a fraction of its step) the fastest split must be estimated than the
+#: balanced one to be chosen over it.
+FASTER_BY = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,19 +166,62 @@ def fit_ranges(
     return [*cuts, total - start]
 
 
+def fastest_split(
+    model: ModelSpec, devices: Sequence[Device], context_length: int
+) -> list[int] | None:
+    """Layer counts per device (in order) where each device, fastest first, takes as many
+    layers as its memory holds (the others keeping one each); None where they cannot hold
+    the model."""
+    n = len(devices)
+    if n > model.layers:
+        return None
+    limits = [
+        _max_layers(model, d, i == 0, i == n - 1, context_length) for i, d in enumerate(devices)
+    ]
+    if min(limits) < 1 or sum(limits) < model.layers:
+        return None
+    counts, spare = [1] * n, model.layers - n
+    for i in sorted(range(n), key=lambda i: (-devices[i].speed, i)):
+        more = min(limits[i] - 1, spare)
+        counts[i] += more
+        spare -= more
+    if model.layer_bytes:  # layers of their own sizes: the limits above counted the mean
+        return fit_ranges(model, devices, counts, context_length)
+    return counts
+
+
+#: A placement's estimated step (ms): the model, its devices in order, the layers of each.
+Step = Callable[[ModelSpec, Sequence[Device], Sequence[int]], float]
+
+
 def plan(
-    model: ModelSpec, devices: Sequence[Device], context_length: int = DEFAULT_CONTEXT_TOKENS
+    model: ModelSpec,
+    devices: Sequence[Device],
+    context_length: int = DEFAULT_CONTEXT_TOKENS,
+    step: Step | None = None,
 ) -> Preview:
-    """The shards of ``model`` over exactly ``devices`` (in pipeline order)."""
+    """The shards of ``model`` over exactly ``devices`` (in pipeline order): the balanced
+    split, or the fastest where ``step`` estimates it ``FASTER_BY`` shorter."""
+    step = step or step_ms
     counts, reason = split_layers(model, devices, context_length)
     if counts is None:
         ids = tuple(d.device_id for d in devices)
         return Preview(model.name, ids, (), False, reason, None)
-    return _preview(model, devices, counts, context_length)
+    balanced = _preview(model, devices, counts, context_length, step)
+    fastest = fastest_split(model, devices, context_length)
+    if fastest is None or fastest == counts:
+        return balanced
+    quick = _preview(model, devices, fastest, context_length, step)
+    assert quick.step_ms is not None and balanced.step_ms is not None
+    return quick if quick.step_ms < (1.0 - FASTER_BY) * balanced.step_ms else balanced
 
 
 def _preview(
-    model: ModelSpec, devices: Sequence[Device], counts: Sequence[int], context_length: int
+    model: ModelSpec,
+    devices: Sequence[Device],
+    counts: Sequence[int],
+    context_length: int,
+    step: Step | None = None,
 ) -> Preview:
     """The feasible preview of ``counts`` layers on ``devices``, in pipeline order."""
     shards, start = [], 0
@@ -175,7 +231,8 @@ def _preview(
         shards.append(ShardPlan(device.device_id, index, start, start + layers, round(memory, 4)))
         start += layers
     ids = tuple(d.device_id for d in devices)
-    return Preview(model.name, ids, tuple(shards), True, None, step_ms(model, devices, counts))
+    estimate = (step or step_ms)(model, devices, counts)
+    return Preview(model.name, ids, tuple(shards), True, None, estimate)
 
 
 def step_ms(model: ModelSpec, devices: Sequence[Device], counts: Sequence[int]) -> float:
@@ -196,14 +253,15 @@ def previews(
     devices: Sequence[Device],
     context_length: int = DEFAULT_CONTEXT_TOKENS,
     max_shards: int = 8,
+    step: Step | None = None,
 ) -> list[Preview]:
-    """One candidate per k = 1..max_shards: the k most capable live devices."""
+    """One candidate per k = 1..max_shards: the k most capable live devices (``plan``)."""
     alive = [d for d in devices if not d.failed]
     ranked = sorted(alive, key=lambda d: (-d.memory_free_gb * d.speed, d.device_id))
     if not ranked:
         return [Preview(model.name, (), (), False, "no live devices", None)]
     top = min(max_shards, len(ranked), model.layers)
-    return [plan(model, ranked[:k], context_length) for k in range(1, top + 1)]
+    return [plan(model, ranked[:k], context_length, step) for k in range(1, top + 1)]
 
 
 def memory_proportional(

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from libs.core.catalogue import ModelSpec
+from libs.core.model import Device
 
 #: Round trips of the link per stage per decode step (llama.cpp's RPC: the graph's compute
 #: call and the result read back).
 TRIPS_PER_STEP = 2
+#: The torch ring's: each stage sends its activations on, one hop per stage per token. Its
+#: compute is counted with llama.cpp's constants, not fitted to it: its estimate weighs its own
+#: splits and compares it with llama.cpp's, but is not shown as a prediction.
+RING_TRIPS_PER_STEP = 1
 #: The share of a device's calibrated FP32 GFLOP/s that llama.cpp's CPU kernels reach.
 ENGINE_SHARE = 0.30
 #: A step's fixed part, as tokens' worth of compute (its weights read once per step).
@@ -79,14 +85,37 @@ def step_s(
     stages: Sequence[Stage],
     streams: int = 1,
     factors: Mapping[str, float] | None = None,
+    trips: int = TRIPS_PER_STEP,
 ) -> float:
-    """Seconds of one decode step of ``streams`` requests through ``stages`` (in order)."""
+    """Seconds of one decode step of ``streams`` requests through ``stages`` (in order), each
+    stage's link crossed ``trips`` times there and back."""
     factors = factors or {}
     total = 0.0
     for i, stage in enumerate(stages):
         total += _stage_s(model, stages, i, streams, factor_of(factors, stage.device_id))
-        total += TRIPS_PER_STEP * stage.rtt_ms / 1000.0
+        total += trips * stage.rtt_ms / 1000.0
     return total
+
+
+def stages_of(devices: Sequence[Device], counts: Sequence[int]) -> list[Stage]:
+    """The stages of ``counts`` layers on ``devices`` in pipeline order: each device's speed,
+    and its round trip from the head (the first device)."""
+    ends = list(accumulate(counts))
+    return [
+        Stage(d.device_id, end - n, end, d.speed, d.network_rtt_ms if i else 0.0)
+        for i, (d, n, end) in enumerate(zip(devices, counts, ends, strict=True))
+    ]
+
+
+def placement_step_ms(
+    model: ModelSpec,
+    devices: Sequence[Device],
+    counts: Sequence[int],
+    trips: int = TRIPS_PER_STEP,
+) -> float:
+    """One stream's decode step (ms) of ``counts`` layers on ``devices``: the placement's
+    estimate (``partition.Step``), llama.cpp's split by default."""
+    return step_s(model, stages_of(devices, counts), trips=trips) * 1000.0
 
 
 def predict(

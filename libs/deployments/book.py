@@ -18,6 +18,7 @@ import libs.deployments.phases as phases
 from libs.contracts import (
     DeploymentChange,
     DeploymentEvent,
+    DeploymentMeasured,
     DeploymentPlanned,
     DeploymentRemoved,
     DeploymentsSnapshot,
@@ -116,6 +117,10 @@ def apply(book: DeploymentBook, change: DeploymentChange) -> DeploymentBook:
             )
     elif isinstance(change, DeploymentRemoved):
         items.pop(change.deployment_id, None)
+    elif isinstance(change, DeploymentMeasured):
+        known = items.get(change.deployment_id)
+        if known is not None and known.epoch == change.epoch:  # another plan's: stale
+            items[change.deployment_id] = known.model_copy(update={"measured": change.measured})
     return DeploymentBook(book.term, book.index + 1, MappingProxyType(items))
 
 

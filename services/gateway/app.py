@@ -23,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from libs.contracts import DEPLOYMENT_MEASURED, DeploymentMeasured
 from libs.contracts.keys import Keys
 from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import Background
@@ -44,6 +45,7 @@ from services.gateway.core.generation import GenerationClient
 from services.gateway.core.guards import install_errors, install_limits
 from services.gateway.core.metrics import GatewayMetrics, RequestMetrics
 from services.gateway.core.schedulers import split_urls
+from services.gateway.core.speeds import SEND_EVERY_S, Speeds
 from services.gateway.core.tokenizers import Tokenizers
 from services.gateway.ollama.model_router import ollama_models_router
 from services.gateway.ollama.router import ollama_router
@@ -86,10 +88,21 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         tokenizers = Tokenizers()
         deployments.on_model = tokenizers.warm  # loaded in a thread as soon as deployed
+        speeds = Speeds()
         app.state.completions = Completions(
-            client, deployments, tokenizers, metrics, settings.max_concurrent
+            client, deployments, tokenizers, metrics, settings.max_concurrent, speeds
         )
         background = Background("gateway")
+
+        async def tell(news: DeploymentMeasured) -> None:  # the scheduler, and the metrics
+            await bus.publish(DEPLOYMENT_MEASURED, news, deployment_id=news.deployment_id)
+            state = deployments.book.get(news.deployment_id)
+            predicted = None if state is None else state.predicted
+            metrics.on_speed(
+                news.deployment_id, {"predicted": predicted, "measured": news.measured}
+            )
+
+        background.every(SEND_EVERY_S, lambda: speeds.send(tell))
 
         # What is deployed now, once (tried again every 2 s until the scheduler answers);
         # from here on each change arrives as a deployment event.

@@ -21,10 +21,12 @@ from libs.contracts import (
     ModelDeployment,
     PlacementDecision,
     PlacementRequest,
+    Speed,
 )
 from libs.contracts.admin import DeployBody, ModeBody, PolicyBody, PreviewBody
 from libs.contracts.base import Precision
 from libs.contracts.models import ModelCard
+from libs.core.partition import Preview
 from libs.core.policies import POLICIES
 from libs.deployments import phases
 from services.scheduler.models_api import model_routes
@@ -69,13 +71,18 @@ def create_api(scheduler: Scheduler) -> FastAPI:
             book, model, context, max_shards, now, precision=precision, card=card
         )
         devices = {d.device_id: d for d in planner.model_devices(book, now)}
+
+        def speed(p: Preview) -> Speed | None:
+            route = [(s.device_id, s.layers) for s in p.shards]
+            return planner.predicted(p.model, route, devices, precision, card)
+
         return [
             {
                 "devices": list(p.devices),
                 "feasible": p.feasible,
                 "reason": p.reason,
                 "step_ms": p.step_ms,
-                "predicted": planner.predicted(p, devices, precision, card),
+                "predicted": None if guess is None else guess.model_dump(),
                 "shards": [
                     {
                         "device_id": s.device_id,
@@ -88,6 +95,7 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                 ],
             }
             for p in options
+            for guess in [speed(p)]
         ]
 
     @app.get("/instance/previews")

@@ -20,6 +20,7 @@ from libs.contracts import (
     DEPLOYMENTS_SNAPSHOT,
     SHARD_TASK,
     DeploymentChange,
+    DeploymentMeasured,
     DeploymentPlanned,
     DeploymentState,
     ShardReported,
@@ -79,6 +80,8 @@ class DeploymentLog:
         alone is not)."""
         deployment_id = _about(change)
         old, new = before.get(deployment_id), self.book.get(deployment_id)
+        if isinstance(change, DeploymentMeasured):
+            return False  # news of a speed, not of a plan (``speeds.measured`` logs it)
         if isinstance(change, ShardReported):
             if old is None or new is None or old.phase == new.phase:
                 return False

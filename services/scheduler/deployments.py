@@ -23,6 +23,7 @@ from typing import Literal
 
 from libs.contracts import (
     DeploymentChange,
+    DeploymentMeasured,
     DeploymentPlanned,
     DeploymentRemoved,
     DeploymentState,
@@ -36,6 +37,7 @@ from libs.contracts import (
 )
 from libs.core.partition import Preview, choose
 from libs.deployments import DeploymentBook, apply, phases
+from services.scheduler import speeds
 from services.scheduler.planning import Planner
 from services.scheduler.tasks import assignments_of
 from services.scheduler.view import ClusterView
@@ -131,6 +133,7 @@ class Deployer:
                 max_shards=task.max_shards,
                 shard_count=task.shard_count,
                 devices=task.devices,
+                predicted=speeds.predicted(self.planner, scratch, chosen, task.precision, now),
             )
             planned = DeploymentPlanned(
                 deployment=phases.planned(deployment, self.planner.no_worker())
@@ -271,6 +274,10 @@ class Deployer:
                 "epoch": deployment.epoch + 1,
                 "refused_by": refused_by,
                 "reason": reason,
+                "predicted": speeds.predicted(
+                    self.planner, book, chosen, deployment.precision, now, deployment
+                ),
+                "measured": None,  # the new plan's requests measure it again
             }
         )
         return [DeploymentPlanned(deployment=phases.planned(new, self.planner.no_worker()))]
@@ -322,7 +329,7 @@ class Deployer:
         replaces a live one unloads the old plan first (every device of it: a leaving device
         learns its work has moved, a dead one finds the unload if it comes back); a stop or a
         removal unloads a live plan."""
-        if isinstance(change, ShardReported):
+        if isinstance(change, ShardReported | DeploymentMeasured):
             return []
         old = before.get(
             change.deployment.deployment_id

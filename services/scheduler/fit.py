@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceAnnounce, ModelCard
 from libs.core.catalogue import ModelSpec, card_spec
 from libs.core.model import Device
-from libs.core.partition import Preview, plan, previews
+from libs.core.partition import Preview, Step, plan, previews
 from libs.models.engine_support import unserved_reason
 
 
@@ -81,11 +81,13 @@ def told_options(
     shard_count: int | None,
     told_devices: Sequence[str],
     without: Collection[str] = (),
+    step: Step | None = None,
 ) -> list[Preview]:
     """The candidate placements a deploy allows: on exactly ``told_devices`` (in that order)
     when it names them, with exactly ``shard_count`` shards when it says so, else the
     scheduler's own candidates (up to ``max_shards``). A told choice that cannot be kept is
-    one infeasible option whose reason says why."""
+    one infeasible option whose reason says why. ``step``: the placement's estimate of a
+    decode step (``partition.Step``) its splits are weighed by."""
     by_id = {d.device_id: d for d in devices}
     if told_devices:
         gone = [d for d in told_devices if d not in by_id or d in without]
@@ -95,11 +97,11 @@ def told_options(
             return [_no(spec, f"told {shard_count} shards on {len(told_devices)} devices")]
         if len(told_devices) > spec.layers:
             return [_no(spec, f"{len(told_devices)} devices for {spec.layers} layers")]
-        return [plan(spec, [by_id[d] for d in told_devices], context_length)]
+        return [plan(spec, [by_id[d] for d in told_devices], context_length, step)]
     usable = [d for d in devices if d.device_id not in without]
     if shard_count is None:
-        return previews(spec, usable, context_length, max_shards)
-    candidates = previews(spec, usable, context_length, shard_count)
+        return previews(spec, usable, context_length, max_shards, step)
+    candidates = previews(spec, usable, context_length, shard_count, step)
     options = [o for o in candidates if len(o.devices) == shard_count]
     if not options:
         return [_no(spec, f"told {shard_count} shards: only {len(usable)} device(s) can take one")]

@@ -6,13 +6,22 @@ deployment book it is handed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import dataclasses
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
 
-from libs.contracts import ModelCard
+from libs.contracts import DeploymentState, ModelCard, Speed
 from libs.core.catalogue import ModelSpec
 from libs.core.model import Device
-from libs.core.partition import Preview, whole_models_only
-from libs.core.predict import Stage, predict
+from libs.core.partition import Preview, Step, whole_models_only
+from libs.core.predict import (
+    RING_TRIPS_PER_STEP,
+    corrected,
+    factor_of,
+    placement_step_ms,
+    predict,
+    stages_of,
+)
 from libs.deployments import DeploymentBook
 from services.scheduler import fit
 from services.scheduler.replicas import ENGINE_SLOTS
@@ -28,6 +37,23 @@ class Planner:
         self.view, self.load = view, load
         #: The registered models' cards, as last read from the registry (``Scheduler.learn``).
         self.cards: dict[str, ModelCard] = {}
+        #: How much slower than predicted each device measured (``predict.corrected``; "*":
+        #: the devices not measured yet): the predictions and the splits weigh speeds by it.
+        self.factors: dict[str, float] = {}
+
+    def corrected(self, device: Device) -> Device:
+        """``device`` at the speed its measurements showed (its calibrated speed over its
+        factor)."""
+        factor = factor_of(self.factors, device.device_id)
+        return device if factor == 1.0 else dataclasses.replace(device, speed=device.speed / factor)
+
+    @staticmethod
+    def step(family: str) -> Step:
+        """The estimate of a decode step a family's splits are weighed and compared by
+        (``libs/core/predict.py``)."""
+        if family == "llamacpp":
+            return placement_step_ms
+        return functools.partial(placement_step_ms, trips=RING_TRIPS_PER_STEP)
 
     def devices(self, book: DeploymentBook, now: float, moving: str | None = None) -> list[Device]:
         """The fleet as the core sees it; memory held by deployments is not free, except that
@@ -86,9 +112,11 @@ class Planner:
             if too_small and usable and not told and shard_count is None:
                 options.append(Preview(model, (), (), False, too_small, None))
                 continue
+            group = [self.corrected(d) for d in group]
             options += fit.told_options(
-                spec, group, context_length, max_shards, shard_count, told, without
-            )
+                spec, group, context_length, max_shards, shard_count, told, without,
+                self.step(family),
+            )  # fmt: skip
         whole_only = {
             d
             for d, a in self.view.announces.items()
@@ -148,25 +176,47 @@ class Planner:
 
     def predicted(
         self,
-        option: Preview,
+        model: str,
+        route: Sequence[tuple[str, int]],
         devices: Mapping[str, Device],
         precision: str | None = None,
         card: ModelCard | None = None,
-    ) -> dict[str, float] | None:
-        """``option``'s predicted tokens/s at 1 and 8 streams and time to a first token of
-        64 (``libs/core/predict.py``), from its devices' speeds and round trips; None where it
-        is infeasible or runs on another engine than llama.cpp's (the model is fitted to it)."""
-        if not option.feasible or self.family(option.devices[0]) != "llamacpp":
+    ) -> Speed | None:
+        """The speed ``route`` (each device with its layers, in pipeline order) is predicted to
+        serve ``model`` at: tokens/s at 1 and 8 streams and the time to a first token of 64
+        (``libs/core/predict.py``, its devices' speeds corrected by what they measured); None
+        where a device is unknown or runs another engine than llama.cpp's (the model is fitted
+        to it)."""
+        if not route or any(d not in devices for d, _ in route):
             return None
-        spec = fit.spec_for(card or self.cards[option.model], "llamacpp", 8, precision)
-        stages = [
-            Stage(s.device_id, s.layer_start, s.layer_end, devices[s.device_id].speed,
-                  devices[s.device_id].network_rtt_ms if s.shard_index else 0.0)
-            for s in option.shards
-        ]  # fmt: skip
-        guess = predict(spec, stages, (1, 8), prompt_tokens=64)
-        return {
-            "tokens_per_s_1": round(guess.tokens_per_s[1], 2),
-            "tokens_per_s_8": round(guess.tokens_per_s[8], 2),
-            "ttft_ms": round(guess.ttft_ms, 1),
-        }
+        if any(self.family(d) != "llamacpp" for d, _ in route):
+            return None
+        spec = fit.spec_for(card or self.cards[model], "llamacpp", 8, precision)
+        stages = stages_of([devices[d] for d, _ in route], [n for _, n in route])
+        guess = predict(spec, stages, (1, 8), prompt_tokens=64, factors=self.factors)
+        return Speed(
+            tokens_per_s_1=round(guess.tokens_per_s[1], 2),
+            tokens_per_s_8=round(guess.tokens_per_s[8], 2),
+            ttft_ms=round(guess.ttft_ms, 1),
+        )
+
+    def learn(
+        self, deployment: DeploymentState, measured: Speed, devices: Mapping[str, Device]
+    ) -> dict[str, float] | None:
+        """Correct the factors of ``deployment``'s devices by what it measured at one stream
+        (``predict.corrected``): the new factors, or None where it has no prediction."""
+        route = route_of(deployment)
+        guess = self.predicted(deployment.model, route, devices, deployment.precision)
+        if guess is None or measured.tokens_per_s_1 <= 0 or deployment.model not in self.cards:
+            return None
+        spec = fit.spec_for(self.cards[deployment.model], "llamacpp", 8, deployment.precision)
+        stages = stages_of([devices[d] for d, _ in route], [n for _, n in route])
+        at_one = predict(spec, stages, (1,), factors=self.factors).tokens_per_s[1]
+        self.factors = corrected(self.factors, stages, at_one, measured.tokens_per_s_1)
+        return self.factors
+
+
+def route_of(deployment: DeploymentState) -> list[tuple[str, int]]:
+    """Its devices in pipeline order, each with its layer count."""
+    ordered = sorted(deployment.assignments, key=lambda a: a.shard_index)
+    return [(a.device_id, a.layer_end - a.layer_start) for a in ordered]

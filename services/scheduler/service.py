@@ -5,9 +5,10 @@ timers only queue commands; one task applies them in order. Requests are collect
 cycles and decided together every ``cycle_ms``, except an inference request for a deployed
 model, routed at once to a serving copy (``routing.py``). What is deployed is the deployment
 book (``libs/deployments``): the deployer's commands return changes, ``DeploymentLog`` records
-them as indexed events, sends their shard tasks and publishes them. Failed devices' shards and
-tasks move to the best alternatives. The state is checkpointed every
-``checkpoint_interval_s``, after each change of placement, and at shutdown.
+them as indexed events, sends their shard tasks and publishes them; what a deployment measured
+is recorded beside its prediction (``speeds.py``). Failed devices' shards and tasks move to
+the best alternatives. The state is checkpointed every ``checkpoint_interval_s``, after each
+change of placement, and at shutdown.
 
 The parts, each with its own narrow job: ``ClusterView`` (devices as scored), ``Planner``
 (where a model can go), ``Deployer`` (deployment commands), ``DeploymentLog`` (the book and
@@ -27,12 +28,14 @@ import numpy as np
 from redis.asyncio import Redis
 
 from libs.contracts import (
+    DEPLOYMENT_MEASURED,
     DEVICE_FAILED,
     DEVICE_RECOVERED,
     PLACEMENT_REQUEST,
     SCORE,
     SHARD_STATUS,
     DeploymentChange,
+    DeploymentMeasured,
     DeviceFailed,
     DeviceRecovered,
     InferenceRequest,
@@ -49,6 +52,7 @@ from libs.deployments import DeploymentBook
 from libs.models.registry import ModelRegistry
 from libs.runtime.bus import Bus, Delivery
 from libs.runtime.lifecycle import Background
+from services.scheduler import speeds
 from services.scheduler.checkpoints import Checkpointer, CheckpointStore, checkpoint_of
 from services.scheduler.decisions import Announcer, plan_decision, refusal
 from services.scheduler.deployment_log import DeploymentLog
@@ -89,16 +93,9 @@ class Scheduler:
         self.checkpointer = Checkpointer(checkpoints, metrics)
         self.tasks = TaskState.keeping(settings.decisions_kept)
         self.modes = ModeKeeper(
-            settings.mode,
-            settings.policy,
-            settings.mode_dwell_s,
-            bus=bus,
-            redis=redis,
-            keys=keys,
-            metrics=metrics,
-            view=self.view,
-            clock=clock,
-        )
+            settings.mode, settings.policy, settings.mode_dwell_s,
+            bus=bus, redis=redis, keys=keys, metrics=metrics, view=self.view, clock=clock,
+        )  # fmt: skip
         rng = np.random.default_rng(0)
         self.planner = Planner(self.view, self.tasks.load_by_device)
         self.deployer = Deployer(self.planner, self.view, settings.shard_silence_s)
@@ -142,6 +139,7 @@ class Scheduler:
             await self.bus.subscribe(DEVICE_FAILED, self.on_failed, rejected=rejected),
             await self.bus.subscribe(DEVICE_RECOVERED, self.on_recovered, rejected=rejected),
             await self.bus.subscribe(SHARD_STATUS, self.on_shard_status, rejected=rejected),
+            await self.bus.subscribe(DEPLOYMENT_MEASURED, self.on_measured, rejected=rejected),
         ]
         await reconcile(
             self.view,
@@ -255,6 +253,12 @@ class Scheduler:
 
     async def on_shard_status(self, status: ShardStatus, msg: Delivery) -> None:
         self.loop.post(lambda: self._report(status), "shard status")
+
+    async def on_measured(self, news: DeploymentMeasured, msg: Delivery) -> None:
+        self.loop.post(
+            lambda: self._commit(*speeds.measured(self.planner, self.book, news, self.clock())),
+            "measured",
+        )
 
     async def submit(self, request: PlacementRequest) -> PlacementDecision:
         """Queue a request for the next cycle and wait for its decision (HTTP API)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -181,7 +182,9 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     assert "predicted" in first and "tokens/s at 1 stream" in first, first  # llama.cpp workers
 
     # A chat message streams an answer.
-    browser.find_element(By.ID, "chat-input").send_keys("What is the capital of France?")
+    browser.find_element(By.ID, "chat-input").send_keys(
+        "Name three colours of the rainbow and say why."
+    )
     browser.find_element(By.ID, "chat-send").click()
     answer = until(
         browser,
@@ -189,6 +192,14 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
         120,
     )[0]
     assert answer.get_attribute("data-done") == "true" and answer.text.strip()
+
+    # The deployment's speed: predicted when it was placed, beside what that answer measured.
+    def measured() -> list[str]:
+        lines = browser.find_elements(By.CSS_SELECTOR, "#deployments .speed")
+        return [e.text for e in lines if re.search(r"measured \d+\.\d tokens/s", e.text)]
+
+    [speed] = until(browser, measured, 30)
+    assert re.search(r"predicted \d+\.\d tokens/s at 1 stream", speed), speed
 
     # A batch submitted through the Batch API: its row, with its progress, until it ends.
     batch = submit_batch(cluster, 3)

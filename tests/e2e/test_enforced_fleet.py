@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -42,6 +44,18 @@ WORKERS = [
     # worker itself: the placement refuses it there, and the worker lives on.
     {"id": "tiny", "class": "phone", "cpus": 0.25, "memory_gb": 0.5},
 ]
+
+
+def measured_deployment(base_url: str, timeout_s: float) -> dict[str, Any]:
+    """SmolLM2's deployment once what its requests measured is recorded beside it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        placed = httpx.get(f"{base_url}/v1/cluster/placements", timeout=5).json()
+        found = [d for d in placed if d["model"] == "smollm2-135m-instruct" and d["measured"]]
+        if found:
+            return found[0]  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError(f"nothing measured within {timeout_s} s: {placed}")
 
 
 def groups_of(name: str) -> list[Path]:
@@ -108,6 +122,35 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
         alone = guesses[1]  # the fastest device alone, then with slower ones: predicted slower
         assert 0 < alone["tokens_per_s_1"] < alone["tokens_per_s_8"], guesses
         assert guesses[2]["tokens_per_s_1"] < alone["tokens_per_s_1"], guesses
+        # Once it serves, what its requests measure sits beside the prediction, and the next
+        # prediction for its devices is corrected to it.
+        for i in range(4):
+            client.chat.completions.create(
+                model="smollm2-135m-instruct",
+                messages=[{"role": "user", "content": f"Count from {i} to {i + 30}."}],
+                max_tokens=32,
+            )
+        deployment = measured_deployment(cluster.base_url, 30)
+        route = [
+            a["device_id"]
+            for a in sorted(deployment["assignments"], key=lambda a: a["shard_index"])
+        ]
+        measured, predicted = deployment["measured"], deployment["predicted"]
+        print(f"{route}: predicted {predicted}, measured {measured}")
+        assert predicted["tokens_per_s_1"] > 0 and measured["tokens_per_s_1"] > 0
+        again = httpx.get(
+            f"{cluster.base_url}/v1/cluster/previews",
+            params={"model": "smollm2-135m-instruct"},
+            timeout=30,
+        ).json()
+        [same] = [p["predicted"] for p in again if p["feasible"] and p["devices"] == route]
+        print(f"predicted for {route} after the measurement: {same}")
+        assert same["tokens_per_s_1"] == pytest.approx(measured["tokens_per_s_1"], rel=0.03)
+        metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=5).text
+        assert (
+            'tessera_deployment_tokens_per_second{deployment="smollm2-135m-instruct",source="measured",streams="1"}'
+            in metrics
+        )
         pinned = {"model": "smollm2-135m-instruct", "deployment_id": "on-tiny", "devices": ["tiny"]}
         refused = httpx.post(f"{cluster.base_url}/v1/cluster/placements", json=pinned, timeout=30)
         assert refused.status_code == 409 and "memory" in refused.text, refused.text

@@ -15,7 +15,13 @@ from nats.aio.client import Client as NatsClient
 
 from libs.cluster.access import AccessControl
 from libs.cluster.servers import NatsServer, RedisServer
-from libs.contracts import DVFS_HINT, PLACEMENT_DECISION, SHARD_TASK, TELEMETRY
+from libs.contracts import (
+    DEPLOYMENT_MEASURED,
+    DVFS_HINT,
+    PLACEMENT_DECISION,
+    SHARD_TASK,
+    TELEMETRY,
+)
 from libs.contracts.keys import Keys
 from tests.waiting import wait_until
 
@@ -133,6 +139,24 @@ async def test_only_the_scheduler_writes_placements_and_shard_tasks(
 
     assert await heard(admin, decision, place, within_s=10)
     await scheduler.close()
+
+
+async def test_only_the_gateway_says_what_a_deployment_measured(
+    server: NatsServer, admin: NatsClient
+) -> None:
+    """The scheduler corrects its predictions by these: a device that could send them would
+    steer placements its way."""
+    measured = DEPLOYMENT_MEASURED.subject(deployment_id="dep-1")
+    for user, allowed in (("dev-a", False), ("scorer", False), ("gateway", True)):
+        nc = await Client().connect(server, user)
+
+        async def publish(c: NatsClient = nc) -> None:
+            await c.publish(measured, b"{}")
+            await c.flush()
+
+        within = 10 if allowed else 0.5
+        assert await heard(admin, measured, publish, within_s=within) is allowed, user
+        await nc.close()
 
 
 async def test_nobody_gets_in_without_the_password(server: NatsServer) -> None:

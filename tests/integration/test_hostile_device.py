@@ -18,7 +18,8 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from libs.cluster.access import MODEL_STREAM, WORK_STREAM, AccessControl
+from libs.cluster.access import AccessControl
+from libs.cluster.jetstream_grants import MODEL_STREAM, WORK_STREAM
 from libs.cluster.servers import NatsServer
 from libs.contracts import HIDDEN, SHARD_TASK, TOKENS, ShardTask, TokenChunk
 from libs.contracts.channels import MODEL_BUCKET, work_consumer

@@ -12,7 +12,8 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from libs.cluster.access import WORK_STREAM, AccessControl
+from libs.cluster.access import AccessControl
+from libs.cluster.jetstream_grants import WORK_STREAM
 from libs.cluster.joining import JoinDesk, ask_to_join, revoke_device
 from libs.cluster.servers import NatsServer
 from libs.contracts import DEVICE_LEAVING, SHARD_TASK, DeviceLeaving, ShardTask

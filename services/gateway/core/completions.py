@@ -19,6 +19,7 @@ from services.gateway.core.errors import ApiError
 from services.gateway.core.generation import GenerationClient
 from services.gateway.core.ids import new_id
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.speeds import Speeds
 from services.gateway.core.tokenizers import Tokenizers
 
 
@@ -43,6 +44,7 @@ class Completions:
         tokenizers: Tokenizers,
         metrics: GatewayMetrics,
         max_concurrent: int,
+        speeds: Speeds | None = None,
     ) -> None:
         self.client = client
         self.deployments = deployments
@@ -50,6 +52,8 @@ class Completions:
         self.metrics = metrics
         self.max_concurrent = max_concurrent
         self.in_flight = 0
+        #: What each deployment's requests measured (sent to the scheduler).
+        self.speeds = speeds or Speeds()
         #: Told of every request admitted (the batch runner yields to interactive ones).
         self.on_admit: Callable[[], None] = lambda: None
 
@@ -93,8 +97,10 @@ class Completions:
         """The request's chunks (tokens, or a ``prompt``'s pieces), measured; ``slot``, if
         given, is given back when they end."""
         started = time.perf_counter()
+        first: float | None = None
         last: float | None = None
-        counted = 0
+        counted = pieces = 0
+        run = self.speeds.began(deployment, self._epoch(deployment))
         try:
             async for chunk in self.client.stream(
                 deployment, new_id("gen")[4:40], prompt_ids, sampling, prompt
@@ -105,6 +111,7 @@ class Completions:
                         self.metrics.tokens.inc()
                         counted += 1
                     if last is None:
+                        first = now
                         self.metrics.ttft.observe(now - started)
                         self.metrics.recent_ttft.add(now - started)
                     else:
@@ -113,8 +120,16 @@ class Completions:
                 if chunk.finish_reason == "error":
                     self.metrics.errors.inc()
                 elif chunk.finished and not counted:  # a prompt's pieces: counted at the end
-                    self.metrics.tokens.inc(chunk.completion_tokens or 0)
+                    pieces = chunk.completion_tokens or 0
+                    self.metrics.tokens.inc(pieces)
                 yield chunk
         finally:
             if slot is not None:
                 slot.release()
+            tokens = counted or pieces
+            self.speeds.ended(run, tokens, first, last, started, self._epoch(deployment))
+
+    def _epoch(self, deployment: str) -> int | None:
+        """The plan ``deployment`` runs under now (None: not in the book)."""
+        state = self.deployments.book.get(deployment)
+        return None if state is None else state.epoch

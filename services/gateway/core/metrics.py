@@ -8,9 +8,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from libs.contracts import Speed
 
 
 class RequestMetrics:
@@ -106,6 +109,31 @@ class GatewayMetrics:
             ["service"],
             registry=r,
         )
+
+        #: Each deployment's speed, predicted by the scheduler and measured here.
+        self.speed = Gauge(
+            "tessera_deployment_tokens_per_second",
+            "A deployment's aggregate tokens/s, by requests at once, predicted and measured",
+            ["deployment", "streams", "source"],
+            registry=r,
+        )
+        self.speed_ttft = Gauge(
+            "tessera_deployment_ttft_seconds",
+            "A deployment's time to a first token, predicted (64 prompt tokens) and measured",
+            ["deployment", "source"],
+            registry=r,
+        )
+
+    def on_speed(self, deployment: str, speeds: Mapping[str, Speed | None]) -> None:
+        """``deployment``'s speeds by source (``predicted``, ``measured``)."""
+        for source, speed in speeds.items():
+            if speed is None:
+                continue
+            for streams, rate in (("1", speed.tokens_per_s_1), ("8", speed.tokens_per_s_8)):
+                if rate is not None:
+                    self.speed.labels(deployment, streams, source).set(rate)
+            if speed.ttft_ms is not None:
+                self.speed_ttft.labels(deployment, source).set(speed.ttft_ms / 1000.0)
 
     def on_rejected(self, channel: str, reason: str, detail: str) -> None:
         self.rejected.labels(channel, reason).inc()

@@ -8,15 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.contracts import DeviceClass
+from libs.contracts import DEFAULT_CONTEXT_TOKENS, DeviceClass
 from libs.core.catalogue import HYPOTHETICAL_MODELS
 from libs.core.migration import replan_deployment
 from libs.core.partition import (
     choose,
+    fastest_split,
     largest_remainder,
     memory_proportional,
     plan,
     previews,
+    split_layers,
+    step_ms,
     whole_models_only,
 )
 from tests.builders import make_device
@@ -37,16 +40,49 @@ def three_devices(**over: float) -> list:  # type: ignore[type-arg]
 
 
 def test_a_30_layer_model_on_3_devices_follows_capacity_and_fits() -> None:
+    counts, reason = split_layers(SMOL, three_devices(), DEFAULT_CONTEXT_TOKENS)
+    # The balanced split: capacity shares are 4/7, 2/7, 1/7 of the 27 spare layers (+1 each).
+    assert (counts, reason) == ([16, 9, 5], None)
     option = plan(SMOL, three_devices())
     assert option.feasible
     layers = [s.layers for s in option.shards]
     assert sum(layers) == 30
-    assert layers == sorted(layers, reverse=True) and layers[-1] >= 1
     assert [s.layer_start for s in option.shards] == [0, layers[0], layers[0] + layers[1]]
-    # Capacity shares are 4/7, 2/7, 1/7 of the 27 spare layers (+1 each).
-    assert layers == [16, 9, 5]
+    # A step runs the stages one after another: the fastest device takes every layer its 8 GB
+    # holds, the others one each, and that is estimated faster than the balanced split.
+    assert layers == [28, 1, 1]
+    assert option.step_ms is not None
+    assert option.step_ms < step_ms(SMOL, three_devices(), [16, 9, 5])
     for shard, device in zip(option.shards, three_devices(), strict=True):
         assert shard.memory_gb <= device.memory_free_gb
+
+
+def test_the_fastest_split_fills_the_fastest_device_up_to_its_memory() -> None:
+    # "big" holds only 12 layers: the next fastest takes the rest it can hold.
+    devices = three_devices()
+    devices[0] = dataclasses.replace(
+        devices[0], memory_free_gb=SMOL.shard_gb(12, True, False, 4096)
+    )
+    counts = fastest_split(SMOL, devices, 4096)
+    assert counts is not None and counts[0] == 12 and sum(counts) == 30 and counts[2] >= 1
+    assert counts[1] == 30 - 12 - counts[2]
+
+
+def test_devices_of_about_the_same_speed_keep_the_balanced_split() -> None:
+    # 3 % apart (a calibration's noise): the fastest split is not estimated 5 % faster.
+    devices = [
+        make_device("a", memory_free_gb=8.0, speed=103.0),
+        make_device("b", memory_free_gb=8.0, speed=100.0),
+    ]
+    option = plan(SMOL, devices)
+    assert [s.layers for s in option.shards] == [15, 15]
+
+
+def test_a_step_given_by_the_caller_decides_the_split() -> None:
+    # An estimate where every layer costs the same wherever it runs: nothing is faster than
+    # the balanced split, so it is kept.
+    option = plan(SMOL, three_devices(), step=lambda model, devices, counts: 1.0)
+    assert [s.layers for s in option.shards] == [16, 9, 5] and option.step_ms == 1.0
 
 
 def test_layers_move_off_a_device_whose_share_does_not_fit() -> None:

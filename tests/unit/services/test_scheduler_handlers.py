@@ -14,6 +14,7 @@ import pytest
 
 from libs.contracts import (
     DEPLOYMENT_EVENT,
+    DEPLOYMENT_MEASURED,
     DEPLOYMENTS_SNAPSHOT,
     DEVICE_FAILED,
     MODE_CHANGE,
@@ -22,6 +23,7 @@ from libs.contracts import (
     SHARD_STATUS,
     SHARD_TASK,
     Assignment,
+    DeploymentMeasured,
     DeploymentState,
     DeviceAnnounce,
     DeviceClass,
@@ -35,6 +37,7 @@ from libs.contracts import (
     ShardReported,
     ShardStatus,
     ShardTask,
+    Speed,
 )
 from libs.contracts.keys import DeviceField, Keys, scored_fields
 from libs.contracts.profiles import DimensionWeights
@@ -343,6 +346,43 @@ async def test_a_plan_counts_the_request_slots_its_workers_announce() -> None:
         finally:
             await service.abandon()
             await bus.close()
+
+
+async def test_a_deployment_measured_slower_than_predicted_is_predicted_closer_next() -> None:
+    """A llama.cpp deployment is planned with its predicted speed; what the gateway measured is
+    recorded beside it (in the book every follower folds), and the next prediction for those
+    devices is the measured one; another plan's measurement changes nothing."""
+    devices = {"ws-a": (4.0, 1.0), "ws-b": (4.0, 0.5)}
+    service, bus = await start(devices, dict.fromkeys(devices, "llamacpp"), slots=1)
+    try:
+        decision = await deploy(bus)
+        assert decision.placed, decision.reason
+        await loaded(service, bus, decision)
+        state = service.book.by_id["smol"]
+        assert state.predicted is not None and state.measured is None
+        before = state.predicted.tokens_per_s_1
+        assert 0 < before < state.predicted.tokens_per_s_8 and state.predicted.ttft_ms
+        slower = Speed(tokens_per_s_1=round(before / 2, 2), ttft_ms=90.0)
+        stale = DeploymentMeasured(
+            deployment_id="smol", epoch=state.epoch + 1, measured=slower, requests=3
+        )
+        news = stale.model_copy(update={"epoch": state.epoch})
+        for sent in (stale, news):
+            await bus.publish(DEPLOYMENT_MEASURED, sent, deployment_id="smol")
+        await wait_until(lambda: service.book.by_id["smol"].measured == slower, 10)
+        route = [(a.device_id, a.layer_end - a.layer_start) for a in decision.assignments]
+        seen = {d.device_id: d for d in service.planner.model_devices(service.book, NOW)}
+        again = service.planner.predicted(MODEL, route, seen)
+        assert again is not None
+        assert again.tokens_per_s_1 == pytest.approx(slower.tokens_per_s_1, rel=0.01)
+        folded = DeploymentBook.of(bus.sent(DEPLOYMENTS_SNAPSHOT)[0])
+        for event in bus.sent(DEPLOYMENT_EVENT):
+            folded, _ = follow(folded, event)
+        assert folded.by_id["smol"].measured == slower  # followers see it beside the prediction
+        assert not [t for t in bus.sent(SHARD_TASK) if t.action == "unload"]  # nothing moved
+    finally:
+        await service.abandon()
+        await bus.close()
 
 
 async def test_a_restored_checkpoint_is_the_book_every_part_of_the_scheduler_reads(

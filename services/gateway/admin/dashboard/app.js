@@ -142,8 +142,21 @@ async function loadDeployments() {
         ? element("progress", { max: 100, value: percent, title: `${percent} % loaded` }) : "",
       weightsBars(d, phase !== "serving"),
       d.reason && phase !== "serving" ? element("p", { className: "reason" }, d.reason) : "",
+      speedLine(d),
       bar);
   }));
+}
+
+// A deployment's speed as predicted when it was placed, and as its requests measured since.
+function speedLine(d) {
+  const said = (s) => [`${s.tokens_per_s_1.toFixed(1)} tokens/s at 1 stream`,
+    s.tokens_per_s_8 != null ? `${s.tokens_per_s_8.toFixed(1)} at 8` : "",
+    s.ttft_ms != null ? `first token ${Math.round(s.ttft_ms)} ms` : ""].filter(Boolean).join(", ");
+  const parts = [];
+  if (d.predicted) parts.push(`predicted ${said(d.predicted)}`);
+  if (d.measured) parts.push(`measured ${said(d.measured)}`);
+  else if (d.predicted && (d.phase || "serving") === "serving") parts.push("measured: no request yet");
+  return parts.length ? element("p", { className: "speed muted" }, parts.join(" · ")) : "";
 }
 
 // Weights on their way to each device (the feed's "weights" events), by deployment and device:
