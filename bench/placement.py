@@ -19,7 +19,7 @@ The link sweep: the two fastest devices, split as the scheduler splits them, the
 through a relay that adds each round trip (``libs/cluster/relay.py``), against the model whole
 on the fastest: which is faster measured, and which the scheduler chooses at that round trip.
 
-    python bench/placement.py --json [--model FILE.gguf] [--fleet FILE.yaml]
+    python bench/placement.py --json [--model FILE.gguf] [--fleet FILE.yaml|FILE.toml]
 
 Needs root (cgroups) and ``make llama``. Watts are not predicted against a measurement here:
 this machine has no power meter a cgroup can read.
@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from itertools import combinations, pairwise, permutations
 from pathlib import Path
 
-import yaml
 from report import add_results_option, table, write_report  # bench/ is the script's folder
 from rpc_channel import one_stream
 
@@ -53,7 +52,7 @@ from libs.core import partition
 from libs.core.catalogue import ModelSpec, card_spec
 from libs.core.model import Device
 from libs.core.predict import Prediction, Stage, corrected, placement_step_ms, predict
-from libs.devices.fleetfile import WorkerSpec, load_fleet
+from libs.devices.fleetfile import WorkerSpec, load_fleet, read_fleet_file
 from libs.models.gguf_info import read_card
 from libs.runtime.procs import free_port
 from services.worker.rpc.channel import listening
@@ -492,7 +491,7 @@ def main() -> None:
         sys.exit(f"placement bench: {why}")
     if not (BINARIES / "llama-server").exists():
         sys.exit("placement bench: llama.cpp not built (make llama)")
-    fleet_file = yaml.safe_load((args.fleet or DEFAULT_FLEET).read_text()) or {}
+    fleet_file = read_fleet_file(args.fleet or DEFAULT_FLEET)
     specs = load_fleet({"workers": fleet_file.get("workers", [])}).workers
     if not specs:
         sys.exit("placement bench: the fleet file lists no workers")

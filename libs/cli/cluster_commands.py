@@ -32,7 +32,9 @@ def up(
     ] = None,
     fleet: Annotated[
         Path | None,
-        typer.Option(exists=True, dir_okay=False, help="Fleet file (YAML) for the emulated fleet."),
+        typer.Option(
+            exists=True, dir_okay=False, help="Fleet file (YAML or TOML) for the emulated fleet."
+        ),
     ] = None,
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Gateway port (TESSERA_GATEWAY_PORT).")
@@ -142,6 +144,13 @@ def up(
         cpu, cpu_why = engines.cpu_engine(engine.value if engine else settings.cpu_engine, built)
     except engines.EngineMissing as exc:
         raise typer.BadParameter(str(exc), param_hint="--engine") from exc
+    if fleet is not None:
+        from libs.devices.fleetfile import fleet_from_file
+
+        try:
+            fleet_from_file(fleet)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--fleet") from None
     options = UpOptions(
         gateway_host=settings.gateway_host,
         gateway_port=port or settings.gateway_port or choose_port(settings.gateway_host, 8000),

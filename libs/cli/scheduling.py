@@ -74,7 +74,8 @@ def show_previews(
             if guess := option.get("predicted"):
                 title += (
                     f"; predicted {guess['tokens_per_s_1']:.1f} tokens/s at 1 stream, "
-                    f"{guess['tokens_per_s_8']:.1f} at 8, first token in {guess['ttft_ms']:.0f} ms"
+                    f"{guess['tokens_per_s_8']:.1f} at 8, first token in {guess['ttft_ms']:.0f} "
+                    f"ms, {guess['watts_1']:.0f} W at 1 stream"
                 )
             console.print(shards_table(title, option["shards"]))
         else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import Progress
 
@@ -13,7 +12,7 @@ from libs.cli.tables import Column, show
 from libs.contracts import Mode
 from libs.core.policies import make_policy
 from libs.core.profiles import BUILTIN_PROFILES
-from libs.devices.fleetfile import FleetSpec, build, load_fleet
+from libs.devices.fleetfile import FleetSpec, build, fleet_from_file
 from libs.sim.fleets import builtin
 from libs.sim.metrics import summarise
 from libs.sim.serving import ServingSimulation, SimResult
@@ -35,10 +34,13 @@ COLUMNS = (
 
 def fleet_spec(name_or_path: str) -> FleetSpec:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json", ".toml") or path.exists():
         if not path.exists():
             raise SystemExit(f"fleet file {path} not found")
-        return load_fleet(yaml.safe_load(path.read_text()))
+        try:
+            return fleet_from_file(path)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     try:
         return builtin(name_or_path)
     except KeyError as exc:

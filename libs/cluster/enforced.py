@@ -21,12 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import yaml
-
 from libs.cluster import links
 from libs.cluster.limits import Group, Limits, LimitsUnavailable
 from libs.cluster.links import LinkedHost
-from libs.devices.fleetfile import WorkerSpec, load_fleet
+from libs.devices.fleetfile import WorkerSpec, fleet_from_file
 
 
 class EnforcedFleet:
@@ -50,7 +48,7 @@ class EnforcedFleet:
         """The fleet file's workers, or None when it lists none (or there is no file)."""
         if path is None:
             return None
-        spec = load_fleet(yaml.safe_load(path.read_text()) or {})
+        spec = fleet_from_file(path)
         return cls(spec.workers, run_id) if spec.workers else None
 
     def names(self, engine: str) -> list[tuple[str, str]]:
@@ -68,7 +66,9 @@ class EnforcedFleet:
         if self.enforced:
             env["TESSERA_WORKER_CPUS"] = str(worker.cpus)
         if (link := self.linked.get(name)) is not None:
-            env["TESSERA_WORKER_RPC_HOST"] = link.address  # the head reaches its RPC server there
+            env["TESSERA_WORKER_RPC_HOST"] = link.address  # its RPC server listens there,
+            env["TESSERA_WORKER_RPC_PORT"] = str(links.RPC_PORT)
+            env["TESSERA_WORKER_RPC_ANNOUNCE"] = link.rpc_address  # the head reaches it here
             env["TESSERA_WORKER_LINK_MBIT"] = str(link.mbit)
             env["TESSERA_WORKER_MEASURE_RTT"] = "true"
         return env

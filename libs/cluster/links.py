@@ -6,8 +6,9 @@ the round trip added by a ``DelayRelay`` (``libs/cluster/relay.py``; this kernel
 The device's worker runs in the namespace (``prefix``) and reaches NATS only through the relay,
 at the head's end of the veth: everything it says and hears on the bus (its telemetry, its
 tokens, the torch ring's hidden states) crosses the link's bandwidth and delay. Its llama.cpp
-RPC server listens on its own end, which the head reaches over the veth: that traffic is held
-to the bandwidth, not delayed. Needs root and iproute2; ``unavailable()`` says why not.
+RPC server listens on its own end (``RPC_PORT``), and the head reaches it through a second
+relay at the head's end (``rpc_address``, which the worker announces): a split's RPC traffic
+crosses the same bandwidth and delay. Needs root and iproute2; ``unavailable()`` says why not.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: The port a linked device's llama.cpp RPC server listens on, on its own end of the link (its
+#: namespace is its own: nothing else holds it).
+RPC_PORT = 50052
 
 
 def unavailable() -> str | None:
@@ -86,7 +90,9 @@ class LinkedHost:
         #: The round trip the link adds (ms, half each way) and its bandwidth each way (Mbit/s).
         self.rtt_ms, self.mbit = rtt_ms, mbit
         self.relay: subprocess.Popen[str] | None = None
-        self.relay_port = 0
+        self.rpc_relay: subprocess.Popen[str] | None = None
+        self.relay_port = self.rpc_relay_port = 0
+        self.relays: list[subprocess.Popen[str]] = []  # every relay started, to stop
 
     def create(self, nats_target: str) -> LinkedHost:
         """The namespace, the shaped veth, and the relay to ``nats_target`` (host:port)."""
@@ -101,20 +107,33 @@ class LinkedHost:
         ip("-n", ns, "link", "set", "lo", "up")
         shape(self.head_end, self.mbit)  # head to device
         shape(self.device_end, self.mbit, ns)  # device to head
-        argv = [sys.executable, "-m", "libs.cluster.relay", self.head_address, nats_target]
-        self.relay = subprocess.Popen(
+        self.relay, self.relay_port = self._relay(nats_target)
+        # The head's RPC traffic to the device's llama.cpp RPC server, delayed the same way.
+        self.rpc_relay, self.rpc_relay_port = self._relay(f"{self.address}:{RPC_PORT}")
+        return self
+
+    def _relay(self, target: str) -> tuple[subprocess.Popen[str], int]:
+        """A relay on the head's end of the link to ``target`` (host:port), ``rtt_ms / 2``
+        late each way: the process and its port."""
+        argv = [sys.executable, "-m", "libs.cluster.relay", self.head_address, target]
+        relay = subprocess.Popen(
             [*argv, str(self.rtt_ms / 2)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             cwd=REPO,
         )
-        assert self.relay.stdout is not None
-        line = self.relay.stdout.readline()
+        self.relays.append(relay)
+        assert relay.stdout is not None
+        line = relay.stdout.readline()
         if not line:
-            raise RuntimeError(f"the relay of {ns} did not start")
-        self.relay_port = int(json.loads(line)["port"])
-        return self
+            raise RuntimeError(f"the relay of {self.namespace} to {target} did not start")
+        return relay, int(json.loads(line)["port"])
+
+    @property
+    def rpc_address(self) -> str:
+        """Where the head reaches the device's RPC server (through its relay), host:port."""
+        return f"{self.head_address}:{self.rpc_relay_port}"
 
     @property
     def nats_address(self) -> str:
@@ -127,14 +146,15 @@ class LinkedHost:
         return ["nsenter", f"--net=/var/run/netns/{self.namespace}"]
 
     def remove(self) -> None:
-        """Stop the relay, kill what still runs in the namespace, delete it (and its veth)."""
-        if self.relay is not None:
-            if self.relay.stdin is not None:
-                self.relay.stdin.close()
+        """Stop the relays, kill what still runs in the namespace, delete it (and its veth)."""
+        for relay in self.relays:
+            if relay.stdin is not None:
+                relay.stdin.close()
             try:
-                self.relay.wait(timeout=5)
+                relay.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self.relay.kill()
-                self.relay.wait()
+                relay.kill()
+                relay.wait()
+        self.relays.clear()
         end_host(self.namespace)
         subprocess.run(["ip", "link", "del", self.head_end], capture_output=True)

@@ -55,6 +55,9 @@ class Speed(WireModel):
     tokens_per_s_8: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
     #: Predicted: for a prompt of 64 tokens; measured: the median of requests that ran alone.
     ttft_ms: Annotated[float, Field(ge=0.0, le=86_400_000.0)] | None = None
+    #: Predicted only: the devices' draw (W) at 1 and 8 streams, from the draws they report.
+    watts_1: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
+    watts_8: Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None = None
 
 
 class DeploymentState(WireModel):

@@ -13,7 +13,9 @@ measured yet, so the next prediction is closer: for those devices, and for other
 engine.
 
 Time to first token: the prompt's tokens computed at once through every stage, plus the round
-trips, plus one decode step.
+trips, plus one decode step. Watts: each device's idle draw, plus its span to full load for the
+share of a step it computes, from the draws it reports (its class's where it has no meter: the
+prediction is as good as they are, and nothing here measures watts to check it).
 
 The two constants were fitted to llama.cpp's CPU build on devices held to CPU quotas
 (``bench/placement.py``, 15 placements of a 0.5 GB Q8_0 model at 1 and 8 streams); another
@@ -23,7 +25,7 @@ engine or machine starts from them and corrects itself by its first measurement.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 from libs.core.catalogue import ModelSpec
@@ -53,6 +55,9 @@ class Stage:
     gflops: float
     #: Round trip from the head to this device (ms); 0 for the head itself.
     rtt_ms: float = 0.0
+    #: The device's draw idle and at full load (W), as it reports them.
+    idle_w: float = 0.0
+    max_w: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,9 @@ class Prediction:
     #: Aggregate tokens/s at each number of streams at once.
     tokens_per_s: dict[int, float]
     ttft_ms: float
+    #: The placement's devices' draw while serving that many streams (W): each device idle,
+    #: plus its span from idle to full load for the share of a step it computes.
+    watts: dict[int, float] = field(default_factory=dict)
 
 
 def factor_of(factors: Mapping[str, float], device_id: str) -> float:
@@ -102,9 +110,10 @@ def stages_of(devices: Sequence[Device], counts: Sequence[int]) -> list[Stage]:
     and its round trip from the head (the first device)."""
     ends = list(accumulate(counts))
     return [
-        Stage(d.device_id, end - n, end, d.speed, d.network_rtt_ms if i else 0.0)
+        Stage(d.device_id, end - n, end, d.speed, d.network_rtt_ms if i else 0.0,
+              d.power_idle_w, d.power_max_w)
         for i, (d, n, end) in enumerate(zip(devices, counts, ends, strict=True))
-    ]
+    ]  # fmt: skip
 
 
 def placement_step_ms(
@@ -131,7 +140,26 @@ def predict(
         raise ValueError("a placement has at least one stage")
     rates = {n: n / step_s(model, stages, n, factors) for n in streams}
     prefill = step_s(model, stages, prompt_tokens, factors)  # the prompt's tokens at once
-    return Prediction(rates, (prefill + step_s(model, stages, 1, factors)) * 1000.0)
+    ttft_ms = (prefill + step_s(model, stages, 1, factors)) * 1000.0
+    return Prediction(rates, ttft_ms, {n: watts(model, stages, n, factors) for n in streams})
+
+
+def watts(
+    model: ModelSpec,
+    stages: Sequence[Stage],
+    streams: int = 1,
+    factors: Mapping[str, float] | None = None,
+) -> float:
+    """The draw of ``stages``' devices while they serve ``streams`` at once: each idle, plus
+    its span to full load for the share of a step it computes (the rest of the step it
+    waits on the others and the links)."""
+    factors = factors or {}
+    step = step_s(model, stages, streams, factors)
+    total = 0.0
+    for i, stage in enumerate(stages):
+        busy = _stage_s(model, stages, i, streams, factor_of(factors, stage.device_id)) / step
+        total += stage.idle_w + (stage.max_w - stage.idle_w) * min(1.0, busy)
+    return total
 
 
 def corrected(

@@ -1,4 +1,6 @@
-"""Fleet files: how many devices of each class, a seed, and scripted faults.
+"""Fleet files: how many devices of each class, a seed, and scripted faults; YAML (below) or
+the same keys in TOML (a file named ``*.toml``: ``[[workers]]`` tables, ``link = {rtt_ms = 2,
+mbit = 100}``).
 
 seed: 7
 prefix: home          # device ids are <prefix>-<class>-<n>
@@ -13,10 +15,13 @@ workers:      # `tessera up --fleet`: workers the kernel holds to a device's CPU
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from libs.contracts import DeviceClass
 from libs.devices.emulated import EmulatedDevice, Fault, FaultKind
@@ -105,6 +110,40 @@ def mixed(count: int, seed: int = 0, prefix: str = "dev") -> FleetSpec:
 def load_fleet(data: dict[str, Any]) -> FleetSpec:
     """Validate a parsed fleet file. Raises ``pydantic.ValidationError`` naming the field."""
     return FleetSpec.model_validate(data)
+
+
+def fleet_from_file(path: Path) -> FleetSpec:
+    """The fleet a file describes (``read_fleet_file``, then ``load_fleet``). Raises
+    ``ValueError`` naming the file and each field that is wrong, in one line each."""
+    data = read_fleet_file(path)
+    try:
+        return load_fleet(data)
+    except ValidationError as exc:
+        wrong = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'the file'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ValueError(f"fleet file {path}: {wrong}") from None
+
+
+def read_fleet_file(path: Path) -> dict[str, Any]:
+    """A fleet file's keys: TOML where its name ends ``.toml``, else YAML (JSON is YAML too).
+    Raises ``ValueError`` naming the file and what is wrong with it."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"fleet file {path}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        kind = "TOML" if path.suffix == ".toml" else "YAML"
+        said = " ".join(str(exc).split())  # YAML's message spans lines
+        raise ValueError(f"fleet file {path} is not valid {kind}: {said}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"fleet file {path}: expected keys (workers, devices, …), not a list")
+    return data
 
 
 def device_ids(spec: FleetSpec) -> list[str]:

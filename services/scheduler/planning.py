@@ -198,6 +198,8 @@ class Planner:
             tokens_per_s_1=round(guess.tokens_per_s[1], 2),
             tokens_per_s_8=round(guess.tokens_per_s[8], 2),
             ttft_ms=round(guess.ttft_ms, 1),
+            watts_1=round(guess.watts[1], 1),
+            watts_8=round(guess.watts[8], 1),
         )
 
     def learn(

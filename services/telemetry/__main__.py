@@ -8,10 +8,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-import yaml
 from prometheus_client import CollectorRegistry, Counter
 
-from libs.devices.fleetfile import FleetSpec, build, load_fleet, mixed
+from libs.devices.fleetfile import FleetSpec, build, fleet_from_file, mixed
 from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import announce_ready, run_service
 from libs.runtime.logs import configure_logging
@@ -25,7 +24,7 @@ log = logging.getLogger("services.telemetry")
 
 def fleet_spec(settings: TelemetrySettings) -> FleetSpec:
     if settings.fleet is not None:
-        return load_fleet(yaml.safe_load(settings.fleet.read_text()))
+        return fleet_from_file(settings.fleet)
     return mixed(settings.devices, settings.seed, settings.prefix)
 
 

@@ -134,6 +134,7 @@ def make_worker(
             threads,
             settings.rpc_credentials,
             int(settings.rpc_cache_gb * 10**9),
+            settings.rpc_announce,
         )
         return LlamaWorker(
             bus,

@@ -80,6 +80,9 @@ class WorkerSettings(ServiceSettings):
     llama_bin: Path = REPO / ".llama"
     rpc_host: str = "127.0.0.1"
     rpc_port: int = Field(0, ge=0, le=65535)
+    #: host:port announced for the RPC server in place of its own: a relay in front of it
+    #: (a fleet's link, ``libs/cluster/links.py``, delays the head's RPC traffic there).
+    rpc_announce: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]+:\d{1,5}$")
     #: The port, on ``rpc_host``, where this host lends the model files it holds to devices
     #: that need them (``libs/weights/lending.py``; 0: any free one, told in each offer).
     weights_port: int = Field(0, ge=0, le=65535)

@@ -180,6 +180,7 @@ def test_the_dashboard_shows_the_cluster_live_and_controls_it(
     until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#previews .preview li"))
     first = browser.find_element(By.CSS_SELECTOR, "#previews .preview h4").text
     assert "predicted" in first and "tokens/s at 1 stream" in first, first  # llama.cpp workers
+    assert re.search(r"first token in \d+ ms, \d+ W", first), first
 
     # A chat message streams an answer.
     browser.find_element(By.ID, "chat-input").send_keys(

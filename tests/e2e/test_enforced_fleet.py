@@ -58,6 +58,17 @@ def measured_deployment(base_url: str, timeout_s: float) -> dict[str, Any]:
     raise AssertionError(f"nothing measured within {timeout_s} s: {placed}")
 
 
+def serving_within(base_url: str, deployment_id: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{base_url}/v1/cluster/placements/{deployment_id}", timeout=5).json()
+        if status["phase"] == "serving":
+            return
+        assert status["phase"] not in ("refused", "failed"), status
+        time.sleep(0.5)
+    raise AssertionError(f"{deployment_id} not serving within {timeout_s} s: {status}")
+
+
 def groups_of(name: str) -> list[Path]:
     """The cgroup folders made for worker ``name`` (one per controller; v2: one)."""
     return sorted(ROOT.rglob(f"tessera-*-{name}"))
@@ -138,6 +149,8 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
         measured, predicted = deployment["measured"], deployment["predicted"]
         print(f"{route}: predicted {predicted}, measured {measured}")
         assert predicted["tokens_per_s_1"] > 0 and measured["tokens_per_s_1"] > 0
+        assert 0 < predicted["watts_1"] <= predicted["watts_8"]  # from the draws they report
+        assert measured["watts_1"] is None  # no meter here to measure them
         again = httpx.get(
             f"{cluster.base_url}/v1/cluster/previews",
             params={"model": "smollm2-135m-instruct"},
@@ -151,6 +164,20 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
             'tessera_deployment_tokens_per_second{deployment="smollm2-135m-instruct",source="measured",streams="1"}'
             in metrics
         )
+        # A split across small's link: the head's llama.cpp reaches small's RPC server through
+        # the link's relay (its delay and bandwidth), over the cluster's mutual TLS.
+        across = {
+            "model": "smollm2-135m-instruct",
+            "deployment_id": "across",
+            "devices": ["big", "small"],
+        }
+        placed = httpx.post(f"{cluster.base_url}/v1/cluster/placements", json=across, timeout=60)
+        assert placed.status_code == 201, placed.text
+        serving_within(cluster.base_url, "across", 120)
+        split = client.chat.completions.create(
+            model="across", messages=[{"role": "user", "content": "Say hello."}], max_tokens=4
+        )
+        assert split.choices[0].message.content
         pinned = {"model": "smollm2-135m-instruct", "deployment_id": "on-tiny", "devices": ["tiny"]}
         refused = httpx.post(f"{cluster.base_url}/v1/cluster/placements", json=pinned, timeout=30)
         assert refused.status_code == 409 and "memory" in refused.text, refused.text

@@ -71,6 +71,10 @@ def test_two_clusters_side_by_side_both_reach_ready() -> None:
         assert runfile.read(own)["gateway_url"] == urls[1]
         assert any(str(own) in str(e.get("msg", "")) for e in second.lines)
         assert httpx.get(f"{urls[1]}/v1/models", timeout=10).status_code == 401
+        # The dashboard's page is served, asking for the key; none of its data without it.
+        page = httpx.get(f"{urls[1]}/", timeout=10)
+        assert page.status_code == 200 and 'id="key"' in page.text, page.text[:200]
+        assert httpx.get(f"{urls[1]}/v1/cluster/devices", timeout=10).status_code == 401
         auth = {"authorization": f"Bearer {key.group(1)}"}
         assert httpx.get(f"{urls[1]}/v1/models", headers=auth, timeout=10).status_code == 200
         # The access log is written once the answer is sent: read until both are in it.

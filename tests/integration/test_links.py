@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -140,6 +141,46 @@ def test_a_device_on_a_link_reaches_nats_only_through_it_as_slow_as_it_says(
     assert seen["bulk_s"] >= 0.9, seen
 
 
+ECHO = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+conn, _ = server.accept()
+while data := conn.recv(65536):
+    conn.sendall(data)
+"""
+
+
+def test_the_heads_rpc_traffic_to_a_linked_device_crosses_the_links_delay(
+    linked: LinkedHost,
+) -> None:
+    """What a split's head sends the device's llama.cpp RPC server (at ``RPC_PORT`` on the
+    device's end) goes through the link's relay (``rpc_address``, which the worker
+    announces): each exchange pays the link's round trip."""
+    echo = subprocess.Popen(
+        [*linked.prefix(), sys.executable, "-c", ECHO, linked.address, str(links.RPC_PORT)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
+        host, port = linked.rpc_address.rsplit(":", 1)
+        assert host == linked.head_address  # the head's end, not the device's
+        with socket.create_connection((host, int(port)), 5) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            trips = []
+            for _ in range(5):
+                started = time.perf_counter()
+                conn.sendall(b"graph")
+                assert conn.recv(16) == b"graph"
+                trips.append((time.perf_counter() - started) * 1000)
+        print(f"RPC exchanges through a 20 ms link: {[round(t, 1) for t in trips]} ms")
+        assert min(trips) >= 20.0, trips
+    finally:
+        echo.kill()
+        echo.wait()
+
+
 def test_a_removed_link_leaves_no_namespace_interface_or_relay(
     nats_server: NatsServer, uid: str
 ) -> None:
@@ -147,11 +188,11 @@ def test_a_removed_link_leaves_no_namespace_interface_or_relay(
         pytest.skip(f"no links: {WHY_NOT}")
     host, port = nats_server.url.removeprefix("nats://").split(":")
     link = LinkedHost(uid[-6:], 1, 204, rtt_ms=2.0, mbit=100.0).create(f"{host}:{port}")
-    relay = link.relay
+    relays = [link.relay, link.rpc_relay]
     sleeper = subprocess.Popen([*link.prefix(), "sleep", "300"])
     link.remove()
     assert sleeper.wait(timeout=10) != 0  # killed with its namespace
-    assert relay is not None and relay.poll() is not None
+    assert all(r is not None and r.poll() is not None for r in relays)
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert link.namespace not in namespaces
     interfaces = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout

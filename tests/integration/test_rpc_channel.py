@@ -242,9 +242,19 @@ async def test_a_device_on_this_host_is_reached_on_loopback_and_others_never_in_
 ) -> None:
     """Same-host placements connect directly: an endpoint at one of this host's addresses
     becomes loopback at its port (where its RPC server listens). Another host's endpoint
-    without this device's certificate is refused, not reached in the clear."""
-    own = f"{network.address}:50123"
-    assert await open_tunnels(None, [own], ["worker-1"]) == (["127.0.0.1:50123"], [])
+    without this device's certificate is refused, not reached in the clear; so is one at an
+    address of this host with nothing on that loopback port (a fleet's linked device in a
+    namespace of its own, behind its link's relay)."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        own = f"{network.address}:{port}"
+        assert await open_tunnels(None, [own], ["worker-1"]) == ([f"127.0.0.1:{port}"], [])
+    finally:
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(ChannelError, match="no cluster certificate"):
+        await open_tunnels(None, [f"{network.address}:{port}"], ["linked-1"])
     with pytest.raises(ChannelError, match="no cluster certificate"):
         await open_tunnels(None, [f"{network.hosts[0].address}:50123"], ["lender-b"])
 

@@ -294,13 +294,15 @@ async def open_tunnels(
     """The addresses llama-server is given for ``endpoints`` (of ``devices``, in route
     order), and the tunnels opened for them. A device on this very host is reached on
     loopback (its RPC server listens there on the port number of its TLS listener, see
-    ``RpcServer``); any other through a tunnel, never in the clear."""
+    ``RpcServer``); any other through a tunnel, never in the clear: so is one at an address
+    of this host with nothing on that loopback port (a fleet's linked device in a network
+    namespace of its own, behind its link's relay)."""
     addresses: list[str] = []
     relays: list[Relay] = []
     try:
         for endpoint, device_id in zip(endpoints, devices, strict=True):
             host, port = endpoint.rsplit(":", 1)
-            if is_loopback(host) or is_own_address(host):
+            if is_loopback(host) or (is_own_address(host) and listening(int(port), LOOPBACK)):
                 addresses.append(f"{LOOPBACK}:{port}")
                 continue
             if credentials is None:

@@ -76,8 +76,11 @@ class RpcServer:
         threads: int = 1,
         credentials: Credentials | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        announce: str | None = None,
     ) -> None:
         self.binaries, self.host, self.threads = binaries, host, threads
+        #: Where others reach it, where that is not ``host:port`` (a relay in front of it).
+        self.announce = announce
         self.credentials, self.cache_bytes = credentials, cache_bytes
         self.port = port or free_port(host)
         while not port and not is_loopback(host) and not port_free(LOOPBACK, self.port):
@@ -90,7 +93,8 @@ class RpcServer:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
+        """Its address as announced: ``announce``, else where its listener is."""
+        return self.announce or f"{self.host}:{self.port}"
 
     async def start(self, timeout_s: float = 10.0) -> None:
         binary = self.binaries / "ggml-rpc-server"

@@ -79,3 +79,13 @@ def test_nonsense_is_refused() -> None:
         predict(MODEL, [])
     with pytest.raises(ValueError, match="positive"):
         corrected({}, whole(), 10.0, 0.0)
+
+
+def test_watts_are_each_devices_idle_draw_plus_its_span_for_the_share_it_computes() -> None:
+    [alone] = [replace(s, idle_w=10.0, max_w=60.0) for s in whole()]
+    assert predict(MODEL, [alone], (1,)).watts[1] == pytest.approx(60.0)  # busy all the step
+    far = [replace(s, idle_w=10.0, max_w=60.0) for s in halves(100.0, 100.0, rtt_ms=50.0)]
+    guess = predict(MODEL, far, (1, 8))
+    # Each computes less than half a step (the other's half and the link's round trips).
+    assert 20.0 < guess.watts[1] < 10.0 + 10.0 + 50.0
+    assert guess.watts[1] < guess.watts[8]  # more streams: more of each step is compute

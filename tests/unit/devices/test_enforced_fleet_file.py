@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from libs.cluster.enforced import EnforcedFleet
-from libs.devices.fleetfile import load_fleet
+from libs.devices.fleetfile import fleet_from_file, load_fleet
 
 WORKERS = [
     {"id": "big", "class": "workstation", "cpus": 1.0, "memory_gb": 2},
@@ -99,3 +99,56 @@ def test_the_shipped_household_fleet_is_read_with_its_link() -> None:
         ("nas", 0.25),
     ]
     assert list(fleet.links) == ["nas"]
+
+
+HOME_TOML = """
+# the household of deploy/fleets/home.yaml, in TOML
+[[workers]]
+id = "laptop"
+class = "laptop"
+cpus = 1.0
+memory_gb = 1.5
+
+[[workers]]
+id = "desktop"
+class = "workstation"
+cpus = 0.5
+memory_gb = 2.0
+
+[[workers]]
+id = "nas"
+class = "edge_server"
+cpus = 0.25
+memory_gb = 3.0
+link = {rtt_ms = 2, mbit = 100}
+"""
+
+
+def test_a_toml_fleet_file_is_the_same_fleet_as_its_yaml(tmp_path: Path) -> None:
+    toml = tmp_path / "home.toml"
+    toml.write_text(HOME_TOML)
+    home = Path(__file__).parents[3] / "deploy" / "fleets" / "home.yaml"
+    assert fleet_from_file(toml) == fleet_from_file(home)
+    fleet = EnforcedFleet.read(toml, "t0")
+    assert fleet is not None and list(fleet.links) == ["nas"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("f.toml", "[[workers]]\nid = ", "is not valid TOML"),
+        ("f.yaml", "workers: [", "is not valid YAML"),
+        ("f.yaml", "- a\n- b\n", "not a list"),
+        ("f.toml", '[[workers]]\nid = "x"\nclass = "toaster"\n', "workers.0.class"),
+    ],
+)
+def test_a_fleet_file_that_is_wrong_is_refused_naming_the_file_and_why(
+    tmp_path: Path, name: str, text: str, said: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=said) as caught:
+        fleet_from_file(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="No such file"):
+        fleet_from_file(tmp_path / "missing.toml")

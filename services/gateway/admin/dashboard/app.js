@@ -151,7 +151,8 @@ async function loadDeployments() {
 function speedLine(d) {
   const said = (s) => [`${s.tokens_per_s_1.toFixed(1)} tokens/s at 1 stream`,
     s.tokens_per_s_8 != null ? `${s.tokens_per_s_8.toFixed(1)} at 8` : "",
-    s.ttft_ms != null ? `first token ${Math.round(s.ttft_ms)} ms` : ""].filter(Boolean).join(", ");
+    s.ttft_ms != null ? `first token ${Math.round(s.ttft_ms)} ms` : "",
+    s.watts_1 != null ? `${Math.round(s.watts_1)} W` : ""].filter(Boolean).join(", ");
   const parts = [];
   if (d.predicted) parts.push(`predicted ${said(d.predicted)}`);
   if (d.measured) parts.push(`measured ${said(d.measured)}`);
@@ -291,7 +292,8 @@ $("#preview-form").addEventListener("submit", async (event) => {
       element("h4", {}, `${o.devices.length} device(s): `, o.feasible
         ? `~${o.step_ms.toFixed(2)} ms per token step` : element("span", { className: "error" }, o.reason),
         o.predicted ? `; predicted ${o.predicted.tokens_per_s_1.toFixed(1)} tokens/s at 1 stream, `
-          + `${o.predicted.tokens_per_s_8.toFixed(1)} at 8, first token in ${o.predicted.ttft_ms.toFixed(0)} ms` : ""),
+          + `${o.predicted.tokens_per_s_8.toFixed(1)} at 8, first token in ${o.predicted.ttft_ms.toFixed(0)} ms, `
+          + `${o.predicted.watts_1.toFixed(0)} W` : ""),
       o.feasible ? element("ul", {}, ...o.shards.map((s) => element("li", {},
         `${s.device_id}: layers ${s.layer_start}–${s.layer_end - 1}, ${s.memory_gb.toFixed(2)} GB`))) : "")),
       left.length ? element("p", { className: "muted" },
