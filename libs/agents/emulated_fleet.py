@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter
 
+from libs.agents.link_probe import BANDWIDTH_EVERY_S, bandwidth_mbps, round_trip_ms
 from libs.contracts import (
     ANNOUNCE,
     ANNOUNCE_REQUEST,
@@ -55,13 +56,6 @@ def shard_intensity(task: ShardTask) -> float:
     return min(1.0, 0.1 + 0.5 / task.shard_count)
 
 
-async def round_trip_ms(bus: Bus) -> float:
-    """This process's round trip to NATS now (ms): a flush, measured."""
-    started = time.perf_counter()
-    await bus.flush(timeout_s=5)
-    return (time.perf_counter() - started) * 1000.0
-
-
 class FleetAgent:
     def __init__(
         self,
@@ -81,6 +75,8 @@ class FleetAgent:
         worker on a link of its own), not its device's emulated one."""
         self.bus = bus
         self.measure_rtt = measure_rtt
+        #: When each device's bandwidth was last measured (``measure_rtt`` only).
+        self.bandwidth_at: dict[str, float] = {}
         self.follow_work = follow_work
         self.published = published
         self.devices = {d.device_id: d for d in devices}
@@ -126,10 +122,31 @@ class FleetAgent:
                 continue
             if self.measure_rtt:
                 device.base_rtt_ms = await round_trip_ms(self.bus)
+                await self.measure_bandwidth(device, now)
             sample = device.sample(self.seq, now, self.rng)
             await self.bus.publish(TELEMETRY, sample, device_id=device.device_id)
             if self.published is not None:
                 self.published.inc()
+
+    async def measure_bandwidth(
+        self, device: EmulatedDevice, now: float, announce: bool = True
+    ) -> None:
+        """Every ``BANDWIDTH_EVERY_S``, ``device``'s bandwidth to NATS measured (this agent's
+        own: a worker on a link of its own) and, with ``announce``, announced. A measurement
+        that fails keeps the figure it had."""
+        if now - self.bandwidth_at.get(device.device_id, -BANDWIDTH_EVERY_S) < BANDWIDTH_EVERY_S:
+            return
+        self.bandwidth_at[device.device_id] = now
+        try:
+            mbps = round(await bandwidth_mbps(self.bus, device.device_id), 1)
+        except Exception as exc:  # NATS away or slow: measured again later
+            log.warning("bandwidth not measured", extra={"reason": repr(exc)})
+            return
+        update = {"network_bandwidth_mbps": mbps}
+        device.capabilities = device.capabilities.model_copy(update=update)
+        if announce:
+            message = device.announce(now, self.interval_s)
+            await self.bus.publish(ANNOUNCE, message, device_id=device.device_id)
 
     def _mine(self, channel: Channel[Any]) -> list[str]:
         """The subjects of this agent's own devices (one each for a few; a wildcard for a
@@ -148,6 +165,9 @@ class FleetAgent:
             ],
             await self.bus.subscribe(ANNOUNCE_REQUEST, self.on_announce_request),
         ]
+        if self.measure_rtt:  # its link's bandwidth before it is first announced
+            for device in self.devices.values():
+                await self.measure_bandwidth(device, self.clock(), announce=False)
         await self.announce()
         devices = list(self.devices.values())
         slices = [devices[i::SLICES_PER_INTERVAL] for i in range(SLICES_PER_INTERVAL)]

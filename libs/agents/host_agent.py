@@ -1,6 +1,7 @@
 """The real host as a device (``TESSERA_TELEMETRY_MODE=host``): a ``HostDevice`` announced and
 sampled as a worker's host is (psutil, NVML where a GPU is present; unknown readings sent as
-none), with the round trip to NATS measured at each sample."""
+none), with the round trip to NATS measured at each sample and the bandwidth to it at start and
+every ``BANDWIDTH_EVERY_S`` (``link_probe.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import numpy as np
 
-from libs.agents.emulated_fleet import round_trip_ms
+from libs.agents.link_probe import BANDWIDTH_EVERY_S, bandwidth_mbps, round_trip_ms
 from libs.contracts import ANNOUNCE, ANNOUNCE_REQUEST, TELEMETRY, AnnounceRequest, TelemetrySample
 from libs.devices.calibration import Calibration
 from libs.devices.host_device import HostDevice, host_device_id
@@ -33,6 +34,17 @@ class HostAgent:
         self.seq += 1
         return self.device.sample(self.seq, time.time(), self.rng)
 
+    async def measure_bandwidth(self) -> None:
+        """The host's bandwidth to NATS, measured (``link_probe``), into what it announces;
+        a measurement that fails keeps the figure it had."""
+        try:
+            mbps = round(await bandwidth_mbps(self.bus, self.device_id), 1)
+        except Exception as exc:  # NATS away or slow: measured again later
+            log.warning("bandwidth not measured", extra={"reason": repr(exc)})
+            return
+        update = {"network_bandwidth_mbps": mbps}
+        self.device.capabilities = self.device.capabilities.model_copy(update=update)
+
     async def run(self, stop: asyncio.Event) -> None:
         async def again(
             request: AnnounceRequest | None = None, msg: Delivery | None = None
@@ -42,8 +54,14 @@ class HostAgent:
             await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
 
         await self.bus.subscribe(ANNOUNCE_REQUEST, again)
+        await self.measure_bandwidth()
         await again()
+        measured_at = time.monotonic()
         while not stop.is_set():
+            if time.monotonic() - measured_at >= BANDWIDTH_EVERY_S:
+                await self.measure_bandwidth()
+                await again()
+                measured_at = time.monotonic()
             sample = await self.sample()
             await self.bus.publish(TELEMETRY, sample, device_id=self.device_id)
             with contextlib.suppress(TimeoutError):

@@ -6,8 +6,8 @@ refused by the server. Every user reads only its own replies: its inbox prefix i
 ``_INBOX_<user>`` (``libs/runtime/nats_client.py``: ``inbox_of``), never ``_INBOX.>``.
 
 A **device** (``device_grant``) may publish only its own device's announce, telemetry, leaving,
-shard status, weights progress and weights wants, token chunks and hidden frames on subjects
-that name it as the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``:
+shard status, weights progress and wants, bandwidth probe, token chunks and hidden frames on
+subjects that name it as the sender (``TOKENS``: ``…tokens.<request>.<device>``; ``HIDDEN``:
 ``…hidden.<deployment>.<to>.<from>``; the gateway and the workers take them only from a device
 of the request's route), and read only its own work, requests, frames and hints (and every
 cancel, announce request and weights want, which carry ids and digests only; it answers a want
@@ -20,8 +20,8 @@ pull from (``MSG.NEXT``) its own durable consumer, and acknowledge on
 consumer administration, no key-value bucket, no stream listing, no Redis user.
 
 The **services** (``service_grants``):
-- ``telemetry`` (the emulated fleet, many devices under one agent): every device's announce
-  and telemetry out; every device's work and hints in. No JetStream.
+- ``telemetry`` (the emulated fleet, many devices under one agent): every device's announce,
+  telemetry and bandwidth probe out; every device's work and hints in. No JetStream.
 - ``scorer``: scores, device failed/recovered and announce requests out; announces,
   telemetry, leaving and mode changes in. No JetStream.
 - ``scheduler``: placements, deployment status, shard tasks (into the work stream), hints,
@@ -82,6 +82,7 @@ from libs.contracts import (
     MODE_CHANGE,
     PLACEMENT_DECISION,
     PLACEMENT_REQUEST,
+    PROBE,
     SCORE,
     SERVICE_RESTART,
     SHARD_STATUS,
@@ -126,7 +127,7 @@ def service_grants() -> dict[str, Grant]:
     docstring says why each)."""
     return {
         "telemetry": Grant(  # the emulated fleet: many devices under one agent
-            (ANNOUNCE.wildcard, TELEMETRY.wildcard),
+            (ANNOUNCE.wildcard, TELEMETRY.wildcard, PROBE.wildcard),
             (SHARD_TASK.wildcard, DVFS_HINT.wildcard, ANNOUNCE_REQUEST.wildcard),
         ),
         "scorer": Grant(
@@ -210,6 +211,7 @@ def device_grant(device_id: str) -> Grant:
             WEIGHTS_WANT.pattern(**me),
             TOKENS.pattern(**me),
             HIDDEN.pattern(sender_id=device_id),
+            PROBE.pattern(**me),  # its bandwidth measured: bytes nobody reads
             *work_grant(device_id),
             *MODEL_READ,
         ),

@@ -179,6 +179,9 @@ DEPLOYMENT_MEASURED = Channel(
 #: ``device_id`` receives, ``sender_id`` sent: a device's NATS user may publish only frames that
 #: name itself as the sender, and a worker takes them only from a device of the deployment.
 HIDDEN = Subject("hidden", "tessera.v1.hidden.{deployment_id}.{device_id}.{sender_id}")
+#: Bytes a device sends to measure its bandwidth to NATS (``libs/agents/link_probe.py``):
+#: nobody subscribes; only the device may publish on its own.
+PROBE = Subject("probe", "tessera.v1.probe.{device_id}")
 MODE_CHANGE = Channel("mode_change", "tessera.v1.scheduler.mode", ModeChange)
 #: A host joins (``tessera join``): asked as the ``join`` user, answered by ``tessera up``.
 JOIN = Channel("join", "tessera.v1.cluster.join", JoinRequest)

@@ -64,7 +64,7 @@ def serving_within(base_url: str, deployment_id: str, timeout_s: float) -> None:
         status = httpx.get(f"{base_url}/v1/cluster/placements/{deployment_id}", timeout=5).json()
         if status["phase"] == "serving":
             return
-        assert status["phase"] not in ("refused", "failed"), status
+        assert status["phase"] not in ("refused", "failed"), status["reason"]
         time.sleep(0.5)
     raise AssertionError(f"{deployment_id} not serving within {timeout_s} s: {status}")
 
@@ -105,7 +105,9 @@ def test_workers_run_held_to_their_devices_size_and_announce_what_they_measure(
         rtt = samples["small"]["network_rtt_ms"]
         print(f"small's measured round trip over its 15 ms link: {rtt:.1f} ms")
         assert rtt >= 15.0, samples["small"]
-        assert caps["small"]["network_bandwidth_mbps"] == 40, caps["small"]
+        bandwidth = caps["small"]["network_bandwidth_mbps"]
+        print(f"small's measured bandwidth over its 40 Mbit/s link: {bandwidth} Mbit/s")
+        assert 0 < bandwidth <= 40 * 1.1, caps["small"]  # measured: no more than tc lets through
         pid = process_with_env(cluster.process.pid, "TESSERA_WORKER_DEVICE_ID", "small")
         assert pid is not None
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")

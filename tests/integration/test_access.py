@@ -19,6 +19,7 @@ from libs.contracts import (
     DEPLOYMENT_MEASURED,
     DVFS_HINT,
     PLACEMENT_DECISION,
+    PROBE,
     SHARD_TASK,
     TELEMETRY,
 )
@@ -157,6 +158,22 @@ async def test_only_the_gateway_says_what_a_deployment_measured(
         within = 10 if allowed else 0.5
         assert await heard(admin, measured, publish, within_s=within) is allowed, user
         await nc.close()
+
+
+async def test_a_device_sends_bandwidth_probes_only_on_its_own_subject(
+    server: NatsServer, admin: NatsClient
+) -> None:
+    nc = await Client().connect(server, "dev-a")
+    for device, allowed in (("dev-a", True), ("dev-b", False)):
+        subject = PROBE.subject(device_id=device)
+
+        async def publish(s: str = subject) -> None:
+            await nc.publish(s, b"\0" * 1024)
+            await nc.flush()
+
+        within = 10 if allowed else 0.5
+        assert await heard(admin, subject, publish, within_s=within) is allowed, device
+    await nc.close()
 
 
 async def test_nobody_gets_in_without_the_password(server: NatsServer) -> None:

@@ -141,6 +141,30 @@ def test_a_device_on_a_link_reaches_nats_only_through_it_as_slow_as_it_says(
     assert seen["bulk_s"] >= 0.9, seen
 
 
+BANDWIDTH = """
+import asyncio, json, sys
+from libs.agents.link_probe import bandwidth_mbps
+from libs.runtime.bus import NatsBus
+from libs.runtime.nats_private import connected
+async def main(url):  # as every connection of Tessera's: its flush follows what it sent
+    nc = await connected(url, allow_reconnect=False, connect_timeout=5)
+    print(json.dumps([await bandwidth_mbps(NatsBus(nc), "dev-a") for _ in range(3)]))
+    await nc.close()
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_device_measures_its_links_bandwidth_as_the_link_holds_it(linked: LinkedHost) -> None:
+    """The probe a linked worker and a real host's agent use (``link_probe.bandwidth_mbps``)
+    measures what ``tc`` holds the link to: no more (a busy machine can only measure less)."""
+    done = run_in(linked, BANDWIDTH, f"nats://{linked.nats_address}")
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(done.stdout)
+    print(f"bandwidth measured through a 16 Mbit/s link: {[round(m, 1) for m in measured]}")
+    assert all(0 < m <= 16.0 * 1.1 for m in measured), measured  # tbf's burst: a few percent
+    assert max(measured) >= 16.0 * 0.5, measured  # and not a small fraction of it
+
+
 ECHO = """
 import socket, sys
 server = socket.create_server((sys.argv[1], int(sys.argv[2])))

@@ -44,8 +44,9 @@ from services.worker.served.streams import Streams
 
 log = logging.getLogger(__name__)
 
-#: Seconds between attempts to start a server again after it died.
-RESTART_S = 1.0
+#: Seconds between attempts to start a server again after it died; how long a split's head
+#: tries to start it before reporting it failed.
+RESTART_S, SPLIT_START_S = 1.0, 15.0
 #: Of a device's memory, what the models it runs may hold (the rest: the system, KV caches;
 #: the share the device's telemetry reports as available).
 MEMORY_SHARE = 0.8
@@ -232,7 +233,7 @@ class ServedWorker(DeviceWorker):
         that one reports); cancelled only when the worker closes, so that ``task`` is
         delivered again to its next process."""
         try:
-            load_s = await self._start(hosted, task)
+            load_s = await self._first_start(hosted, task)
         except asyncio.CancelledError:
             if self.runs(task):
                 raise  # the worker stops
@@ -251,6 +252,22 @@ class ServedWorker(DeviceWorker):
         # The device works from now on: a refused or failed start leaves its power and load be.
         self.device.assign(work_key(task), shard_intensity(task))
         await self.status(task, "loaded", load_s=load_s)
+
+    async def _first_start(self, hosted: Hosted, task: ShardTask) -> float:
+        """``_start``; a split's head tries again every ``RESTART_S`` for up to
+        ``SPLIT_START_S``: the devices it runs layers on take their own tasks at their own pace
+        (a slow one behind a link lets its head in later), and the engine fails while one does
+        not. A split that cannot start is still reported failed soon (the scheduler re-plans)."""
+        given_up_at = time.monotonic() + SPLIT_START_S
+        while True:
+            try:
+                return await self._start(hosted, task)
+            except EngineError as exc:
+                late = time.monotonic() >= given_up_at
+                if task.shard_count <= 1 or late or not self.runs(task):
+                    raise
+                log.warning("split not started; trying again", extra={"reason": str(exc)[:300]})
+                await asyncio.sleep(RESTART_S)
 
     async def _start(self, hosted: Hosted, task: ShardTask) -> float:
         """Start a server for ``task`` (it stops itself when it fails) and watch it, once this

@@ -1,0 +1,39 @@
+"""What a device measures of its link to the cluster, as a real host's agent and a fleet's
+linked worker both do: the round trip to NATS (a flush) and the bandwidth towards it (a burst
+of bytes on the device's own probe subject, which nobody reads, timed to the server's answer
+of the flush after it, less one round trip)."""
+
+from __future__ import annotations
+
+import time
+
+from libs.contracts.channels import PROBE
+from libs.runtime.bus import Bus
+
+#: The burst: 1 MiB in 64 KiB messages (0.2 s at 40 Mbit/s); how often it is sent again.
+BURST_BYTES, CHUNK_BYTES = 1 << 20, 64 << 10
+BANDWIDTH_EVERY_S = 600.0
+
+
+async def round_trip_ms(bus: Bus) -> float:
+    """This process's round trip to NATS now (ms): a flush, measured."""
+    started = time.perf_counter()
+    await bus.flush(timeout_s=5)
+    return (time.perf_counter() - started) * 1000.0
+
+
+async def bandwidth_mbps(bus: Bus, device_id: str, burst_bytes: int = BURST_BYTES) -> float:
+    """Megabits per second from this process to NATS now: ``burst_bytes`` on ``device_id``'s
+    probe subject, until the server has read them all (a flush), less one round trip. The
+    flush must follow the burst on the wire, as ``OrderedClient``'s does (every connection
+    ``connect_nats`` makes): nats-py's own sends its ping ahead of what it holds queued."""
+    rtt_s = await round_trip_ms(bus) / 1000.0
+    subject = PROBE.subject(device_id=device_id)
+    chunk = bytes(CHUNK_BYTES)
+    sent, started = 0, time.perf_counter()
+    while sent < burst_bytes:
+        await bus.publish_bytes(subject, chunk)
+        sent += len(chunk)
+    await bus.flush(timeout_s=60)
+    seconds = max(time.perf_counter() - started - rtt_s, 1e-6)
+    return sent * 8 / seconds / 1e6
