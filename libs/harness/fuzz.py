@@ -91,7 +91,14 @@ COUNTED = {
     ),
     "scheduler": (
         "tessera_scheduler_rejections",
-        ("placement_request", "score", "device_failed", "device_recovered", "shard_status"),
+        (
+            "placement_request",
+            "score",
+            "device_failed",
+            "device_recovered",
+            "shard_status",
+            "deployment_measured",
+        ),
     ),
 }
 

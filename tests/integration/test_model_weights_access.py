@@ -18,7 +18,8 @@ from redis.asyncio import Redis
 from typer.testing import CliRunner
 
 from libs.cli.model_commands import models_app
-from libs.cluster.access import MODEL_STREAM, AccessControl
+from libs.cluster.access import AccessControl
+from libs.cluster.jetstream_grants import MODEL_STREAM
 from libs.cluster.servers import NatsServer
 from libs.contracts import SHARD_TASK
 from libs.contracts.channels import MODEL_BUCKET
