@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter
 
-from libs.agents.link_probe import BANDWIDTH_EVERY_S, bandwidth_mbps, round_trip_ms
+from libs.agents.link_probe import BANDWIDTH_EVERY_S, measure_bandwidth, round_trip_ms
 from libs.contracts import (
     ANNOUNCE,
     ANNOUNCE_REQUEST,
@@ -137,14 +137,7 @@ class FleetAgent:
         if now - self.bandwidth_at.get(device.device_id, -BANDWIDTH_EVERY_S) < BANDWIDTH_EVERY_S:
             return
         self.bandwidth_at[device.device_id] = now
-        try:
-            mbps = round(await bandwidth_mbps(self.bus, device.device_id), 1)
-        except Exception as exc:  # NATS away or slow: measured again later
-            log.warning("bandwidth not measured", extra={"reason": repr(exc)})
-            return
-        update = {"network_bandwidth_mbps": mbps}
-        device.capabilities = device.capabilities.model_copy(update=update)
-        if announce:
+        if await measure_bandwidth(self.bus, device) and announce:
             message = device.announce(now, self.interval_s)
             await self.bus.publish(ANNOUNCE, message, device_id=device.device_id)
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from libs.agents.link_probe import BANDWIDTH_EVERY_S, bandwidth_mbps, round_trip_ms
+from libs.agents.link_probe import BANDWIDTH_EVERY_S, measure_bandwidth, round_trip_ms
 from libs.contracts import ANNOUNCE, ANNOUNCE_REQUEST, TELEMETRY, AnnounceRequest, TelemetrySample
 from libs.devices.calibration import Calibration
 from libs.devices.host_device import HostDevice, host_device_id
@@ -34,17 +34,6 @@ class HostAgent:
         self.seq += 1
         return self.device.sample(self.seq, time.time(), self.rng)
 
-    async def measure_bandwidth(self) -> None:
-        """The host's bandwidth to NATS, measured (``link_probe``), into what it announces;
-        a measurement that fails keeps the figure it had."""
-        try:
-            mbps = round(await bandwidth_mbps(self.bus, self.device_id), 1)
-        except Exception as exc:  # NATS away or slow: measured again later
-            log.warning("bandwidth not measured", extra={"reason": repr(exc)})
-            return
-        update = {"network_bandwidth_mbps": mbps}
-        self.device.capabilities = self.device.capabilities.model_copy(update=update)
-
     async def run(self, stop: asyncio.Event) -> None:
         async def again(
             request: AnnounceRequest | None = None, msg: Delivery | None = None
@@ -54,12 +43,12 @@ class HostAgent:
             await self.bus.publish(ANNOUNCE, announce, device_id=self.device_id)
 
         await self.bus.subscribe(ANNOUNCE_REQUEST, again)
-        await self.measure_bandwidth()
+        await measure_bandwidth(self.bus, self.device)
         await again()
         measured_at = time.monotonic()
         while not stop.is_set():
             if time.monotonic() - measured_at >= BANDWIDTH_EVERY_S:
-                await self.measure_bandwidth()
+                await measure_bandwidth(self.bus, self.device)
                 await again()
                 measured_at = time.monotonic()
             sample = await self.sample()

@@ -5,10 +5,14 @@ of the flush after it, less one round trip)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from libs.contracts.channels import PROBE
+from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus
+
+log = logging.getLogger(__name__)
 
 #: The burst: 1 MiB in 64 KiB messages (0.2 s at 40 Mbit/s); how often it is sent again.
 BURST_BYTES, CHUNK_BYTES = 1 << 20, 64 << 10
@@ -37,3 +41,16 @@ async def bandwidth_mbps(bus: Bus, device_id: str, burst_bytes: int = BURST_BYTE
     await bus.flush(timeout_s=60)
     seconds = max(time.perf_counter() - started - rtt_s, 1e-6)
     return sent * 8 / seconds / 1e6
+
+
+async def measure_bandwidth(bus: Bus, device: EmulatedDevice) -> bool:
+    """``device``'s bandwidth to NATS measured into what it announces (``bandwidth_mbps``);
+    False where the measurement failed (NATS away or slow: the figure it had is kept)."""
+    try:
+        mbps = round(await bandwidth_mbps(bus, device.device_id), 1)
+    except Exception as exc:  # measured again later
+        log.warning("bandwidth not measured", extra={"reason": repr(exc)})
+        return False
+    update = {"network_bandwidth_mbps": mbps}
+    device.capabilities = device.capabilities.model_copy(update=update)
+    return True

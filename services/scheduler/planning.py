@@ -16,6 +16,7 @@ from libs.core.model import Device
 from libs.core.partition import Preview, Step, whole_models_only
 from libs.core.predict import (
     RING_TRIPS_PER_STEP,
+    Stage,
     corrected,
     factor_of,
     placement_step_ms,
@@ -174,6 +175,25 @@ class Planner:
         """Devices with no worker engine: nothing loads there, nobody reports."""
         return {d for d, a in self.view.announces.items() if not a.engines}
 
+    def _stages(
+        self,
+        model: str,
+        route: Sequence[tuple[str, int]],
+        devices: Mapping[str, Device],
+        precision: str | None,
+        card: ModelCard | None = None,
+    ) -> tuple[ModelSpec, list[Stage]] | None:
+        """``model`` as llama.cpp holds it and ``route``'s stages (each device with its
+        layers, in pipeline order); None where the model has no card, a device is unknown or
+        one runs another engine than llama.cpp's (the predictor is fitted to it)."""
+        card = card or self.cards.get(model)
+        if card is None or not route or any(d not in devices for d, _ in route):
+            return None
+        if any(self.family(d) != "llamacpp" for d, _ in route):
+            return None
+        spec = fit.spec_for(card, "llamacpp", 8, precision)
+        return spec, stages_of([devices[d] for d, _ in route], [n for _, n in route])
+
     def predicted(
         self,
         model: str,
@@ -183,17 +203,13 @@ class Planner:
         card: ModelCard | None = None,
     ) -> Speed | None:
         """The speed ``route`` (each device with its layers, in pipeline order) is predicted to
-        serve ``model`` at: tokens/s at 1 and 8 streams and the time to a first token of 64
-        (``libs/core/predict.py``, its devices' speeds corrected by what they measured); None
-        where a device is unknown or runs another engine than llama.cpp's (the model is fitted
-        to it)."""
-        if not route or any(d not in devices for d, _ in route):
+        serve ``model`` at: tokens/s at 1 and 8 streams, the time to a first token of 64 and
+        the watts (``libs/core/predict.py``, its devices' speeds corrected by what they
+        measured); None where ``_stages`` has none."""
+        found = self._stages(model, route, devices, precision, card)
+        if found is None:
             return None
-        if any(self.family(d) != "llamacpp" for d, _ in route):
-            return None
-        spec = fit.spec_for(card or self.cards[model], "llamacpp", 8, precision)
-        stages = stages_of([devices[d] for d, _ in route], [n for _, n in route])
-        guess = predict(spec, stages, (1, 8), prompt_tokens=64, factors=self.factors)
+        guess = predict(*found, (1, 8), prompt_tokens=64, factors=self.factors)
         return Speed(
             tokens_per_s_1=round(guess.tokens_per_s[1], 2),
             tokens_per_s_8=round(guess.tokens_per_s[8], 2),
@@ -207,12 +223,10 @@ class Planner:
     ) -> dict[str, float] | None:
         """Correct the factors of ``deployment``'s devices by what it measured at one stream
         (``predict.corrected``): the new factors, or None where it has no prediction."""
-        route = route_of(deployment)
-        guess = self.predicted(deployment.model, route, devices, deployment.precision)
-        if guess is None or measured.tokens_per_s_1 <= 0 or deployment.model not in self.cards:
+        found = self._stages(deployment.model, route_of(deployment), devices, deployment.precision)
+        if found is None or measured.tokens_per_s_1 <= 0:
             return None
-        spec = fit.spec_for(self.cards[deployment.model], "llamacpp", 8, deployment.precision)
-        stages = stages_of([devices[d] for d, _ in route], [n for _, n in route])
+        spec, stages = found
         at_one = predict(spec, stages, (1,), factors=self.factors).tokens_per_s[1]
         self.factors = corrected(self.factors, stages, at_one, measured.tokens_per_s_1)
         return self.factors

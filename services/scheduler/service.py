@@ -255,10 +255,11 @@ class Scheduler:
         self.loop.post(lambda: self._report(status), "shard status")
 
     async def on_measured(self, news: DeploymentMeasured, msg: Delivery) -> None:
-        self.loop.post(
-            lambda: self._commit(*speeds.measured(self.planner, self.book, news, self.clock())),
-            "measured",
-        )
+        async def record() -> None:
+            now = self.clock()
+            await self._commit(speeds.measured(self.planner, self.book, news, now), now)
+
+        self.loop.post(record, "measured")
 
     async def submit(self, request: PlacementRequest) -> PlacementDecision:
         """Queue a request for the next cycle and wait for its decision (HTTP API)."""

@@ -33,17 +33,16 @@ def predicted(
 
 def measured(
     planner: Planner, book: DeploymentBook, news: DeploymentMeasured, now: float
-) -> tuple[list[DeploymentChange], float]:
+) -> list[DeploymentChange]:
     """What a deployment's requests measured: recorded beside its prediction, and the
-    prediction's model corrected by it; another plan's news is stale. The changes, and
-    ``now`` (a ``Scheduler._commit``'s arguments)."""
+    prediction's model corrected by it; another plan's news is stale."""
     deployment = book.get(news.deployment_id)
     if deployment is None or deployment.epoch != news.epoch:
-        return [], now
+        return []
     devices = {d.device_id: d for d in planner.model_devices(book, now)}
     factors = planner.learn(deployment, news.measured, devices)
     if factors is not None:
         said = ", ".join(f"{d} {f:.2f}" for d, f in sorted(factors.items()))
         log.info("%s measured %.2f tokens/s at one stream: factors %s",
                  deployment.deployment_id, news.measured.tokens_per_s_1, said)  # fmt: skip
-    return [news], now
+    return [news]
