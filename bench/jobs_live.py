@@ -16,10 +16,18 @@ Starts `tessera up` as `make up` does and measures, with the official ``openai``
   (batches that ended in time ÷ all submitted: what the user got) and
   ``planned_finish_error_median`` (|planned − actual end| ÷ the window, for the admitted).
 
-EdgeFlow is not a live policy (docs/batch.md says why): the simulator runs it.
+``edgeflow``'s cluster gets an edge: the model deployed a second time (``smollm2-edge``) on a
+worker its first deployment does not use (``--edge-device``), an edge server for the batches
+the cloud declines. With ``--fleet`` the cluster is that fleet file's, each worker held to its
+size by the kernel (on ``make up``'s two workers the edge copy shares the cloud's cores).
+
+Beside each policy's measurement, the simulator's prediction for the same arrivals
+(``libs/sim/batches.py``: the same policy code, with the tokens/s measured here at 1, 2, 4 and
+8 requests at once, the edge's too, in place of the devices): ``predicted_deadlines_met`` and
+``predicted_declined``.
 
     python bench/jobs_live.py --json [--batch 48] [--interactive 12] [--jobs 6] [--tokens 32]
-        [--policies edf,fifo,elasticflow]
+        [--policies edf,fifo,elasticflow,edgeflow]
 """
 
 from __future__ import annotations
@@ -31,39 +39,83 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
 from report import add_results_option, table, write_report  # bench/ is the script's folder
 
+from libs.cluster.up import follow_deployment
 from libs.core.batch_policies import POLICIES
 from libs.models.shipped import MODEL_NAME
 from libs.runtime.procs import ServiceProcess, free_port
+from libs.sim.batches import Arrival, simulate
 from services.gateway.batches.runner import QUIET_S
+
+#: The edge copy ``edgeflow``'s cluster gets, and the runner's streams (the gateway's default).
+EDGE = "smollm2-edge"
+STREAMS = 8
+AT_ONCE = (1, 2, 4, 8)
 
 QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello.", "Name a fruit.", "Name a city."]
 FINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def start_cluster(policy: str) -> tuple[ServiceProcess, str]:
-    port = free_port()
+def start_cluster(
+    policy: str, fleet: Path | None = None, edge_device: str | None = None
+) -> tuple[ServiceProcess, str]:
+    port, scheduler = free_port(), free_port()
     env = {
         "TESSERA_GATEWAY_BATCH_POLICY": policy,
         "TESSERA_GATEWAY_PORT": str(port),
-        "TESSERA_SCHEDULER_HTTP_PORT": str(free_port()),
+        "TESSERA_SCHEDULER_HTTP_PORT": str(scheduler),
         "TESSERA_RUN_FILE": str(Path(tempfile.mkdtemp()) / "cluster.json"),
         "TESSERA_HOME": tempfile.mkdtemp(prefix="tessera-home-"),  # a new cluster each run
     }
     ready = lambda line: "ready:" in str(line.get("msg", ""))  # noqa: E731
-    argv = ["-m", "libs.cli.main", "up"]
+    argv = ["-m", "libs.cli.main", "up", *(["--fleet", str(fleet)] if fleet else [])]
     child = ServiceProcess("tessera up", env, argv, ready_line=ready).start(ready_timeout_s=300)
+    if policy == "edgeflow":
+        try:
+            add_edge(f"http://127.0.0.1:{scheduler}", edge_device)
+        except Exception:
+            child.stop(timeout_s=30)
+            raise
     return child, f"http://127.0.0.1:{port}/v1"
 
 
-def body(i: int, tokens: int) -> dict[str, Any]:
+def add_edge(scheduler: str, device: str | None) -> None:
+    """Deploy the model again as ``EDGE``: on ``device``, else on the first device (by name)
+    its first deployment does not use that takes it (emulated devices run no engine)."""
+    first = follow_deployment(scheduler, MODEL_NAME.replace(".", "-"), 120) or {}
+    used = {s["device_id"] for s in first.get("shards", ())}
+    with urllib.request.urlopen(f"{scheduler}/healthz", timeout=10) as answer:
+        devices = sorted(json.loads(answer.read()).get("devices", ()))
+    refusals = []
+    for candidate in [device] if device else [d for d in devices if d not in used]:
+        told = {"model": MODEL_NAME, "deployment_id": EDGE, "devices": [candidate]}
+        request = urllib.request.Request(
+            f"{scheduler}/placements",
+            json.dumps(told).encode(),
+            {"content-type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(request, timeout=30).read()
+        except urllib.error.HTTPError as exc:
+            refusals.append(f"{candidate}: {exc.read().decode(errors='replace')[:200]}")
+            continue
+        status = follow_deployment(scheduler, EDGE, 300) or {}
+        if status.get("phase") != "serving":
+            raise RuntimeError(f"the edge copy did not serve on {candidate}: {status}")
+        return
+    raise RuntimeError(f"no device took the edge copy: {'; '.join(refusals) or 'none free'}")
+
+
+def body(i: int, tokens: int, model: str = MODEL_NAME) -> dict[str, Any]:
     messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-    return {"model": MODEL_NAME, "messages": messages, "max_tokens": tokens, "temperature": 0}
+    return {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0}
 
 
 def submit(api: OpenAI, count: int, tokens: int, window: str) -> Any:
@@ -103,7 +155,7 @@ def chats(api: OpenAI, count: int, tokens: int) -> list[float]:
     return out
 
 
-def direct(base: str, count: int, tokens: int, streams: int) -> float:
+def direct(base: str, count: int, tokens: int, streams: int, model: str = MODEL_NAME) -> float:
     """Completion tokens/s of ``count`` requests sent directly, ``streams`` at once."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -111,7 +163,7 @@ def direct(base: str, count: int, tokens: int, streams: int) -> float:
     started = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         done = list(
-            pool.map(lambda i: api.chat.completions.create(**body(i, tokens)), range(count))
+            pool.map(lambda i: api.chat.completions.create(**body(i, tokens, model)), range(count))
         )
     seconds = time.perf_counter() - started
     return float(sum(r.usage.completion_tokens for r in done if r.usage)) / seconds
@@ -125,17 +177,26 @@ def p99(values: list[float]) -> float:
     )
 
 
+def curve(base: str, tokens: int, model: str = MODEL_NAME) -> dict[int, float]:
+    """Completion tokens/s of ``model`` at each of ``AT_ONCE`` requests at once, sent directly."""
+    return {k: round(direct(base, 2 * k, tokens, k, model), 2) for k in AT_ONCE}
+
+
 def deadline_mix(
-    api: OpenAI, jobs: int, most: int, tokens: int, rate: float, seed: int
+    api: OpenAI, jobs: int, most: int, tokens: int, rate: float, seed: int, made: float
 ) -> dict[str, Any]:
     """``jobs`` batches arriving over time (exponential gaps), each with a window of 1.5 to 4 ×
-    its need at ``rate`` tokens/s; which were admitted, and which of those met their window."""
+    its need at ``rate`` tokens/s; which were admitted, and which of those met their window.
+    ``made``: the tokens a request makes on average (for the simulator's prediction)."""
     rng = random.Random(seed)
-    admitted, declined = [], 0
+    admitted, declined, arrivals = [], 0, []
+    first = time.monotonic()
     for _ in range(jobs):
         count = rng.randint(2, max(2, most))
         need = count * tokens / rate
         window = f"{max(5, round(need * rng.uniform(1.5, 4.0)))}s"
+        at = time.monotonic() - first
+        arrivals.append(Arrival(at, count, tokens, float(window[:-1]), made))
         try:
             admitted.append(submit(api, count, tokens, window))
         except Exception as exc:  # declined: a 400 with the reason
@@ -158,11 +219,13 @@ def deadline_mix(
             "planned_s": planned.model_extra["planned_finish_at"] - end.created_at,
             "ended_s": (end.completed_at or end.expired_at) - end.created_at,
             "status": end.status,
+            "edge": end.model_extra.get("edge_deployment"),
         }
         for planned, end in zip(admitted, ended, strict=True)
     ]
     return {
         "jobs": jobs_seen,
+        "arrivals": arrivals,
         "deadlines_met": round(len(met) / len(ended), 3) if ended else None,
         "declined": declined,
         "met_of_submitted": round(len(met) / jobs, 3),
@@ -172,7 +235,7 @@ def deadline_mix(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     first, *others = args.policies.split(",")
-    child, base = start_cluster(first)
+    child, base = start_cluster(first, args.fleet, args.edge_device)
     try:
         api = OpenAI(base_url=base, api_key="-", max_retries=8)
         chats(api, 1, args.tokens)  # warm
@@ -181,25 +244,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         submitted = submit(api, args.batch, args.tokens, "1h")
         started = time.perf_counter()  # admitted: from here it runs, with no chat beside it
         batch = wait(api, submitted.id)
-        batch_rate = output_tokens(api, batch) / (time.perf_counter() - started)
+        made = output_tokens(api, batch)
+        batch_rate = made / (time.perf_counter() - started)
+        per_request = made / max(1, batch.request_counts.total)  # tokens a request makes
         direct_rate = direct(base, args.batch, args.tokens, args.direct_concurrency)
+        rates = curve(base, args.tokens)  # what the simulator's prediction runs at
         running = submit(api, args.batch, args.tokens, "1h")
         beside = chats(api, args.interactive, args.tokens)
         wait(api, running.id)
-        mixes = {first: deadline_mix(api, *mix_args(args, batch_rate))}
+        lanes = {EDGE: curve(base, args.tokens, EDGE)} if first == "edgeflow" else {}
+        mixes = {first: deadline_mix(api, *mix_args(args, batch_rate, per_request))}
     finally:
         child.stop(timeout_s=30)
     for policy in others:  # the same arrivals, windows and sizes on a cluster of its own
-        child, base = start_cluster(policy)
+        child, base = start_cluster(policy, args.fleet, args.edge_device)
         try:
             api = OpenAI(base_url=base, api_key="-", max_retries=8)
             chats(api, 1, args.tokens)  # warm
-            mixes[policy] = deadline_mix(api, *mix_args(args, batch_rate))
+            if policy == "edgeflow":
+                lanes = {EDGE: curve(base, args.tokens, EDGE)}
+            mixes[policy] = deadline_mix(api, *mix_args(args, batch_rate, per_request))
         finally:
             child.stop(timeout_s=30)
+    for policy, mix in mixes.items():  # the simulator on the same arrivals and measured curves
+        told = lanes if policy == "edgeflow" else {}
+        predicted = simulate(policy, mix.pop("arrivals"), rates, STREAMS, told)
+        mix["predicted_deadlines_met"] = predicted.deadlines_met
+        mix["predicted_declined"] = predicted.declined
     per_policy = {
         key: {policy: mix[key] for policy, mix in mixes.items()}
-        for key in ("deadlines_met", "declined", "met_of_submitted", "planned_finish_error_median")
+        for key in (
+            "deadlines_met",
+            "predicted_deadlines_met",
+            "declined",
+            "predicted_declined",
+            "met_of_submitted",
+            "planned_finish_error_median",
+        )
     }
     return {
         "interactive_p99_alone_s": round(p99(alone), 3),
@@ -209,13 +290,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "direct_tokens_per_s": round(direct_rate, 2),
         "batch_throughput_ratio": round(batch_rate / direct_rate, 3),
         "batch_status": batch.status,
+        "tokens_per_request": round(per_request, 1),
+        "tokens_per_s_by_requests_at_once": rates,
+        "edge_tokens_per_s_by_requests_at_once": lanes or None,
         **per_policy,
         "jobs": {policy: mix["jobs"] for policy, mix in mixes.items()},
     }
 
 
-def mix_args(args: argparse.Namespace, rate: float) -> tuple[int, int, int, float, int]:
-    return args.jobs, args.job_size, args.tokens, rate, args.seed
+def mix_args(
+    args: argparse.Namespace, rate: float, made: float
+) -> tuple[int, int, int, float, int, float]:
+    return args.jobs, args.job_size, args.tokens, rate, args.seed, made
 
 
 def main() -> int:
@@ -228,6 +314,17 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32, help="max_tokens of every request")
     parser.add_argument("--direct-concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fleet",
+        type=Path,
+        help="a fleet file for `tessera up --fleet` (each worker held to its size by the "
+        "kernel: e.g. deploy/fleets/home.yaml)",
+    )
+    parser.add_argument(
+        "--edge-device",
+        help="where edgeflow's cluster deploys the model's edge copy (default: the first "
+        "worker, by name, its first deployment does not use)",
+    )
     parser.add_argument(
         "--policies", default=",".join(POLICIES), help="batch policies compared, one cluster each"
     )

@@ -103,7 +103,7 @@ def simulate_compare(
         typer.Option(
             help="Comma-separated policy names (default: dwps,random,round_robin,"
             "least_connections; for jobs edgeflow,elasticflow,edf,tiresias,gandiva,"
-            "elasticflow-each,elasticflow-noadmit)."
+            "elasticflow-each,elasticflow-noadmit; edgeflow-each too)."
         ),
     ] = None,
     workload: Workload = DEFAULT_TRACE,

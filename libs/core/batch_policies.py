@@ -15,8 +15,14 @@ model's throughput is a measured curve (units/s by requests at once), never assu
   (eight requests at once make fewer than eight times the tokens of one), which is what
   makes elastic shares pay.
 
-EdgeFlow (``edgeflow.py``) adds edge servers beside the cloud; the runner sends every request
-through the gateway to one pool, so it is not among these (the simulator runs it).
+- ``edgeflow``: EdgeFlow (``edgeflow.py``) as the simulator runs it by default: ElasticFlow's
+  plan and admission on the cloud, untouched, and the edge for what the cloud declines. The
+  cloud is the model's deployment its name means (the runner's streams, where chat goes too);
+  each other deployment of the same model that serves (``tessera deploy M --id M-laptop
+  --devices laptop-1``) is an edge server, with its own measured curve, running one batch at a
+  time. A batch the cloud declines goes to an idle edge server on which it ends by its
+  deadline (``edge_admission``, the slowest such one: the fast ones stay free for tighter
+  batches) and stays there (rule 1); else it is declined with both reasons.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from libs.core.deadlines import Admission, Work, admit, span
+from libs.core.edgeflow import EdgeCandidate, EdgeServer, edge_admission
 from libs.core.elasticflow import PlanJob, plan_all, share_leftover
 
-POLICIES = ("edf", "fifo", "elasticflow")
+POLICIES = ("edf", "fifo", "elasticflow", "edgeflow")
+#: The policies whose cloud runs ElasticFlow's plan.
+ELASTIC = ("elasticflow", "edgeflow")
 #: ElasticFlow's slot on the live cluster: batches last minutes, not the hours of training
 #: jobs its 240 s slot was made for.
 SLOT_S = 30.0
@@ -101,7 +110,7 @@ def admit_batch(
     (see the module); ``now``: when the runner's streams are first free."""
     if not new.curve(streams):
         return Admission(False, math.inf, "no throughput measured for its model")
-    if policy == "elasticflow":
+    if policy in ELASTIC:
         return _admit_elastic(admitted, new, now, streams)
     key = order(policy)
 
@@ -142,7 +151,7 @@ def _admit_elastic(admitted: Sequence[Batch], new: Batch, now: float, streams: i
 
 def shares(policy: str, batches: Sequence[Batch], now: float, streams: int) -> dict[str, int]:
     """How many requests at once each batch may have now, under ``policy``."""
-    if policy != "elasticflow":
+    if policy not in ELASTIC:
         out, free = {}, streams
         for batch in sorted(batches, key=order(policy)):
             out[batch.job_id] = min(free, batch.requests)
@@ -160,3 +169,34 @@ def shares(policy: str, batches: Sequence[Batch], now: float, streams: int) -> d
         if batch.job_id not in out and free > 0 and batch.requests > 0:
             out[batch.job_id], free = 1, free - 1
     return {b.job_id: out.get(b.job_id, 0) for b in batches}
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """An edge server of ``edgeflow``: a deployment of the batch's model beside the cloud's,
+    and its measured units/s by requests at once."""
+
+    deployment_id: str
+    rates: Mapping[int, float]
+
+
+def edge_lane(
+    new: Batch, lanes: Sequence[Lane], now: float, streams: int
+) -> tuple[str, Admission] | None:
+    """EdgeFlow's edge for a batch the cloud declined: the idle ``lanes`` on which it ends by
+    its deadline from ``now`` at ``streams`` at once, the slowest of them (``edge_admission``,
+    the simulator's code). None when no lane can; else the lane and the admission."""
+    servers, ends = [], {}
+    for lane in lanes:
+        batch = Batch(new.job_id, new.requests, new.most, new.deadline_s, new.arrived_s, lane.rates)
+        seconds = batch.seconds(streams)
+        if math.isfinite(seconds) and seconds > 0:
+            # As the simulator sees an edge server: speed in units/s, the job's work in units.
+            servers.append(EdgeServer(lane.deployment_id, 0.0, 1.0 / seconds))
+            ends[lane.deployment_id] = now + seconds
+    job = EdgeCandidate(new.job_id, 1.0, new.deadline_s, 1.0, 0.0)
+    taken = edge_admission([job], servers, now).get(new.job_id)
+    if taken is None:
+        return None
+    reason = f"on the edge, deployment {taken}: planned to end in {span(ends[taken] - now)}"
+    return taken, Admission(True, ends[taken], reason)

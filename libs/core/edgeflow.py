@@ -1,7 +1,11 @@
 """EdgeFlow: deep-learning jobs with deadlines on cloud GPUs and edge servers.
 
 EdgeFlow runs on ElasticFlow as its authors built it (``libs/core/elasticflow.py``, driven
-round by round in ``libs/sim/round_policies.py``) and adds the edge:
+round by round in ``libs/sim/round_policies.py``) and adds the edge. By default (``edgeflow``)
+only for what ElasticFlow declines: the cloud decides as ElasticFlow does, and an arrival it
+declines runs on an idle edge server where it meets its deadline (``edge_admission``), and
+stays there; so it never meets fewer deadlines than ElasticFlow. The seed's full rules, which
+change the cloud's decisions and can meet fewer (``edgeflow-each``):
 
 * in admission — when a slot's arrivals do not fit the cloud together, each is decided on its
   own, earliest deadline first: the cloud when every deadline still holds with it; else an idle

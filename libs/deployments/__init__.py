@@ -10,6 +10,14 @@ dashboard and the CLI follow it.
 """
 
 from libs.deployments.book import DeploymentBook, apply, follow, record
-from libs.deployments.resolve import resolve, serving_models
+from libs.deployments.resolve import other_groups, resolve, serving_models
 
-__all__ = ["DeploymentBook", "apply", "follow", "record", "resolve", "serving_models"]
+__all__ = [
+    "DeploymentBook",
+    "apply",
+    "follow",
+    "other_groups",
+    "record",
+    "resolve",
+    "serving_models",
+]

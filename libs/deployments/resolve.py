@@ -29,3 +29,19 @@ def resolve(name: str, book: DeploymentBook) -> DeploymentState | None:
 def serving_models(book: DeploymentBook) -> list[str]:
     """The models that serve now, by name, each once."""
     return sorted({d.model for d in book if d.phase == "serving"})
+
+
+def other_groups(name: str, book: DeploymentBook) -> list[str]:
+    """The model ``name`` means, deployed again apart from the group its name goes to: each
+    other group (a deployment and its replicas) with a copy that serves, by its base id
+    (EdgeFlow's edge servers: ``libs/core/batch_policies.py``)."""
+    main = resolve(name, book)
+    if main is None:
+        return []
+    return sorted(
+        {
+            d.base
+            for d in book
+            if d.model == main.model and d.phase == "serving" and d.base != main.base
+        }
+    )

@@ -2,8 +2,9 @@
 
 Policies, as the ElasticFlow paper and its simulator define them (``libs/sim/round_policies.py``,
 run in slot-merged rounds by ``libs/sim/slotted.py``): ``elasticflow`` (admission control,
-minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow
-with the edge in admission and EdgeFlow's rules, ``libs/core/edgeflow.py``), ``edf``,
+minimum satisfactory shares, leftover GPUs by marginal gain), ``edgeflow`` (that ElasticFlow's
+cloud, untouched, and the edge for the arrivals it declines: never below it), ``edgeflow-each``
+(the seed's rules 1–3 with each arrival decided on its own, ``libs/core/edgeflow.py``), ``edf``,
 ``tiresias``, and ``gandiva`` (node sets by GPU class, packing and time-slicing, in its own
 loop: ``libs/sim/gandiva.py``). Also ``elasticflow-each``: ElasticFlow whose admission, when a
 slot's arrivals do not fit together, decides each on its own (EdgeFlow's admission without the

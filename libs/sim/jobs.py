@@ -55,6 +55,7 @@ JOB_POLICIES = (
     "tiresias",
     "gandiva",
     "elasticflow-each",
+    "edgeflow-each",
     "elasticflow-noadmit",
 )
 

@@ -4,15 +4,12 @@ define it:
 
 * ``ElasticFlowRounds`` — ElasticFlow (``ef_sim_jobs_access_control``): admission control on
   the slot's arrivals, minimum satisfactory shares, leftover GPUs by marginal gain, their
-  overheads. With ``each`` a slot that does not fit whole is decided arrival by arrival
-  (``elasticflow-each``); with edge servers too it is EdgeFlow: the edge joins admission, and
-  EdgeFlow's rules 1–3 (``libs/core/edgeflow.py``).
-* ``EdfRounds`` — EDF (``one_queue_edf_sim_jobs``): earliest deadline first, each job up to
-  min(64, batch size, largest profiled count) GPUs, re-planned every round, no admission, no
-  overhead charged (their EDF sets it to 0).
-* ``TiresiasRounds`` — Tiresias (``dlas_sim_jobs(gputime=True)``): discretised 2D-LAS, three
-  queues split at 3,250 and 7,200 GPU-seconds attained, FIFO within a queue, first fit, the
-  trace's GPU count and duration, a start overhead when a job (re)starts.
+  overheads. With edge servers it is EdgeFlow (``edgeflow``): ElasticFlow's cloud, round for
+  round, and the edge for the arrivals it declines. With ``each`` a slot that does not fit
+  whole is decided arrival by arrival (``elasticflow-each``); with edge servers too it is the
+  seed's EdgeFlow (``edgeflow-each``): the edge joins that admission, and EdgeFlow's rules 1–3
+  (``libs/core/edgeflow.py``).
+* ``EdfRounds`` and ``TiresiasRounds``, EDF and Tiresias: ``libs/sim/baseline_rounds.py``.
 
 Gandiva (``gandiva_sim_jobs``) has its own loop, in ``libs/sim/gandiva.py``; the continuous
 ``elasticflow-noadmit`` runs in ``libs/sim/job_simulation.py``.
@@ -35,12 +32,12 @@ from libs.core.elasticflow import (
     SLOT_S,
     PlanJob,
     admissible,
-    baseline_max_gpu,
     elasticflow_max_gpu,
     overhead_s,
     plan_all,
     share_leftover,
 )
+from libs.sim.baseline_rounds import EdfRounds, TiresiasRounds
 from libs.sim.jobs import (
     MODEL_MEMORY_GB,
     JobResult,
@@ -85,10 +82,19 @@ def as_edge_job(state: JobState) -> EdgeCandidate:
 
 @dataclass
 class ElasticFlowRounds:
-    """ElasticFlow; with ``each``, arrivals decided one by one when the slot's do not fit
-    together; with ``edge`` servers too, EdgeFlow. ``admit=False`` admits every arrival.
+    """ElasticFlow; with ``edge`` servers, EdgeFlow; with ``each``, arrivals decided one by
+    one when the slot's do not fit together. ``admit=False`` admits every arrival.
 
-    EdgeFlow keeps ElasticFlow's cloud and adds, in this order each round: rule 1 (a job on
+    EdgeFlow without ``each`` (``edgeflow``) leaves ElasticFlow's cloud as it is: the arrivals
+    it declines go to idle edge servers where they meet their deadline (``edge_takes``), a job
+    on the edge stays there (rule 1), and a job ending on the edge starts no round, so the
+    cloud runs round for round as ElasticFlow's does and EdgeFlow meets every deadline
+    ElasticFlow meets. Each-arrival admission and rules 2 and 3 change the cloud's later
+    decisions, and with them met fewer deadlines than ElasticFlow (195job on 16 GPUs:
+    ``bench/results/policies-cloud-sizes.md``), so they run only with ``each``.
+
+    With ``each`` (``edgeflow-each``), EdgeFlow keeps ElasticFlow's cloud and adds, in this
+    order each round: rule 1 (a job on
     the edge stays unless it misses there and the cloud can still take it back), a job whose
     reserved edge server can now finish it by its deadline moves there (the end of the kept
     servers of ``keep_tails``), admission with the edge (``admission``), ElasticFlow's plan and
@@ -110,6 +116,12 @@ class ElasticFlowRounds:
         default_factory=lambda: {"declined_slots": 0, "declined_slots_with_a_hopeless_job": 0}
     )
 
+    @property
+    def edge_ends_wake(self) -> bool:
+        """Whether a job ending on the edge starts a round: not for EdgeFlow on ElasticFlow's
+        admission, whose cloud then runs round for round as ElasticFlow's does."""
+        return self.each
+
     def idle(self) -> list[EdgeServer]:
         busy = set(self.on_edge.values()) | set(self.tails.values())
         return [e for e in self.edge if e.server_id not in busy]
@@ -130,7 +142,7 @@ class ElasticFlowRounds:
         self.tails = {j: e for j, e in self.tails.items() if j in live}
         servers = {e.server_id: e for e in self.edge}
         cloud = [s for s in active if s.trace.job_id not in self.on_edge]
-        for state in active:
+        for state in active if self.each else ():  # rule 1's exception; see ``edge_takes``
             job_id = state.trace.job_id
             server = servers.get(self.on_edge.get(job_id, ""))
             if server is None:
@@ -165,9 +177,9 @@ class ElasticFlowRounds:
         shares = share_leftover(jobs, now_gpus, free_now)
         start = now + MIGRATE_EDGE_S
         waiting = [s for s in cloud if shares.get(s.trace.job_id, 0) == 0]
-        if waiting and self.idle():  # rule 2: no GPU left for them, they meet it on the edge
+        if waiting and self.idle() and self.each:  # rule 2: no GPU left, they meet it there
             self.on_edge |= edge_admission([as_edge_job(s) for s in waiting], self.idle(), start)
-        late = self.rule_3(cloud, jobs, shares, now)
+        late = self.rule_3(cloud, jobs, shares, now) if self.each else {}
         if late:
             self.on_edge |= late
             jobs = [j for j in jobs if j.job_id not in self.on_edge]
@@ -238,9 +250,9 @@ class ElasticFlowRounds:
         server can finish it by its deadline); else declined. Returns the ids declined."""
         if not arrivals or not self.admit or self.fits(cloud + arrivals, now):
             return set()
-        if not self.each:
-            return {s.trace.job_id for s in arrivals}
         start = now + overhead_s(1, rescaled=True, restart=False, cluster_gpus=self.cloud_gpus)
+        if not self.each:
+            return self.edge_takes(arrivals, start)
         admitted: list[JobState] = []
         declined: set[str] = set()
         for state in sorted(arrivals, key=lambda s: (s.trace.deadline_s, s.trace.job_id)):
@@ -255,6 +267,16 @@ class ElasticFlowRounds:
             else:
                 declined.add(state.trace.job_id)
         return declined
+
+    def edge_takes(self, declined: list[JobState], start: float) -> set[str]:
+        """EdgeFlow's admission on ElasticFlow's: the arrivals the cloud declines together go,
+        earliest deadline first, to idle edge servers where they meet their deadline
+        (``edge_admission``); the rest stay declined. The cloud admits only what ElasticFlow
+        admits, so the edge adds jobs and takes none of the cloud's room. Returns the ids
+        still declined."""
+        taken = edge_admission([as_edge_job(s) for s in declined], self.idle(), start)
+        self.on_edge |= taken
+        return {s.trace.job_id for s in declined if s.trace.job_id not in taken}
 
     def keep_tails(self, cloud: list[JobState], arrival: JobState, now: float) -> bool:
         """Keep idle edge servers, one at a time (the fastest first), for the end of the job
@@ -288,77 +310,8 @@ class ElasticFlowRounds:
         return False
 
 
-@dataclass
-class EdfRounds:
-    cloud_gpus: int
-
-    def round(
-        self, active: list[JobState], arrivals: list[JobState], now: float, round_no: int
-    ) -> Decision:
-        free, placements = self.cloud_gpus, {}
-        for state in sorted(
-            active + arrivals, key=lambda s: (s.trace.deadline_s, s.trace.submit_s)
-        ):
-            cap = baseline_max_gpu(state.curve, state.trace.batch_size)
-            fits = [g for g in state.curve if g <= min(cap, free)]
-            if fits:
-                gpus = max(fits)
-                placements[state.trace.job_id] = ("cloud", gpus)
-                free -= gpus
-        return Decision(placements)
-
-
-#: Tiresias' queue limits in attained GPU-seconds (their ``jobs.py``: 3,250 and 7,200).
-TIRESIAS_LIMITS = (3250.0, 7200.0)
-
-
-@dataclass
-class TiresiasRounds:
-    cloud_gpus: int
-    queues: list[list[JobState]] = field(default_factory=lambda: [[], [], []])
-
-    def round(
-        self, active: list[JobState], arrivals: list[JobState], now: float, round_no: int
-    ) -> Decision:
-        live = {id(s) for s in active} | {id(s) for s in arrivals}
-        self.queues = [[s for s in q if id(s) in live] for q in self.queues]
-        # A running job that attained its queue's limit moves down one queue, to its end.
-        for level in range(len(TIRESIAS_LIMITS) - 1, -1, -1):
-            for state in list(self.queues[level]):
-                if state.placement[1] and state.attained_gpu_s >= TIRESIAS_LIMITS[level]:
-                    self.queues[level].remove(state)
-                    self.queues[level + 1].append(state)
-        self.queues[0].extend(arrivals)
-        free, placements, overhead = self.cloud_gpus, {}, {}
-        restart = restarting(round_no)
-        for queue in self.queues:
-            for state in queue:
-                gpus = state.trace.gpus
-                if 0 < gpus <= free:
-                    free -= gpus
-                    placements[state.trace.job_id] = ("cloud", gpus)
-                    if restart or not state.placement[1]:
-                        overhead[state.trace.job_id] = overhead_s(
-                            gpus, rescaled=True, restart=restart, cluster_gpus=self.cloud_gpus
-                        )
-        # Jobs left waiting go to the end of their queue (their loop re-appends them).
-        for i, queue in enumerate(self.queues):
-            self.queues[i] = [s for s in queue if s.trace.job_id in placements] + [
-                s for s in queue if s.trace.job_id not in placements
-            ]
-        next_round = math.inf
-        for level, queue in enumerate(self.queues[: len(TIRESIAS_LIMITS)]):
-            for state in queue:
-                gpus = placements.get(state.trace.job_id, ("none", 0))[1]
-                if gpus:
-                    left = TIRESIAS_LIMITS[level] - state.attained_gpu_s
-                    start = now + overhead.get(state.trace.job_id, 0.0)
-                    next_round = min(next_round, start + max(0.0, left) / gpus)
-        return Decision(placements, set(), overhead, next_round)
-
-
 #: The policies run in slotted rounds here.
-ROUND_POLICIES = ("elasticflow", "edgeflow", "elasticflow-each", "edf", "tiresias")
+ROUND_POLICIES = ("elasticflow", "edgeflow", "elasticflow-each", "edgeflow-each", "edf", "tiresias")
 
 
 def run_policy(
@@ -373,9 +326,10 @@ def run_policy(
     ``edge`` servers (only EdgeFlow places jobs there), a round every ``slot_s`` at most."""
     policy: RoundPolicy
     rates = None
-    if name in ("elasticflow", "edgeflow", "elasticflow-each"):
-        servers = edge if name == "edgeflow" else ()
-        policy = ElasticFlowRounds(cloud_gpus, servers, each=name != "elasticflow", slot_s=slot_s)
+    if name in ("elasticflow", "edgeflow", "elasticflow-each", "edgeflow-each"):
+        servers = edge if name.startswith("edgeflow") else ()
+        each = name in ("elasticflow-each", "edgeflow-each")
+        policy = ElasticFlowRounds(cloud_gpus, servers, each=each, slot_s=slot_s)
     elif name == "edf":
         policy = EdfRounds(cloud_gpus)
     elif name == "tiresias":

@@ -85,11 +85,19 @@ def run_rounds(
             state.placement, state.paused_until = new, now + pause
         upcoming = pending[index].trace.submit_s if index < len(pending) else math.inf
         upcoming = min(upcoming, decision.next_round_s)
+        # A job ending on the edge starts a round only where the policy asks (else only
+        # when nothing else will: its end is then the last thing that happens).
+        wakes, edge_ends = getattr(policy, "edge_ends_wake", True), [math.inf]
         for state in active:
             rate = state.rate(edge_speed)
             if rate > 0:
                 end = state.paused_until + (state.trace.iterations - state.done) / rate
-                upcoming = min(upcoming, end)
+                if wakes or kind(state.placement) != "edge":
+                    upcoming = min(upcoming, end)
+                else:
+                    edge_ends.append(end)
+        if upcoming == math.inf:
+            upcoming = min(edge_ends)
         if upcoming == math.inf:
             break  # nothing runs and nothing arrives: the rest never finish
         last, now = now, max(upcoming, now + slot_s)

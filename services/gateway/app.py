@@ -25,6 +25,7 @@ from prometheus_client import (
 
 from libs.contracts import DEPLOYMENT_MEASURED, DeploymentMeasured
 from libs.contracts.keys import Keys
+from libs.deployments import other_groups
 from libs.runtime.bus import NatsBus
 from libs.runtime.lifecycle import Background
 from libs.runtime.nats_client import close_nats, connect_nats
@@ -120,7 +121,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         store = JobStore(app.state.redis, settings.key_prefix)
         completions = app.state.completions
         app.state.batches = BatchRunner(
-            store, send, concurrency, lambda: completions.in_flight, settings.batch_policy
+            store,
+            send,
+            concurrency,
+            lambda: completions.in_flight,
+            settings.batch_policy,
+            lambda model: other_groups(model, deployments.book),
         )
         completions.on_admit = app.state.batches.wake.set
         background.tasks.append(asyncio.create_task(app.state.batches.run()))

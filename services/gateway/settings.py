@@ -45,7 +45,7 @@ class GatewaySettings(ServiceSettings):
     batch_concurrency: int = Field(8, ge=1, le=10_000)
     #: Which batches are admitted and how those requests are shared among them:
     #: ``libs/core/batch_policies.py``.
-    batch_policy: Literal["edf", "fifo", "elasticflow"] = "edf"
+    batch_policy: Literal["edf", "fifo", "elasticflow", "edgeflow"] = "edf"
     #: Requests per second each client (API key; address with auth off) may send on average,
     #: and at once; more are refused with 429 and Retry-After.
     rate_per_s: float = Field(50.0, gt=0)

@@ -23,8 +23,8 @@ from services.worker.settings import WorkerSettings
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 #: What is in bench/ and is no benchmark: the reports' writer, the ingest benchmark's bare
-#: reference (it runs as that benchmark's child).
-HELPERS = {"report", "bare_ingest"}
+#: reference (it runs as that benchmark's child), the policies benchmark's cloud-size sweep.
+HELPERS = {"report", "bare_ingest", "cloud_sizes"}
 NO_LLAMA = (
     None
     if (WorkerSettings().llama_bin / ".installed").exists()
@@ -51,8 +51,15 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
     ),
     "energy_unseen": (["--seeds", "1", "--requests", "20"], set(), None),
     "policies": (
-        ["--seeds", "1", "--limit", "40", "--ilp-instances", "1", "--job-traces", "195job"],
-        {"dwps_ilp_mean_gap", "simulation_speedup"},
+        [
+            *("--seeds", "1", "--limit", "40", "--ilp-instances", "1", "--job-traces", "195job"),
+            *("--cloud-sizes", "16,64"),
+        ],
+        {
+            "dwps_ilp_mean_gap",
+            "simulation_speedup",
+            "edgeflow_minus_elasticflow_points_worst_size_trace_draw",
+        },
         None,
     ),
     "ingest": (
@@ -100,7 +107,8 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         NO_LLAMA or NO_VLLM,
     ),
     "jobs_live": (
-        # elasticflow: the live policy no other test runs (test_batches.py runs edf).
+        # edgeflow: the live policy no other test runs on a cluster (test_batches.py runs edf):
+        # ElasticFlow's plan on the cloud and an edge copy of the model the bench deploys.
         [
             "--batch",
             "3",
@@ -113,9 +121,15 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
             "--tokens",
             "4",
             "--policies",
-            "elasticflow",
+            "edgeflow",
         ],
-        {"deadlines_met", "met_of_submitted", "interactive_p99_ratio", "batch_throughput_ratio"},
+        {
+            "deadlines_met",
+            "predicted_deadlines_met",
+            "met_of_submitted",
+            "interactive_p99_ratio",
+            "batch_throughput_ratio",
+        },
         NO_LLAMA,
     ),
     "gpu_check": (

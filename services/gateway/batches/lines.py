@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -52,9 +53,9 @@ class BatchLine:
     @property
     def token_budget(self) -> int:
         """The most tokens it may generate, as counted for the estimate."""
-        for field in ("max_completion_tokens", "max_tokens"):
-            if isinstance(self.body.get(field), int):
-                return int(self.body[field])
+        for name in ("max_completion_tokens", "max_tokens"):
+            if isinstance(self.body.get(name), int):
+                return int(self.body[name])
         return 0 if "input" in self.body else ASSUMED_MAX_TOKENS
 
 
@@ -132,3 +133,35 @@ def _one(number: int, raw: str, endpoint: str, model_type: type[BaseModel]) -> B
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise LineError(number, f"body.{where}: {first['msg']}") from None
     return BatchLine(number, custom_id, body)
+
+
+@dataclass
+class Progress:
+    """One batch as the runner holds it: its requests, those answered, those still to send
+    (in the file's order; one preempted or tried again goes back to the front), and the most
+    units (tokens) one of them may make."""
+
+    lines: list[BatchLine]
+    answered: set[str]
+    model: str = ""
+    #: The edge deployment it runs on (``edgeflow``), or "" for the cloud (the model's name).
+    lane: str = ""
+    queue: deque[BatchLine] = field(default_factory=deque)
+    most: int = 1
+
+    def __post_init__(self) -> None:
+        self.queue = deque(ln for ln in self.lines if ln.custom_id not in self.answered)
+        self.most = max((max(ln.token_budget, 1) for ln in self.lines), default=1)
+
+    @property
+    def left(self) -> int:
+        """Requests not answered yet."""
+        return len(self.lines) - len(self.answered)
+
+    def answer(self, line: BatchLine) -> None:
+        self.answered.add(line.custom_id)
+
+    @property
+    def key(self) -> str:
+        """What its throughput is measured under: the edge deployment, or the model."""
+        return self.lane or self.model

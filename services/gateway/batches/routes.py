@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
 
-from libs.core.batch_policies import Batch, admit_batch
+from libs.core.batch_policies import Batch, Lane, admit_batch, edge_lane
+from libs.core.deadlines import Admission
 from services.gateway.batches.lines import LineError, read_lines, window_seconds
 from services.gateway.batches.runner import BatchRunner
 from services.gateway.batches.store import JobStore
@@ -178,6 +179,15 @@ async def admitted(
     decision = admit_batch(runner.policy, before, new, now + in_flight, runner.concurrency)
     at_once = max(new.curve(runner.concurrency), default=0)
     measured = f"{units} {unit}; {curve.get(at_once, 0.0):.1f}/s measured at {at_once} at once"
+    lane = ""
+    if not decision.admitted and runner.policy == "edgeflow":
+        on_edge = await edge(runner, new, lines[0], body.endpoint, now + in_flight)
+        if on_edge is None:
+            decision = Admission(False, decision.planned_finish_s, decision.reason + (
+                "; no edge deployment of it is free to end it in time"
+            ))  # fmt: skip
+        else:
+            lane, decision = on_edge
     if not decision.admitted:
         message = f"batch declined ({runner.policy}): {decision.reason} ({measured})"
         raise ApiError(400, message, param="completion_window", code="deadline_unmeetable")
@@ -194,10 +204,28 @@ async def admitted(
             "model": model,
             "total": len(lines),
             "decision": f"admitted ({runner.policy}): {decision.reason} ({measured})",
+            "lane": lane,
         }
     )
     runner.wake.set()
     return await _batch(runner.store, batch_id)
+
+
+async def edge(
+    runner: BatchRunner, new: Batch, sample: Any, endpoint: str, now: float
+) -> tuple[str, Admission] | None:
+    """EdgeFlow's edge for a batch the cloud declined: the model's idle edge deployments,
+    each's curve measured (on ``sample`` the first time), and the one ``edge_lane`` picks."""
+    busy = await runner.busy_lanes()
+    lanes = []
+    for deployment in runner.lanes(str(sample.body["model"])):
+        if deployment in busy:
+            continue
+        try:
+            lanes.append(Lane(deployment, await runner.curve(deployment, sample, endpoint)))
+        except ValueError:  # it stopped serving since: not a lane
+            continue
+    return edge_lane(new, lanes, now, runner.concurrency)
 
 
 async def _batch(store: JobStore, batch_id: str) -> dict[str, Any]:

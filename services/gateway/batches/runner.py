@@ -1,6 +1,8 @@
 """Runs the admitted batches: each request through the gateway's own API, at most
-``concurrency`` at once, each batch's share of them given by the policy (``edf``, ``fifo`` or
-``elasticflow``: ``libs/core/batch_policies.py``), answers kept as they come (``store.py``).
+``concurrency`` at once, each batch's share of them given by the policy (``edf``, ``fifo``,
+``elasticflow`` or ``edgeflow``: ``libs/core/batch_policies.py``), answers kept as they come
+(``store.py``). Under ``edgeflow`` a batch admitted on an edge deployment (its ``lane``) sends
+every request to that deployment, with ``concurrency`` streams of its own.
 
 Interactive requests come first. While any is in flight (the gateway's requests in flight
 beyond the runner's own), and for ``QUIET_S`` after the last, the batches' requests are
@@ -29,14 +31,12 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from libs.core.batch_policies import Batch, need_s, order, shares
 from libs.runtime.cancelling import stopping
-from services.gateway.batches.lines import BatchLine, read_lines
+from services.gateway.batches.lines import BatchLine, Progress, read_lines
 from services.gateway.batches.sender import Send
 from services.gateway.batches.store import JobStore
 
@@ -55,31 +55,6 @@ EXPIRED = "This request could not be executed before the completion window expir
 CANCELLED = "The batch was cancelled before this request ran."
 
 
-@dataclass
-class Progress:
-    """One batch as the runner holds it: its requests, those answered, those still to send
-    (in the file's order; one preempted or tried again goes back to the front), and the most
-    units (tokens) one of them may make."""
-
-    lines: list[BatchLine]
-    answered: set[str]
-    model: str = ""
-    queue: deque[BatchLine] = field(default_factory=deque)
-    most: int = 1
-
-    def __post_init__(self) -> None:
-        self.queue = deque(ln for ln in self.lines if ln.custom_id not in self.answered)
-        self.most = max((max(ln.token_budget, 1) for ln in self.lines), default=1)
-
-    @property
-    def left(self) -> int:
-        """Requests not answered yet."""
-        return len(self.lines) - len(self.answered)
-
-    def answer(self, line: BatchLine) -> None:
-        self.answered.add(line.custom_id)
-
-
 class BatchRunner:
     def __init__(
         self,
@@ -88,10 +63,13 @@ class BatchRunner:
         concurrency: int,
         busy: Callable[[], int] = lambda: 0,
         policy: str = "edf",
+        lanes: Callable[[str], list[str]] = lambda model: [],
     ) -> None:
-        """``busy``: the gateway's requests in flight now (the runner's among them)."""
+        """``busy``: the gateway's requests in flight now (the runner's among them);
+        ``lanes``: a model's edge deployments (``edgeflow``: the other deployments of it that
+        serve)."""
         self.store, self.send, self.concurrency, self.busy = store, send, concurrency, busy
-        self.policy = policy
+        self.policy, self.lanes = policy, lanes
         #: The runner's requests in flight at the gateway now, and when an interactive one
         #: was last seen; how many were preempted.
         self.sending = 0
@@ -119,25 +97,27 @@ class BatchRunner:
             content = await self.store.content(batch["input_file_id"]) or b""
             lines = await asyncio.to_thread(read_lines, content, batch["endpoint"])
             answered = await self.store.answered(batch["id"])
-            self._progress[batch["id"]] = Progress(lines, answered, batch["model"])
+            lane = str(batch.get("lane") or "")
+            self._progress[batch["id"]] = Progress(lines, answered, batch["model"], lane)
         return self._progress[batch["id"]]
 
     def counts(self) -> list[int]:
         """The requests at once measured: ``concurrency`` (what edf and fifo run at), and
         for elasticflow's curve the powers of two below it too."""
-        if self.policy != "elasticflow":
+        if self.policy not in ("elasticflow", "edgeflow"):
             return [self.concurrency]
         below = [2**i for i in range(self.concurrency.bit_length()) if 2**i < self.concurrency]
         return [*below, self.concurrency]
 
     async def curve(self, model: str, sample: BatchLine, endpoint: str) -> dict[int, float]:
-        """Units (tokens made, or requests that make none) per second for ``model`` by
-        requests at once: measured by earlier batches, else measured now on copies of
-        ``sample``, ``counts()`` at once in turn (none kept as an answer)."""
+        """Units (tokens made, or requests that make none) per second for ``model`` (a
+        model's name, or one of its deployments) by requests at once: measured by earlier
+        batches, else measured now on copies of ``sample``, ``counts()`` at once in turn (none
+        kept as an answer)."""
         known = await self.store.curve(model)
         if all(k in known for k in self.counts()):
             return known
-        body = {**sample.body}
+        body = {**sample.body, "model": model}
         if endpoint != "/v1/embeddings":
             body["max_tokens"] = min(sample.token_budget or 32, 32)
             body.pop("max_completion_tokens", None)
@@ -155,22 +135,29 @@ class BatchRunner:
         return known
 
     async def batches_now(self) -> tuple[list[Batch], float]:
-        """The admitted, unfinished batches as the policy sees them, in its order; and the
-        longest a request in flight may still take (a new batch may wait for it)."""
+        """The admitted, unfinished batches in the cloud as the policy sees them, in its
+        order; and the longest a request in flight may still take (a new batch may wait)."""
         out, longest = [], 0.0
-        for _, batch in await self.seen():
+        for raw, batch in await self.seen():
+            if raw.get("lane"):
+                continue
             out.append(batch)
             if any(key[0] == batch.job_id for key in self.flying) and batch.rates:
                 k = max(batch.rates)
                 longest = max(longest, need_s(1, batch.most, k, batch.rates[k]))
         return out, longest
 
+    async def busy_lanes(self) -> set[str]:
+        """The edge deployments running a batch now (each runs one at a time)."""
+        return {str(raw["lane"]) for raw in await self.active() if raw.get("lane")}
+
     async def seen(self) -> list[tuple[dict[str, Any], Batch]]:
-        """Each unfinished batch and how the policy sees it (each model's curve read once),
-        in the policy's order."""
+        """Each unfinished batch and how the policy sees it (each curve read once: its
+        model's, or its edge deployment's), in the policy's order."""
         active = await self.active()
-        curves = {m: await self.store.curve(m) for m in {raw["model"] for raw in active}}
-        pairs = [(raw, await self.batch(raw, curves[raw["model"]])) for raw in active]
+        keys = {raw["id"]: raw.get("lane") or raw["model"] for raw in active}
+        curves = {k: await self.store.curve(k) for k in set(keys.values())}
+        pairs = [(raw, await self.batch(raw, curves[keys[raw["id"]]])) for raw in active]
         first = order(self.policy)
         return sorted(pairs, key=lambda pair: first(pair[1]))
 
@@ -228,10 +215,13 @@ class BatchRunner:
             self.chat_seen = time.monotonic()
         yielding = time.monotonic() - self.chat_seen < QUIET_S
         seen = await self.seen()
-        share = shares(self.policy, [b for _, b in seen], time.time(), self.concurrency)
+        cloud = [b for raw, b in seen if not raw.get("lane")]
+        share = shares(self.policy, cloud, time.time(), self.concurrency)
         for batch, view in seen:
             batch_id = batch["id"]
             progress = await self.progress(batch)
+            if progress.lane:  # an edge deployment: all its streams, no chat shares it
+                share[batch_id] = self.concurrency
             mine = [k for k in self.flying if k[0] == batch_id]
             if time.time() >= batch["expires_at"]:
                 for key in mine:
@@ -245,31 +235,36 @@ class BatchRunner:
             if not progress.queue and not mine:
                 await self.finish(batch, "completed", "", "")
                 continue
-            if yielding and not self.urgent(view):
+            if yielding and not progress.lane and not self.urgent(view):
                 for key in mine:  # preempted: sent again once the chat is done
                     self._drop(key, progress)
                     self.preempted += 1
                 continue
-            while (
-                progress.queue
-                and len(self.flying) < self.concurrency
-                and len(mine) < share[batch_id]
-            ):
+            while progress.queue and self.room(progress.lane) and len(mine) < share[batch_id]:
                 line = progress.queue.popleft()
                 if line.custom_id in progress.answered:
                     continue
                 task = asyncio.create_task(self.one(batch, progress, line))
                 self.flying[(batch_id, line.custom_id)] = (task, line)
                 mine.append((batch_id, line.custom_id))
-            if len(self.flying) >= self.concurrency:
-                return
+
+    def room(self, lane: str) -> bool:
+        """Whether ``lane`` (an edge deployment, or "" for the cloud) may take one more
+        request: each has ``concurrency`` streams."""
+        held = sum(
+            1 for k in self.flying if (p := self._progress.get(k[0])) is not None and p.lane == lane
+        )
+        return held < self.concurrency
 
     async def one(self, batch: dict[str, Any], progress: Progress, line: BatchLine) -> None:
         key = (batch["id"], line.custom_id)
         started = time.monotonic()
         self.sending += 1
         try:
-            status, answer, devices = await self.send(batch["endpoint"], line.body)
+            body = {**line.body, "model": progress.lane} if progress.lane else line.body
+            status, answer, devices = await self.send(batch["endpoint"], body)
+            if progress.lane and "model" in answer:  # the model's name, as the user sent it
+                answer["model"] = line.body.get("model", answer["model"])
         except Exception as exc:  # the gateway's own error: sent again, as a 503 would be
             log.warning("batch request failed", extra={"batch": batch["id"], "error": str(exc)})
             status, answer, devices = 503, {"error": {"message": str(exc)}}, []
@@ -311,10 +306,10 @@ class BatchRunner:
         """Count a request's units toward its model's curve at the requests of that model
         running at once beside it: their units over the time they ran, shared among them;
         the model's curve and the batch's planned end written at most once a second each."""
-        model = batch["model"]
+        model = progress.key  # the model, or the edge deployment it runs on
         at_once = max(1, sum(
             1 for k, v in self.flying.items()
-            if not v[0].done() and (p := self._progress.get(k[0])) is not None and p.model == model
+            if not v[0].done() and (p := self._progress.get(k[0])) is not None and p.key == model
         ))  # fmt: skip
         done, busy = self._measured.get((model, at_once), (0.0, 0.0))
         done, busy = done + units, busy + seconds / at_once

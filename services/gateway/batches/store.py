@@ -149,6 +149,8 @@ class JobStore:
             "metadata": raw.get("metadata"),
             "model": raw["model"],
             "decision": raw.get("decision"),
+            # edgeflow: the edge deployment it runs on (None: the model's, the cloud).
+            "edge_deployment": raw.get("lane") or None,
             "devices": sorted(_text(d) for d in await self.redis.smembers(self.devices(batch_id))),
         }
         return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from libs.core.batch_policies import POLICIES, Batch, admit_batch, shares
+from libs.core.batch_policies import POLICIES, Batch, Lane, admit_batch, edge_lane, shares
 from services.gateway.settings import GatewaySettings
 
 CURVE = {1: 10.0, 2: 16.0, 4: 24.0, 8: 30.0}  # tokens/s by requests at once
@@ -76,3 +76,23 @@ def test_a_batch_already_late_does_not_close_elasticflow_to_every_new_one() -> N
     held = batch("held", deadline_s=11.0)  # the 4 + 4 streams case: a third one fits no more
     decision = admit_batch("elasticflow", [held, squeezed], batch("third", 11.5), 0.0, 8)
     assert not decision.admitted
+
+
+def test_edgeflow_runs_elasticflows_cloud_and_sends_what_it_declines_to_an_idle_edge() -> None:
+    """The cloud decides as elasticflow does; a batch it declines goes to the slowest idle
+    edge deployment that still ends it by its deadline (the fast one stays free)."""
+    a, b = batch("a", deadline_s=11.0), batch("b", deadline_s=12.0)
+    assert admit_batch("edgeflow", [a], b, 0.0, 8) == admit_batch("elasticflow", [a], b, 0.0, 8)
+    assert shares("edgeflow", [a, b], 0.0, 8) == shares("elasticflow", [a, b], 0.0, 8)
+    late = batch("late", deadline_s=9.0)  # beside a, no share of the cloud ends it by 9 s
+    assert not admit_batch("edgeflow", [a], late, 0.0, 8).admitted
+    fast = Lane("smol-desk", {k: 2 * r for k, r in CURVE.items()})  # 240 tokens in 4 s
+    slow = Lane("smol-laptop", CURVE)  # 8 s
+    crawl = Lane("smol-phone", {k: r / 4 for k, r in CURVE.items()})  # 32 s: too late
+    taken = edge_lane(late, [crawl, fast, slow], 0.0, 8)
+    assert taken is not None
+    lane, decision = taken
+    assert lane == "smol-laptop" and decision.admitted and decision.planned_finish_s == 8.0
+    assert "smol-laptop" in decision.reason
+    assert edge_lane(late, [crawl], 0.0, 8) is None  # none ends it in time: declined
+    assert edge_lane(late, [], 0.0, 8) is None

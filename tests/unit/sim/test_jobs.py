@@ -104,11 +104,12 @@ def test_the_shipped_data_runs_from_any_folder(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)
     # The ElasticFlow paper's testbed (128 GPUs) and the bench's 16 edge servers, whatever
-    # the fleet: EdgeFlow's admission, deciding each arrival on its own, declines about a
-    # tenth of the jobs (ElasticFlow, declining a slot's arrivals together, about a quarter).
+    # the fleet: EdgeFlow's cloud decides as ElasticFlow's does (declining a slot's arrivals
+    # together: about a quarter of the jobs), and the bench's slow edge servers end none of
+    # those in time, so it meets what ElasticFlow meets (0.759 in bench/results/policies.md).
     assert (metrics["cloud_gpus"], metrics["edge_servers"]) == (128, 16)
-    assert metrics["completed"] + metrics["declined"] == 195 and 10 < metrics["declined"] < 30
-    assert 0.85 < metrics["deadline_satisfaction_ratio"] < 0.93
+    assert metrics["completed"] + metrics["declined"] == 195 and 40 < metrics["declined"] < 55
+    assert 0.72 < metrics["deadline_satisfaction_ratio"] < 0.80
     out = subprocess.run(
         [*command, "--policy", "edf", "--gpus", "64", "--edge-servers", "0"],
         capture_output=True,

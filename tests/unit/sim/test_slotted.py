@@ -14,9 +14,11 @@ import pytest
 
 from libs.core.edgeflow import EdgeServer
 from libs.core.elasticflow import PlanJob, admissible
+from libs.sim.baseline_rounds import TiresiasRounds
+from libs.sim.data import A100_PROFILES, ITP_TRACES
 from libs.sim.job_simulation import JobSimulation
-from libs.sim.jobs import JobState, curve, read_itp, read_profile
-from libs.sim.round_policies import ElasticFlowRounds, TiresiasRounds
+from libs.sim.jobs import JobState, curve, read_itp, read_profile, read_profiles
+from libs.sim.round_policies import ElasticFlowRounds
 
 PROFILE = {"bert": read_profile(io.StringIO("global_batch_size,1,2,4\n64,10,18,30\n"))}
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
@@ -111,22 +113,55 @@ def test_edgeflow_admits_on_the_edge_a_job_the_cloud_cannot() -> None:
     with_edge = run("edgeflow", 1, *rows, edge=[EdgeServer("e1", 16.0, 0.5)])
     assert with_edge["late"].placement == ("edge:e1", 1)
     assert with_edge["late"].finished_s == pytest.approx(44.0)
-    assert with_edge["early"].finished_s == pytest.approx(34.0)  # 4 s start + 30 s
-    # Without the memory (bert: 10 GB) the edge cannot take "late": it is declined, while
-    # "early", which the cloud holds on its own, is admitted (each arrival decided alone).
+    # The cloud decides as ElasticFlow does: "early" is declined with its slot (the edge
+    # cannot end it by 35 s). The seed's each-arrival admission takes it into the cloud.
+    assert with_edge["early"].declined
+    each = run("edgeflow-each", 1, *rows, edge=[EdgeServer("e1", 16.0, 0.5)])
+    assert each["late"].placement == ("edge:e1", 1)
+    assert each["early"].finished_s == pytest.approx(34.0)  # 4 s start + 30 s
+    # Without the memory (bert: 10 GB) the edge cannot take "late": it is declined.
     small = run("edgeflow", 1, *rows, edge=[EdgeServer("e1", 8.0, 0.5)])
-    assert small["late"].declined and not small["early"].declined
-    assert small["early"].finished_s == pytest.approx(34.0)
+    assert small["late"].declined and small["early"].declined
 
 
-@pytest.mark.parametrize("policy", ["edgeflow", "elasticflow-each"])
-def test_edgeflow_decides_each_arrival_of_a_slot_that_does_not_fit_whole(policy: str) -> None:
+@pytest.mark.parametrize("policy", ["edgeflow-each", "elasticflow-each"])
+def test_each_arrival_admission_decides_each_arrival_of_a_slot_that_does_not_fit(
+    policy: str,
+) -> None:
     # The slot of the first test: ElasticFlow declined "ok" with "hopeless". Decided one at a
     # time (earliest deadline first), "ok" fits beside "warm" and is admitted; "hopeless"
     # fits nowhere (no edge server either) and is declined alone.
     jobs = run(policy, 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=[])
     assert jobs["hopeless"].declined and not jobs["ok"].declined
     assert jobs["ok"].finished_s <= 1000
+    # EdgeFlow keeps ElasticFlow's decision: "ok" goes with its slot.
+    kept = run("edgeflow", 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=[])
+    assert kept["hopeless"].declined and kept["ok"].declined
+
+
+@pytest.mark.parametrize("gpus", [16, 64])
+def test_edgeflows_cloud_is_elasticflows_job_for_job_and_the_edge_only_adds(gpus: int) -> None:
+    """On 195job, where each-arrival admission falls below ElasticFlow at 16 GPUs: every job
+    EdgeFlow keeps in the cloud ends when it ends under ElasticFlow, and the edge runs only
+    jobs ElasticFlow declined, so EdgeFlow meets every deadline ElasticFlow meets, and more."""
+    trace = read_itp((ITP_TRACES / "195job.csv").open())
+    profiles = read_profiles(A100_PROFILES)
+    edge = [EdgeServer(f"e{i}", 32.0, 0.5 + i / 30) for i in range(16)]  # workstation GPUs
+    base = {j.trace.job_id: j for j in JobSimulation("elasticflow", gpus).run(trace, profiles).jobs}
+    ours = JobSimulation("edgeflow", gpus, edge).run(trace, profiles)
+    on_edge = [j for j in ours.jobs if j.placement[0].startswith("edge:")]
+    for job in ours.jobs:
+        if job in on_edge:
+            assert base[job.trace.job_id].declined
+        else:
+            theirs = base[job.trace.job_id]
+            assert job.declined == theirs.declined
+            assert job.finished_s == theirs.finished_s or (
+                math.isnan(job.finished_s) and math.isnan(theirs.finished_s)
+            )
+    met = sum(j.finished_s <= j.trace.deadline_s for j in ours.jobs)
+    met_base = sum(j.finished_s <= j.trace.deadline_s for j in base.values())
+    assert met >= met_base and any(j.finished_s <= j.trace.deadline_s for j in on_edge)
 
 
 def test_rule_3_moves_the_job_least_able_to_meet_its_deadline_to_the_edge() -> None:

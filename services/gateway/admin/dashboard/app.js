@@ -219,7 +219,8 @@ async function loadJobs() {
       element("td", {}, element("progress", { max: counts.total, value: done }), ` ${done}/${counts.total}`),
       element("td", {}, at(b.expires_at)), element("td", {}, at(b.planned_finish_at)),
       element("td", {}, at(ENDED.includes(b.status) ? b[`${b.status}_at`] : null)),
-      element("td", {}, (b.devices || []).join(", ") || "–"));
+      element("td", {}, ((b.devices || []).join(", ") || "–") +
+        (b.edge_deployment ? ` (edge: ${b.edge_deployment})` : "")));
     row.dataset.batch = b.id;
     row.dataset.status = b.status;
     return row;

@@ -1,0 +1,114 @@
+"""``edgeflow`` on the gateway's batch runner, with the cluster's Redis (a real server): a batch
+the cloud declines runs on the model's edge copy, the one EdgeFlow's edge admission picks, and
+every request of it goes there; a batch the cloud takes stays on the model's own deployment;
+with the edge busy, a third is declined saying so. Every custom id is answered once, and an
+answer names the model the user asked for, not the copy.
+
+The gateway's serving path is stood in for by ``Gateway`` below (it answers at once and
+records which deployment each request named): routing through the real one, with workers, is
+what ``bench/jobs_live.py --policies edgeflow`` runs on a live cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from services.gateway.batches.lines import read_lines
+from services.gateway.batches.routes import BatchCreate, admitted
+from services.gateway.batches.runner import BatchRunner
+from services.gateway.batches.store import JobStore
+from services.gateway.core.errors import ApiError
+from tests.waiting import wait_until_async
+
+MODEL = "smollm2-135m-instruct"
+EDGE = "smollm2-edge"
+TOKENS = 10
+
+
+class Gateway:
+    """A stand-in for the gateway's serving path: answers each request with ``TOKENS`` tokens
+    and notes the deployment it named; the model's own copy answers from worker-0, the edge
+    copy from worker-1."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, list[str]] = {}
+
+    async def __call__(
+        self, endpoint: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], list[str]]:
+        await asyncio.sleep(0.02)
+        text = body["messages"][0]["content"]
+        self.named.setdefault(text, []).append(body["model"])
+        answer = {
+            "id": f"chatcmpl-{text}",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": TOKENS, "total_tokens": 13},
+        }
+        return 200, answer, ["worker-1" if body["model"] == EDGE else "worker-0"]
+
+
+async def submit(runner: BatchRunner, name: str, count: int, window_s: float) -> dict[str, Any]:
+    lines = [
+        {"custom_id": f"{name}-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": MODEL, "max_tokens": TOKENS,
+                  "messages": [{"role": "user", "content": f"{name}-{i}"}]}}
+        for i in range(count)
+    ]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    file = await runner.store.add_file(content, f"{name}.jsonl", "batch")
+    body = BatchCreate(
+        input_file_id=file["id"], endpoint="/v1/chat/completions", completion_window="1h"
+    )
+    parsed = read_lines(content, body.endpoint)
+    async with runner.admitting:
+        return await admitted(runner, body, parsed, MODEL, window_s)
+
+
+async def test_a_batch_the_cloud_declines_runs_on_the_edge_copy(redis: Redis, uid: str) -> None:
+    store, gateway = JobStore(redis, uid), Gateway()
+    runner = BatchRunner(
+        store, gateway, 2, policy="edgeflow", lanes=lambda m: [EDGE] if m == MODEL else []
+    )
+    # Measured curves (tokens/s by requests at once): both copies alike. 8 requests of 10
+    # tokens take 2 s at 2 at once, 4 s at 1.
+    for key in (MODEL, EDGE):
+        await store.set_rate(key, 1, 20.0)
+        await store.set_rate(key, 2, 40.0)
+    first = await submit(runner, "a", 8, 3.0)  # needs both streams of the cloud until 2 s
+    assert first["edge_deployment"] is None and "admitted (edgeflow)" in first["decision"]
+    second = await submit(runner, "b", 8, 3.0)  # after "a" it would end at 4 s: the edge
+    assert second["edge_deployment"] == EDGE
+    assert f"on the edge, deployment {EDGE}" in second["decision"]
+    with pytest.raises(ApiError) as declined:  # the edge runs "b": nothing left for "c"
+        await submit(runner, "c", 8, 3.0)
+    assert "no edge deployment of it is free" in declined.value.message
+
+    running = asyncio.create_task(runner.run())
+    try:
+
+        async def ended() -> bool:
+            batches = [await store.batch(b["id"]) for b in (first, second)]
+            return all(b is not None and b["status"] == "completed" for b in batches)
+
+        await wait_until_async(ended, timeout_s=30)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await runner.close()
+    for batch, where, device in ((first, MODEL, "worker-0"), (second, EDGE, "worker-1")):
+        done = await store.batch(batch["id"])
+        assert done is not None and done["devices"] == [device]
+        rows = [
+            json.loads(r) for r in (await store.content(done["output_file_id"]) or b"").splitlines()
+        ]
+        prefix = "a" if batch is first else "b"
+        assert sorted(r["custom_id"] for r in rows) == sorted(f"{prefix}-{i}" for i in range(8))
+        assert all(r["response"]["body"]["model"] == MODEL for r in rows)  # the user's name
+        for i in range(8):
+            assert gateway.named[f"{prefix}-{i}"] == [where]  # sent once, to that copy
