@@ -1,5 +1,6 @@
-"""EdgeFlow against ElasticFlow across cloud sizes: every trace in data/ on 64, 128, 256 and 512
-GPUs, each with 16 edge servers drawn two ways, several draws (seeds) each.
+"""EdgeFlow against ElasticFlow across cloud sizes: the job traces asked for (by default every
+trace in data/) at each size asked for (64, 128, 256 and 512 GPUs in the report), each with 16
+edge servers drawn two ways, several draws (seeds) each.
 
 - ``slow``: the bench's edge (``libs/sim/jobs.bench_edge``), 16 or 32 GB at 0.2–0.4 × an A100
   (a Jetson or T4-class box);

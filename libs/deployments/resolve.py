@@ -33,15 +33,17 @@ def serving_models(book: DeploymentBook) -> list[str]:
 
 def other_groups(name: str, book: DeploymentBook) -> list[str]:
     """The model ``name`` means, deployed again apart from the group its name goes to: each
-    other group (a deployment and its replicas) with a copy that serves, by its base id
-    (EdgeFlow's edge servers: ``libs/core/batch_policies.py``)."""
+    other group (a deployment and its replicas) whose first copy serves, by its id (EdgeFlow's
+    edge servers: ``libs/core/batch_policies.py``). None for a deployment's own id (other than
+    the model's name): a request that names a copy wants that one."""
     main = resolve(name, book)
-    if main is None:
+    if main is None or (book.get(name) is not None and name != main.model):
         return []
     return sorted(
-        {
-            d.base
-            for d in book
-            if d.model == main.model and d.phase == "serving" and d.base != main.base
-        }
+        d.deployment_id
+        for d in book
+        if d.model == main.model
+        and d.replica_of is None
+        and d.phase == "serving"
+        and d.base != main.base
     )

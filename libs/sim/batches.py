@@ -56,7 +56,7 @@ class Running:
         once each has made what a request makes."""
         self.made += per_request
         made = self.arrival.made if self.arrival.made is not None else self.arrival.most
-        if self.in_wave and self.made >= made - 1e-9:
+        if self.in_wave and self.made >= made - 1e-9:  # answered at this step's end
             self.requests_left -= self.in_wave
             self.in_wave, self.made = 0, 0.0
 

@@ -2,11 +2,13 @@
 (pkusys/ElasticFlow, ``scheduler.py``: the event loops ``ef_sim_jobs_access_control``,
 ``one_queue_edf_sim_jobs``, ``dlas_sim_jobs``).
 
-A round runs at an arrival or a completion, but never sooner than one slot (240 s) after the
-previous round: events inside the slot wait for its end and are handled together (their loops
-move such events to ``cur_time + scheduling_slot`` and merge them). Between rounds a job runs
-at its allocation's measured throughput, after the overhead the policy charged it this round;
-a job finishing inside a slot keeps its GPUs until the slot ends. A declined job never runs and
+A round runs at an arrival or a completion (a job ending on an edge server only where the
+policy asks: EdgeFlow's does not, so its cloud runs round for round as ElasticFlow's), but
+never sooner than one slot (240 s) after the previous round: events inside the slot wait for
+its end and are handled together (their loops move such events to ``cur_time +
+scheduling_slot`` and merge them). Between rounds a job runs at its allocation's measured
+throughput, after the overhead the policy charged it this round; a job finishing inside a
+slot keeps its GPUs until the slot ends. A declined job never runs and
 counts as missed.
 
 The policies themselves are in ``libs/sim/round_policies.py``.
@@ -85,8 +87,8 @@ def run_rounds(
             state.placement, state.paused_until = new, now + pause
         upcoming = pending[index].trace.submit_s if index < len(pending) else math.inf
         upcoming = min(upcoming, decision.next_round_s)
-        # A job ending on the edge starts a round only where the policy asks (else only
-        # when nothing else will: its end is then the last thing that happens).
+        # A job ending on the edge starts a round only where the policy asks, or when
+        # nothing else is left to happen (no arrival, no cloud job running).
         wakes, edge_ends = getattr(policy, "edge_ends_wake", True), [math.inf]
         for state in active:
             rate = state.rate(edge_speed)

@@ -114,8 +114,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if not await deployments.catch_up():
             background.tasks.append(asyncio.create_task(until_snapshot()))
         background.every(hub.stats_every_s, hub.stats)
-        # Batches: each request through this app, at most half the requests in flight,
-        # yielding to interactive ones (told of each as it is admitted).
+        # Batches: each request through this app, at most half the requests in flight (edge
+        # deployments' with the cloud's), yielding to interactive ones (told of each as it is
+        # admitted).
         concurrency = min(settings.batch_concurrency, max(1, settings.max_concurrent // 2))
         send = AsgiSender(app, runner_key)
         store = JobStore(app.state.redis, settings.key_prefix)
@@ -127,6 +128,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             lambda: completions.in_flight,
             settings.batch_policy,
             lambda model: other_groups(model, deployments.book),
+            max(concurrency, settings.max_concurrent // 2),
         )
         completions.on_admit = app.state.batches.wake.set
         background.tasks.append(asyncio.create_task(app.state.batches.run()))

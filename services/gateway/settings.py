@@ -40,8 +40,9 @@ class GatewaySettings(ServiceSettings):
     max_concurrent: int = Field(32, ge=1, le=100_000)
     #: The largest file ``POST /v1/files`` takes (a batch's requests), counted as it arrives.
     files_max_bytes: int = Field(64 * 1_048_576, ge=1024)
-    #: Batch requests in flight at once (at most half of ``max_concurrent``); they yield to
-    #: interactive requests (docs/batch.md).
+    #: Batch requests in flight at once (at most half of ``max_concurrent``; under ``edgeflow``
+    #: as many again on each edge deployment, all of them at most half); they yield to
+    #: interactive requests, save those on an edge deployment (docs/batch.md).
     batch_concurrency: int = Field(8, ge=1, le=10_000)
     #: Which batches are admitted and how those requests are shared among them:
     #: ``libs/core/batch_policies.py``.

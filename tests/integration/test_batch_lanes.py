@@ -36,11 +36,15 @@ class Gateway:
 
     def __init__(self) -> None:
         self.named: dict[str, list[str]] = {}
+        self.in_flight = self.most_in_flight = 0
 
     async def __call__(
         self, endpoint: str, body: dict[str, Any]
     ) -> tuple[int, dict[str, Any], list[str]]:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
         await asyncio.sleep(0.02)
+        self.in_flight -= 1
         text = body["messages"][0]["content"]
         self.named.setdefault(text, []).append(body["model"])
         answer = {
@@ -72,8 +76,9 @@ async def submit(runner: BatchRunner, name: str, count: int, window_s: float) ->
 
 async def test_a_batch_the_cloud_declines_runs_on_the_edge_copy(redis: Redis, uid: str) -> None:
     store, gateway = JobStore(redis, uid), Gateway()
+    # Two streams for the cloud, two for each edge copy, four in all.
     runner = BatchRunner(
-        store, gateway, 2, policy="edgeflow", lanes=lambda m: [EDGE] if m == MODEL else []
+        store, gateway, 2, policy="edgeflow", lanes=lambda m: [EDGE] if m == MODEL else [], most=4
     )
     # Measured curves (tokens/s by requests at once): both copies alike. 8 requests of 10
     # tokens take 2 s at 2 at once, 4 s at 1.
@@ -101,6 +106,7 @@ async def test_a_batch_the_cloud_declines_runs_on_the_edge_copy(redis: Redis, ui
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await runner.close()
+    assert gateway.most_in_flight == 4  # the edge copy's streams beside the cloud's
     for batch, where, device in ((first, MODEL, "worker-0"), (second, EDGE, "worker-1")):
         done = await store.batch(batch["id"])
         assert done is not None and done["devices"] == [device]
@@ -112,3 +118,49 @@ async def test_a_batch_the_cloud_declines_runs_on_the_edge_copy(redis: Redis, ui
         assert all(r["response"]["body"]["model"] == MODEL for r in rows)  # the user's name
         for i in range(8):
             assert gateway.named[f"{prefix}-{i}"] == [where]  # sent once, to that copy
+
+
+async def test_a_batch_whose_edge_copy_stops_serving_ends_on_the_cloud(
+    redis: Redis, uid: str
+) -> None:
+    """The edge copy is undeployed after its first answers: what is left of the batch runs on
+    the model's own deployment, and no request is answered with the copy's 404."""
+    store, gateway = JobStore(redis, uid), Gateway()
+    serving = {EDGE: True}
+
+    async def edge_then_gone(
+        endpoint: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], list[str]]:
+        if body["model"] == EDGE and len(gateway.named) >= 3:
+            serving[EDGE] = False
+        if body["model"] == EDGE and not serving[EDGE]:
+            return 404, {"error": {"message": f"model {EDGE!r} is not deployed"}}, []
+        return await gateway(endpoint, body)
+
+    runner = BatchRunner(
+        store, edge_then_gone, 2, policy="edgeflow",
+        lanes=lambda m: [EDGE] if m == MODEL and serving[EDGE] else [], most=4,
+    )  # fmt: skip
+    for key in (MODEL, EDGE):
+        await store.set_rate(key, 1, 20.0)
+        await store.set_rate(key, 2, 40.0)
+    await submit(runner, "a", 8, 3.0)
+    second = await submit(runner, "b", 8, 30.0)  # admitted on the edge: the cloud is "a"'s
+    assert second["edge_deployment"] == EDGE
+    running = asyncio.create_task(runner.run())
+    try:
+
+        async def ended() -> bool:
+            done = await store.batch(second["id"])
+            return done is not None and done["status"] == "completed"
+
+        await wait_until_async(ended, timeout_s=30)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await runner.close()
+    done = await store.batch(second["id"])
+    assert done is not None and done["edge_deployment"] is None  # the cloud took it back
+    assert done["error_file_id"] is None and done["request_counts"]["completed"] == 8
+    # The edge copy answered the first of them, the model's own deployment the rest.
+    assert done["devices"] == ["worker-0", "worker-1"]

@@ -12,6 +12,7 @@ and any other span (``30m``, ``2h``): that is the batch's deadline.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -28,6 +29,8 @@ from services.gateway.core.errors import ApiError, documented
 from services.gateway.settings import GatewaySettings
 
 ERRORS = documented(400, 401, 404, 413, 503)
+
+log = logging.getLogger(__name__)
 
 
 class BatchCreate(BaseModel):
@@ -181,13 +184,16 @@ async def admitted(
     measured = f"{units} {unit}; {curve.get(at_once, 0.0):.1f}/s measured at {at_once} at once"
     lane = ""
     if not decision.admitted and runner.policy == "edgeflow":
-        on_edge = await edge(runner, new, lines[0], body.endpoint, now + in_flight)
+        on_edge = await edge(runner, new, lines[0], body.endpoint)
         if on_edge is None:
             decision = Admission(False, decision.planned_finish_s, decision.reason + (
                 "; no edge deployment of it is free to end it in time"
             ))  # fmt: skip
         else:
-            lane, decision = on_edge
+            lane, decision, there = on_edge
+            at_once = max((k for k in there if k <= runner.concurrency), default=0)
+            rate = there.get(at_once, 0.0)
+            measured = f"{units} {unit}; {rate:.1f}/s measured there at {at_once} at once"
     if not decision.admitted:
         message = f"batch declined ({runner.policy}): {decision.reason} ({measured})"
         raise ApiError(400, message, param="completion_window", code="deadline_unmeetable")
@@ -212,10 +218,11 @@ async def admitted(
 
 
 async def edge(
-    runner: BatchRunner, new: Batch, sample: Any, endpoint: str, now: float
-) -> tuple[str, Admission] | None:
+    runner: BatchRunner, new: Batch, sample: Any, endpoint: str
+) -> tuple[str, Admission, dict[int, float]] | None:
     """EdgeFlow's edge for a batch the cloud declined: the model's idle edge deployments,
-    each's curve measured (on ``sample`` the first time), and the one ``edge_lane`` picks."""
+    each's curve measured (on ``sample`` the first time), the one ``edge_lane`` picks from
+    now (an idle copy has no request in flight to wait for), and its curve."""
     busy = await runner.busy_lanes()
     lanes = []
     for deployment in runner.lanes(str(sample.body["model"])):
@@ -223,9 +230,14 @@ async def edge(
             continue
         try:
             lanes.append(Lane(deployment, await runner.curve(deployment, sample, endpoint)))
-        except ValueError:  # it stopped serving since: not a lane
+        except Exception:  # it stopped serving, or failed its samples: not a lane now
+            log.warning("edge deployment not measured", extra={"deployment": deployment})
             continue
-    return edge_lane(new, lanes, now, runner.concurrency)
+    taken = edge_lane(new, lanes, time.time(), runner.concurrency)
+    if taken is None:
+        return None
+    curves = {lane.deployment_id: dict(lane.rates) for lane in lanes}
+    return taken[0], taken[1], curves[taken[0]]
 
 
 async def _batch(store: JobStore, batch_id: str) -> dict[str, Any]:

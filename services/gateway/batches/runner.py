@@ -2,7 +2,9 @@
 ``concurrency`` at once, each batch's share of them given by the policy (``edf``, ``fifo``,
 ``elasticflow`` or ``edgeflow``: ``libs/core/batch_policies.py``), answers kept as they come
 (``store.py``). Under ``edgeflow`` a batch admitted on an edge deployment (its ``lane``) sends
-every request to that deployment, with ``concurrency`` streams of its own.
+every request to that deployment, with ``concurrency`` streams of its own, all the runner's
+requests at most ``most`` at once; a 404 from the edge copy (it stopped serving) hands what
+is left of the batch to the cloud.
 
 Interactive requests come first. While any is in flight (the gateway's requests in flight
 beyond the runner's own), and for ``QUIET_S`` after the last, the batches' requests are
@@ -19,9 +21,9 @@ deadline (``expires_at``) a batch ends ``expired``; a cancelled one ends once it
 flight are answered. Either way each request not answered is written to the error file with
 the reason, so every ``custom_id`` appears exactly once in the output or the error file.
 
-The throughput of each model is measured here, by requests at once (tokens, or requests where
-none is made, per second over the batches' requests of that model running that many at once:
-a curve), kept in Redis, and read by admission and the shares.
+The throughput of each model (and of each edge deployment) is measured here, by requests at
+once (tokens, or requests where none is made, per second over the batches' requests of that
+model running that many at once: a curve), kept in Redis, and read by admission and the shares.
 """
 
 from __future__ import annotations
@@ -64,12 +66,14 @@ class BatchRunner:
         busy: Callable[[], int] = lambda: 0,
         policy: str = "edf",
         lanes: Callable[[str], list[str]] = lambda model: [],
+        most: int | None = None,
     ) -> None:
         """``busy``: the gateway's requests in flight now (the runner's among them);
         ``lanes``: a model's edge deployments (``edgeflow``: the other deployments of it that
-        serve)."""
+        serve); ``most``: the runner's requests in flight at once, edge ones with the cloud's
+        (default ``concurrency``)."""
         self.store, self.send, self.concurrency, self.busy = store, send, concurrency, busy
-        self.policy, self.lanes = policy, lanes
+        self.policy, self.lanes, self.most = policy, lanes, most or concurrency
         #: The runner's requests in flight at the gateway now, and when an interactive one
         #: was last seen; how many were preempted.
         self.sending = 0
@@ -240,7 +244,9 @@ class BatchRunner:
                     self._drop(key, progress)
                     self.preempted += 1
                 continue
-            while progress.queue and self.room(progress.lane) and len(mine) < share[batch_id]:
+            while (
+                progress.queue and self.room(progress.lane) and len(mine) < share.get(batch_id, 0)
+            ):
                 line = progress.queue.popleft()
                 if line.custom_id in progress.answered:
                     continue
@@ -250,20 +256,20 @@ class BatchRunner:
 
     def room(self, lane: str) -> bool:
         """Whether ``lane`` (an edge deployment, or "" for the cloud) may take one more
-        request: each has ``concurrency`` streams."""
+        request: each has ``concurrency`` streams, all of them ``most`` at once."""
         held = sum(
             1 for k in self.flying if (p := self._progress.get(k[0])) is not None and p.lane == lane
         )
-        return held < self.concurrency
+        return held < self.concurrency and len(self.flying) < self.most
 
     async def one(self, batch: dict[str, Any], progress: Progress, line: BatchLine) -> None:
         key = (batch["id"], line.custom_id)
-        started = time.monotonic()
+        started, lane = time.monotonic(), progress.lane
         self.sending += 1
         try:
-            body = {**line.body, "model": progress.lane} if progress.lane else line.body
+            body = {**line.body, "model": lane} if lane else line.body
             status, answer, devices = await self.send(batch["endpoint"], body)
-            if progress.lane and "model" in answer:  # the model's name, as the user sent it
+            if lane and "model" in answer:  # the model's name, as the user sent it
                 answer["model"] = line.body.get("model", answer["model"])
         except Exception as exc:  # the gateway's own error: sent again, as a 503 would be
             log.warning("batch request failed", extra={"batch": batch["id"], "error": str(exc)})
@@ -272,8 +278,14 @@ class BatchRunner:
             self.sending -= 1
         tries = self.attempts.get(key, 0) + 1
         # Busy (429: interactive requests hold the gateway's places) is waited out until the
-        # deadline; a server error is tried ``MAX_ATTEMPTS`` times.
-        if status == 429 or (status in RETRIED and tries < MAX_ATTEMPTS):
+        # deadline, as is an edge copy gone (404: the next step gives the batch to the cloud);
+        # a server error is tried ``MAX_ATTEMPTS`` times.
+        if status == 404 and lane and progress.lane == lane:  # the edge copy is gone
+            progress.lane = ""  # the cloud runs what is left of the batch
+            await self.store.update(batch["id"], lane="")
+            log.warning("edge copy gone", extra={"batch": batch["id"], "deployment": lane})
+        gone = status == 404 and bool(lane)
+        if status == 429 or gone or (status in RETRIED and tries < MAX_ATTEMPTS):
             self.attempts[key] = tries
             await asyncio.sleep(min(8.0, 0.5 * 2 ** min(tries, 4)))
             progress.queue.appendleft(line)  # pending again: the next step sends it

@@ -14,7 +14,16 @@ from libs.contracts import (
     ShardProgress,
     ShardReported,
 )
-from libs.deployments import DeploymentBook, apply, follow, phases, record, resolve, serving_models
+from libs.deployments import (
+    DeploymentBook,
+    apply,
+    follow,
+    other_groups,
+    phases,
+    record,
+    resolve,
+    serving_models,
+)
 
 NOW = 1_700_000_000.0
 
@@ -144,3 +153,26 @@ def test_a_replica_leads_to_its_group() -> None:
     chosen = resolve("m", book)
     assert chosen is not None and chosen.deployment_id == "d-r2" and chosen.base == "d"
     assert [d.deployment_id for d in book.group("d")] == ["d", "d-r2"]
+
+
+def test_the_other_serving_groups_of_a_model_are_its_edge_copies() -> None:
+    """EdgeFlow's edge: each other group of the model whose first copy serves, by its id; not
+    the group the name goes to, not a replica, not a copy still loading, and none when a
+    request names a copy itself."""
+    book = DeploymentBook(term="t")
+    for change in (
+        DeploymentPlanned(deployment=plan("m", devices=("x",))),
+        loaded("m", "x"),
+        DeploymentPlanned(deployment=plan("m-r2", devices=("w",), replica_of="m")),
+        loaded("m-r2", "w"),
+        DeploymentPlanned(deployment=plan("m-laptop", devices=("y",))),
+        loaded("m-laptop", "y"),
+        DeploymentPlanned(deployment=plan("m-phone", devices=("z",))),  # still loading
+        DeploymentPlanned(deployment=plan("o", model="other", devices=("v",))),
+        loaded("o", "v"),
+    ):
+        book = apply(book, change)
+    assert resolve("m", book).base == "m"  # type: ignore[union-attr]
+    assert other_groups("m", book) == ["m-laptop"]
+    assert other_groups("m-laptop", book) == []  # a copy named: that one
+    assert other_groups("nothing", book) == []

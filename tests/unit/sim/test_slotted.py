@@ -134,8 +134,10 @@ def test_each_arrival_admission_decides_each_arrival_of_a_slot_that_does_not_fit
     jobs = run(policy, 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=[])
     assert jobs["hopeless"].declined and not jobs["ok"].declined
     assert jobs["ok"].finished_s <= 1000
-    # EdgeFlow keeps ElasticFlow's decision: "ok" goes with its slot.
-    kept = run("edgeflow", 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=[])
+    # EdgeFlow keeps ElasticFlow's decision: "ok" goes with its slot (and an edge server at
+    # 0.1 × a GPU cannot end it by its deadline: 2,400 s alone).
+    slow = [EdgeServer("e1", 16.0, 0.1)]
+    kept = run("edgeflow", 4, WARM, OK, "hopeless,200,40000,bert,1240,64,4,1333\n", edge=slow)
     assert kept["hopeless"].declined and kept["ok"].declined
 
 
