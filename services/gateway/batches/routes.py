@@ -3,8 +3,9 @@ completion window, poll it, read its output and error files, cancel it.
 
 A batch is checked whole when it is created (``lines.py``): a fault is a 400 naming the line,
 and nothing is queued. It is then admitted or declined at once by its deadline, under the
-gateway's batch policy (``libs/core/batch_policies.py``: ``edf``, ``fifo`` or ``elasticflow``,
-at the throughput measured for its model): declined, it is a 400 with the reason and no batch
+gateway's batch policy (``libs/core/batch_policies.py``: ``edf``, ``fifo``, ``elasticflow`` or
+``edgeflow``, at the throughput measured for its model; ``edgeflow`` tries the model's edge
+copies for what the cloud declines): declined, it is a 400 with the reason and no batch
 exists. ``completion_window`` takes OpenAI's ``24h``
 and any other span (``30m``, ``2h``): that is the batch's deadline.
 """
