@@ -23,22 +23,12 @@ import sys
 
 import numpy as np
 
-from libs.core.edgeflow import EdgeServer
 from libs.sim.data import A100_PROFILES, ITP_TRACES
 from libs.sim.job_simulation import JobSimulation
-from libs.sim.jobs import BENCH_EDGE_SERVERS, JobResult, read_itp, read_profiles
+from libs.sim.jobs import BENCH_EDGE_SERVERS, JobResult, bench_edge, read_itp, read_profiles
 
 #: The edge draws: name → (low, high) speed against one A100.
 DRAWS = {"slow": (0.2, 0.4), "gpu": (0.5, 1.0)}
-
-
-def draw(speeds: tuple[float, float], seed: int) -> list[EdgeServer]:
-    """``BENCH_EDGE_SERVERS`` servers: 16 or 32 GB, speed uniform in ``speeds``."""
-    rng = np.random.default_rng(seed)
-    return [
-        EdgeServer(f"e{i}", float(rng.choice([16.0, 32.0])), float(rng.uniform(*speeds)))
-        for i in range(BENCH_EDGE_SERVERS)
-    ]
 
 
 def points(result: JobResult) -> float:
@@ -66,7 +56,7 @@ def sweep(traces: list[str], sizes: list[int], seeds: int) -> list[dict[str, obj
             for kind, speeds in DRAWS.items():
                 gain, share, each = [], [], []
                 for seed in range(seeds):
-                    edge = draw(speeds, seed)
+                    edge = bench_edge(BENCH_EDGE_SERVERS, np.random.default_rng(seed), speeds)
                     ours = JobSimulation("edgeflow", gpus, edge).run(trace, profiles)
                     gain.append(points(ours) - base)
                     share.append(edge_share(ours))

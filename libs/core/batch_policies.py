@@ -27,6 +27,7 @@ model's throughput is a measured curve (units/s by requests at once), never assu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -188,8 +189,7 @@ def edge_lane(
     the simulator's code). None when no lane can; else the lane and the admission."""
     servers, ends = [], {}
     for lane in lanes:
-        batch = Batch(new.job_id, new.requests, new.most, new.deadline_s, new.arrived_s, lane.rates)
-        seconds = batch.seconds(streams)
+        seconds = dataclasses.replace(new, rates=lane.rates).seconds(streams)
         if math.isfinite(seconds) and seconds > 0:
             # As the simulator sees an edge server: speed in units/s, the job's work in units.
             servers.append(EdgeServer(lane.deployment_id, 0.0, 1.0 / seconds))

@@ -86,6 +86,59 @@ def rate_at(rates: Mapping[int, float], streams: int) -> float:
     return rates[fewest] * streams / fewest
 
 
+@dataclass(frozen=True)
+class Mix:
+    """What the runner runs batches on: ``policy``, ``streams`` requests at once in the cloud
+    at ``rates`` (units/s by requests at once) and, for ``edgeflow``, edge ``lanes``
+    (deployment → its rates)."""
+
+    policy: str
+    rates: Mapping[int, float]
+    streams: int
+    lanes: Mapping[str, Mapping[int, float]]
+
+    def admit(
+        self, arrival: Arrival, job_id: str, live: list[Running], now: float
+    ) -> Running | None:
+        """The arrival admitted (on the cloud, or an edge lane) or None, as the gateway
+        decides."""
+        running = Running(arrival, job_id, "", arrival.requests)
+        new = running.view(self.rates)
+        active = [r for r in live if math.isnan(r.ended_s)]
+        cloud = [r.view(self.rates) for r in active if not r.lane]
+        if admit_batch(self.policy, cloud, new, now, self.streams).admitted:
+            return running
+        if self.policy != "edgeflow":
+            return None
+        busy = {r.lane for r in active if r.lane}
+        idle = [Lane(d, r) for d, r in self.lanes.items() if d not in busy]
+        taken = edge_lane(new, idle, now, self.streams)
+        if taken is None:
+            return None
+        running.lane = taken[0]
+        return running
+
+    def work(self, running: list[Running], now: float, step_s: float) -> None:
+        """One step: a batch with no wave in flight sends its share of the cloud's streams
+        (an edge lane's batch: all of its lane's) as one wave; each request in flight makes
+        its part of the rate measured at all the requests in flight beside it (the cloud's,
+        or its lane's)."""
+        cloud = [r for r in running if not r.lane]
+        share = shares(self.policy, [r.view(self.rates) for r in cloud], now, self.streams)
+        for r in running:
+            if r.in_wave == 0:
+                room = self.streams - sum(c.in_wave for c in cloud) if not r.lane else self.streams
+                give = share.get(r.job_id, 0) if not r.lane else self.streams
+                r.in_wave = max(0, min(give, room, r.requests_left))
+        used = sum(r.in_wave for r in cloud)
+        for r in running:
+            if r.in_wave == 0:
+                continue
+            at_once = r.in_wave if r.lane else used
+            total = rate_at(self.lanes[r.lane] if r.lane else self.rates, at_once)
+            r.step(total / at_once * step_s)
+
+
 def simulate(
     policy: str,
     arrivals: Sequence[Arrival],
@@ -97,87 +150,32 @@ def simulate(
     """Run ``arrivals`` under ``policy`` with ``streams`` requests at once in the cloud at
     ``rates`` (units/s by requests at once) and, for ``edgeflow``, edge ``lanes`` (deployment
     → its rates)."""
+    mix = Mix(policy, rates, streams, lanes or {})
     out, live = Outcome(), list[Running]()
     pending = sorted(arrivals, key=lambda a: a.at_s)
     now, index = 0.0, 0
     while index < len(pending) or any(math.isnan(r.ended_s) for r in live):
         while index < len(pending) and pending[index].at_s <= now + 1e-9:
-            arrival = pending[index]
             index += 1
-            running = admit(policy, arrival, f"b{index}", live, rates, streams, lanes or {}, now)
+            running = mix.admit(pending[index - 1], f"b{index}", live, now)
             if running is None:
                 out.declined += 1
-                continue
-            out.admitted += 1
-            live.append(running)
-        busy = [r for r in live if math.isnan(r.ended_s)]
-        work(policy, busy, rates, streams, lanes or {}, now, step_s)
+            else:
+                out.admitted += 1
+                live.append(running)
+        mix.work([r for r in live if math.isnan(r.ended_s)], now, step_s)
         now += step_s
         for r in live:
             if math.isnan(r.ended_s) and r.requests_left <= 0:
                 r.ended_s = now
-    for r in live:
-        met = r.ended_s <= r.arrival.at_s + r.arrival.window_s + 1e-9
-        out.met += met
-    ids = {id(r.arrival): r for r in live}
+    ran = {id(r.arrival): r for r in live}
     for arrival in arrivals:
-        ran = ids.get(id(arrival))
-        out.took_s.append(math.nan if ran is None else ran.ended_s - arrival.at_s)
-        if ran is None:
+        this = ran.get(id(arrival))
+        out.took_s.append(math.nan if this is None else this.ended_s - arrival.at_s)
+        if this is None:
             out.each.append(("declined", ""))
-        else:
-            late = ran.ended_s > arrival.at_s + arrival.window_s + 1e-9
-            out.each.append(("late" if late else "met", ran.lane))
-    return out
-
-
-def admit(
-    policy: str,
-    arrival: Arrival,
-    job_id: str,
-    live: list[Running],
-    rates: Mapping[int, float],
-    streams: int,
-    lanes: Mapping[str, Mapping[int, float]],
-    now: float,
-) -> Running | None:
-    """The arrival admitted (on the cloud, or an edge lane) or None, as the gateway decides."""
-    new = Running(arrival, job_id, "", arrival.requests).view(rates)
-    active = [r for r in live if math.isnan(r.ended_s)]
-    cloud = [r.view(rates) for r in active if not r.lane]
-    if admit_batch(policy, cloud, new, now, streams).admitted:
-        return Running(arrival, job_id, "", arrival.requests)
-    if policy != "edgeflow":
-        return None
-    busy = {r.lane for r in active if r.lane}
-    idle = [Lane(d, r) for d, r in lanes.items() if d not in busy]
-    taken = edge_lane(new, idle, now, streams)
-    return None if taken is None else Running(arrival, job_id, taken[0], arrival.requests)
-
-
-def work(
-    policy: str,
-    running: list[Running],
-    rates: Mapping[int, float],
-    streams: int,
-    lanes: Mapping[str, Mapping[int, float]],
-    now: float,
-    step_s: float,
-) -> None:
-    """One step: a batch with no wave in flight sends its share of the cloud's streams (an
-    edge lane's batch: all of its lane's) as one wave; each request in flight makes its part
-    of the rate measured at all the requests in flight beside it (the cloud's, or its lane's)."""
-    cloud = [r for r in running if not r.lane]
-    share = shares(policy, [r.view(rates) for r in cloud], now, streams)
-    for r in running:
-        if r.in_wave == 0:
-            room = streams - sum(c.in_wave for c in cloud) if not r.lane else streams
-            give = share.get(r.job_id, 0) if not r.lane else streams
-            r.in_wave = max(0, min(give, room, r.requests_left))
-    used = sum(r.in_wave for r in cloud)
-    for r in running:
-        if r.in_wave == 0:
             continue
-        at_once = r.in_wave if r.lane else used
-        total = rate_at(lanes[r.lane] if r.lane else rates, at_once)
-        r.step(total / at_once * step_s)
+        met = this.ended_s <= arrival.at_s + arrival.window_s + 1e-9
+        out.met += met
+        out.each.append(("met" if met else "late", this.lane))
+    return out

@@ -65,10 +65,13 @@ def restarting(round_no: int) -> bool:
     return round_no > 0 and round_no % RESTART_EVERY == 0
 
 
-def bench_edge(count: int, rng: np.random.Generator) -> list[EdgeServer]:
-    """``count`` edge servers as the bench draws them: 16 or 32 GB, speed U(0.2, 0.4)."""
+def bench_edge(
+    count: int, rng: np.random.Generator, speeds: tuple[float, float] = BENCH_EDGE_SPEED
+) -> list[EdgeServer]:
+    """``count`` edge servers as the bench draws them: 16 or 32 GB, speed uniform in
+    ``speeds`` (× an A100; the bench's 0.2–0.4 by default)."""
     return [
-        EdgeServer(f"e{i}", float(rng.choice([16.0, 32.0])), float(rng.uniform(*BENCH_EDGE_SPEED)))
+        EdgeServer(f"e{i}", float(rng.choice([16.0, 32.0])), float(rng.uniform(*speeds)))
         for i in range(count)
     ]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
@@ -177,7 +177,7 @@ async def admitted(
     units = sum(max(line.token_budget, 1) for line in lines)
     unit = "requests" if body.endpoint == "/v1/embeddings" else "tokens"
     most = max(max(line.token_budget, 1) for line in lines)
-    before, in_flight = await runner.batches_now()
+    before, in_flight, busy = await runner.batches_now()
     new = Batch("this batch", len(lines), most, now + window, now, curve)
     # Planned from when the longest request in flight may have ended.
     decision = admit_batch(runner.policy, before, new, now + in_flight, runner.concurrency)
@@ -185,7 +185,7 @@ async def admitted(
     measured = f"{units} {unit}; {curve.get(at_once, 0.0):.1f}/s measured at {at_once} at once"
     lane = ""
     if not decision.admitted and runner.policy == "edgeflow":
-        on_edge = await edge(runner, new, lines[0], body.endpoint)
+        on_edge = await edge(runner, new, lines[0], body.endpoint, busy)
         if on_edge is None:
             decision = Admission(False, decision.planned_finish_s, decision.reason + (
                 "; no edge deployment of it is free to end it in time"
@@ -219,12 +219,11 @@ async def admitted(
 
 
 async def edge(
-    runner: BatchRunner, new: Batch, sample: Any, endpoint: str
-) -> tuple[str, Admission, dict[int, float]] | None:
-    """EdgeFlow's edge for a batch the cloud declined: the model's idle edge deployments,
-    each's curve measured (on ``sample`` the first time), the one ``edge_lane`` picks from
-    now (an idle copy has no request in flight to wait for), and its curve."""
-    busy = await runner.busy_lanes()
+    runner: BatchRunner, new: Batch, sample: Any, endpoint: str, busy: set[str]
+) -> tuple[str, Admission, Mapping[int, float]] | None:
+    """EdgeFlow's edge for a batch the cloud declined: the model's edge deployments not
+    ``busy``, each's curve measured (on ``sample`` the first time), the one ``edge_lane``
+    picks from now (an idle copy has no request in flight to wait for), and its curve."""
     lanes = []
     for deployment in runner.lanes(str(sample.body["model"])):
         if deployment in busy:
@@ -237,8 +236,8 @@ async def edge(
     taken = edge_lane(new, lanes, time.time(), runner.concurrency)
     if taken is None:
         return None
-    curves = {lane.deployment_id: dict(lane.rates) for lane in lanes}
-    return taken[0], taken[1], curves[taken[0]]
+    chosen, decision = taken
+    return chosen, decision, next(ln.rates for ln in lanes if ln.deployment_id == chosen)
 
 
 async def _batch(store: JobStore, batch_id: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from libs.core.batch_policies import Batch, need_s, order, shares
+from libs.core.batch_policies import ELASTIC, Batch, need_s, order, shares
 from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, Progress, read_lines
 from services.gateway.batches.sender import Send
@@ -108,7 +108,7 @@ class BatchRunner:
     def counts(self) -> list[int]:
         """The requests at once measured: ``concurrency`` (what edf and fifo run at), and
         for elasticflow's curve the powers of two below it too."""
-        if self.policy not in ("elasticflow", "edgeflow"):
+        if self.policy not in ELASTIC:
             return [self.concurrency]
         below = [2**i for i in range(self.concurrency.bit_length()) if 2**i < self.concurrency]
         return [*below, self.concurrency]
@@ -138,28 +138,26 @@ class BatchRunner:
             await self.store.set_rate(model, at_once, known[at_once])  # until batches measure
         return known
 
-    async def batches_now(self) -> tuple[list[Batch], float]:
+    async def batches_now(self) -> tuple[list[Batch], float, set[str]]:
         """The admitted, unfinished batches in the cloud as the policy sees them, in its
-        order; and the longest a request in flight may still take (a new batch may wait)."""
-        out, longest = [], 0.0
+        order; the longest a request in flight may still take (a new batch may wait); and
+        the edge deployments running a batch now (each runs one at a time)."""
+        out, longest, lanes = [], 0.0, set()
         for raw, batch in await self.seen():
             if raw.get("lane"):
+                lanes.add(str(raw["lane"]))
                 continue
             out.append(batch)
             if any(key[0] == batch.job_id for key in self.flying) and batch.rates:
                 k = max(batch.rates)
                 longest = max(longest, need_s(1, batch.most, k, batch.rates[k]))
-        return out, longest
-
-    async def busy_lanes(self) -> set[str]:
-        """The edge deployments running a batch now (each runs one at a time)."""
-        return {str(raw["lane"]) for raw in await self.active() if raw.get("lane")}
+        return out, longest, lanes
 
     async def seen(self) -> list[tuple[dict[str, Any], Batch]]:
         """Each unfinished batch and how the policy sees it (each curve read once: its
         model's, or its edge deployment's), in the policy's order."""
         active = await self.active()
-        keys = {raw["id"]: raw.get("lane") or raw["model"] for raw in active}
+        keys = {raw["id"]: (await self.progress(raw)).key for raw in active}
         curves = {k: await self.store.curve(k) for k in set(keys.values())}
         pairs = [(raw, await self.batch(raw, curves[keys[raw["id"]]])) for raw in active]
         first = order(self.policy)
