@@ -96,7 +96,7 @@ from libs.runtime.nats_client import inbox_of, server_list
 from libs.runtime.private_files import write_private_json
 
 #: The users that talk to Redis (the rest have no Redis user at all).
-REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "admin")
+REDIS_USERS = ("scorer", "scheduler", "gateway", "batch", "batch-sender", "admin")
 
 
 def inbox(user: str) -> str:
@@ -249,7 +249,8 @@ class AccessControl:
             self.joined = [d for d in kept.get("joined", ()) if d in self.passwords]
             self.left = [d for d in kept.get("left", ()) if d not in self.passwords]
             self.devices += [d for d in self.joined if d not in self.devices]
-        for name in [*service_grants(), *self.devices, "admin", JOIN_USER, "redis-default"]:
+        redis_only = ["batch-sender", "admin", "redis-default"]
+        for name in [*service_grants(), *self.devices, *redis_only, JOIN_USER]:
             self.passwords.setdefault(name, secrets.token_urlsafe(18))
         self.save()
 
@@ -351,10 +352,16 @@ class AccessControl:
             "scheduler": f"~{p}:checkpoints ~{p}:mode ~{p}:weights ~{p}:models ~{p}:models:* "
             f"%R~{p}:* {writes}",
             "gateway": f"%R~{p}:* ~{p}:jobs:* {writes}",
-            # Celery's broker (its queues, one per device: device.<id>) and results, and the
-            # dispatcher's jobs: its own keys and pub/sub channels only.
-            "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~{p}:batch:* &* "
+            # Celery's broker (its queues: device.<id>, one per device, and batch.requests)
+            # and results, and the dispatcher's jobs: its own keys and pub/sub channels only.
+            "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~batch.* ~{p}:batch:* &* "
             "-@all +@read +@write +@pubsub +@transaction +@scripting +@connection +time",
+            # The gateway's batch runner: puts requests on the queue of the batches' requests
+            # and reads what the batch workers wrote back; no other queue, no other key.
+            # (kombu keeps a queue as one list per priority: batch.requests, batch.requests…3…)
+            "batch-sender": f"~batch.requests* ~_kombu.binding* ~{p}:batch:req:* "
+            f"~{p}:batch:answer:* %R~{p}:batch:alive:* "
+            "-@all +@read +@write +@connection +@transaction -@dangerous",
             "admin": "~* &* +@all",
         }
         users = [f"{name} on >{self.passwords[name]} {rule}" for name, rule in rules.items()]

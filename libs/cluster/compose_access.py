@@ -33,6 +33,9 @@ def write_compose(
     lines = [
         f"TESSERA_REDIS_ADMIN_PASSWORD={access.passwords['admin']}",
         f"TESSERA_API_KEY={secrets.token_urlsafe(24)}",  # the gateway's, for its users
+        f"TESSERA_BATCH_RUNNER_KEY=tsk-batch-{secrets.token_urlsafe(24)}",  # and batch worker's
+        "TESSERA_REDIS_URL_BATCH_SENDER="
+        + access.redis_url("redis://redis:6379/1", "batch-sender"),  # the gateway's broker
     ]
     for name in [*services, *access.devices]:
         key = name.upper().replace("-", "_")

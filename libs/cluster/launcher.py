@@ -18,6 +18,7 @@ from rich.text import Text
 
 from libs.cluster import runfile
 from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.cluster.batch_env import batch_env
 from libs.cluster.child_output import exit_text, render
 from libs.cluster.discovery import Announcement
 from libs.cluster.enforced import EnforcedFleet
@@ -60,6 +61,7 @@ class Cluster:
             self.home.keys_file if self.home and read_keys(self.home.keys_file) else None
         )
         self.run_key = f"tsk-run-{secrets.token_urlsafe(24)}"
+        self.batch = f"tsk-batch-{secrets.token_urlsafe(24)}"  # the batch runner's: batch_env
         given = "TESSERA_GATEWAY_API_KEYS" in {**child_env(), **options.extra_env}
         warning = lan_exposure(
             options.gateway_host, given or self.keys_file is not None, options.open_lan
@@ -213,7 +215,8 @@ class Cluster:
         )
 
     def _spawn(self, name: str, service: str, extra: dict[str, str], colour: str) -> ServiceProcess:
-        urls = self.urls(name if self.is_worker_name(name) else service)  # replicas: "scheduler"
+        user = "batch" if service == "batch.worker" else service  # replicas: "scheduler"
+        urls = self.urls(name if self.is_worker_name(name) else user)
         nats_url = self.enforced.nats_url(name, urls["nats"]) if self.enforced else urls["nats"]
         access = {"TESSERA_NATS_URL": nats_url}  # a linked worker's through its link
         if urls["redis"]:
@@ -255,7 +258,8 @@ class Cluster:
                     out.append((name, service, replica))
                 continue
             if service != "worker":
-                out.append((service, service, {}))
+                extra = batch_env(service, self.options, self.redis.url, self.access, self.batch)
+                out.append((service.replace(".", "-"), service, extra))
                 continue
             torch_workers = sum(e == "torch" for _, e in self.worker_names())
             threads = max(1, (os.cpu_count() or 1) // max(1, torch_workers))
@@ -373,12 +377,10 @@ class Cluster:
             "pid": os.getpid(),
         }
         runfile.write(self.run_lock, self.run_contents)
-        write_prometheus_config(
-            self.options.run_file.with_name(
-                self.options.run_file.stem.replace("cluster", "prometheus") + ".yml"
-            ),
-            self.metrics_targets(),
+        prometheus = self.options.run_file.with_name(
+            self.options.run_file.stem.replace("cluster", "prometheus") + ".yml"
         )
+        write_prometheus_config(prometheus, self.metrics_targets())
 
     def record_services(self, services: dict[str, dict[str, object]]) -> None:
         """What each service is doing (running, restarting, failed), for ``tessera status``."""
@@ -395,6 +397,4 @@ class Cluster:
 
     # -- output -------------------------------------------------------------------------------
     def say(self, name: str, message: str, colour: str) -> None:
-        line = Text(f"{name:>10} │ ", style=colour)
-        line.append(message)
-        self.console.print(line, soft_wrap=True)
+        self.console.print(Text(f"{name:>10} │ ", style=colour).append(message), soft_wrap=True)

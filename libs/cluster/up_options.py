@@ -13,7 +13,7 @@ from libs.cluster import runfile
 from libs.runtime.procs import free_port, port_free
 
 #: Start order: consumers before producers, the front door last.
-SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway")
+SERVICE_ORDER = ("scorer", "telemetry", "scheduler", "worker", "gateway", "batch.worker")
 
 
 def available_services(names: Iterable[str] = SERVICE_ORDER) -> list[str]:

@@ -1,5 +1,8 @@
 """The Celery app: Redis broker, one queue per device, late acks so a killed worker's job returns.
 
+The batches' requests (``tessera.request``, queue ``batch.requests``) are run by
+``python -m services.batch.worker`` (a thread per request in flight).
+
 Run a device's worker with ``celery -A services.batch.app worker -Q device.<device_id>
 --pool=solo``. The scheduler's placement picks the queue (``dispatch.py``). ``acks_late`` with
 ``task_reject_on_worker_lost``: a job is acknowledged only when it finishes, so a worker killed
@@ -8,14 +11,20 @@ mid-job leaves it unacknowledged and the broker hands it out again after the vis
 
 from __future__ import annotations
 
+import functools
+import socket
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 from celery import Celery
 from celery.signals import worker_init
+from redis import Redis
 
+from libs.contracts.batch_requests import QUEUE, TASK
 from libs.runtime.tracing import configure_tracing, instrument_celery
+from services.batch.requests import run_request
 from services.batch.settings import BatchSettings
 from services.batch.training import train
 
@@ -53,6 +62,24 @@ def make_app(settings: BatchSettings) -> Celery:
             step_s=step_s,
         )
         return asdict(result)
+
+    @functools.cache
+    def clients() -> tuple[Redis, httpx.Client]:  # one each per worker process, its threads'
+        headers = {"authorization": f"Bearer {settings.gateway_key.get_secret_value()}"}
+        gateway = httpx.Client(
+            base_url=settings.gateway_url, headers=headers, timeout=settings.request_timeout_s
+        )
+        return Redis.from_url(settings.broker_url), gateway
+
+    @app.task(name=TASK, bind=True, shared=False, queue=QUEUE, ignore_result=True)  # type: ignore[untyped-decorator]
+    def request(self: Any, endpoint: str, body: dict[str, Any]) -> bool:
+        """One request of a batch (``requests.py``); its answer goes to Redis, not the
+        result backend."""
+        redis, gateway = clients()
+        worker = f"{socket.gethostname()}:{self.request.hostname}"
+        return run_request(
+            redis, gateway, settings.key_prefix, self.request.id, endpoint, body, worker
+        )
 
     return app
 

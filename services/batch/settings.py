@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from libs.runtime.settings import ServiceSettings
@@ -24,3 +24,10 @@ class BatchSettings(ServiceSettings):
     visibility_timeout_s: float = Field(3600.0, gt=0)
     #: How long the dispatcher remembers a job after its last placement (s).
     job_ttl_s: float = Field(86_400.0, gt=0)
+    #: Where the batches' requests are sent (the gateway's serving path), with the gateway's
+    #: batch runner key (``TESSERA_GATEWAY_BATCH_RUNNER_KEY``), and how long one may take (s).
+    gateway_url: str = "http://127.0.0.1:8000"
+    gateway_key: SecretStr = SecretStr("")
+    request_timeout_s: float = Field(3600.0, gt=0)
+    #: The batches' requests one worker sends at once (a thread each).
+    request_threads: int = Field(16, ge=1, le=1024)

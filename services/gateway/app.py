@@ -35,9 +35,10 @@ from services.gateway.admin.events import EventHub
 from services.gateway.admin.router import admin_router
 from services.gateway.anthropic.router import anthropic_router
 from services.gateway.batches.anthropic_routes import message_batches_router
+from services.gateway.batches.preempt import BatchRequests, Preemptible
 from services.gateway.batches.routes import batches_router
 from services.gateway.batches.runner import BatchRunner
-from services.gateway.batches.sender import AsgiSender
+from services.gateway.batches.sender import AsgiSender, CelerySender
 from services.gateway.batches.store import JobStore
 from services.gateway.core.completions import Completions
 from services.gateway.core.deployed import Deployed
@@ -58,7 +59,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     registry = CollectorRegistry()
 
     deployments = Deployed(split_urls(settings.scheduler_url))
-    runner_key = secrets.token_urlsafe(32)  # the batch runner's, in this process only
+    # The batch runner's key: the batch workers' too when they send its requests.
+    runner_key = settings.batch_runner_key.get_secret_value() or secrets.token_urlsafe(32)
+    batch_requests = BatchRequests(runner_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -118,19 +121,32 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         # deployments' with the cloud's), yielding to interactive ones (told of each as it is
         # admitted).
         concurrency = min(settings.batch_concurrency, max(1, settings.max_concurrent // 2))
-        send = AsgiSender(app, runner_key)
+        broker = settings.batch_broker_url.get_secret_value()
+        send: AsgiSender | CelerySender = (
+            CelerySender(broker, settings.key_prefix, batch_requests.preempt)
+            if broker
+            else AsgiSender(app, runner_key)
+        )
         store = JobStore(app.state.redis, settings.key_prefix)
         completions = app.state.completions
         app.state.batches = BatchRunner(
             store,
             send,
             concurrency,
-            lambda: completions.in_flight,
+            lambda: completions.interactive,
             settings.batch_policy,
             lambda model: other_groups(model, deployments.book),
             max(concurrency, settings.max_concurrent // 2),
         )
         completions.on_admit = app.state.batches.wake.set
+        runner = app.state.batches
+        metrics.watch_batches(
+            {
+                "preempted": lambda: runner.preempted,
+                "worker_lost": lambda: getattr(send, "lost", 0),
+                "not_taken": lambda: getattr(send, "resent", 0),
+            }
+        )
         background.tasks.append(asyncio.create_task(app.state.batches.run()))
         try:
             yield
@@ -157,6 +173,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.deployments = deployments
     app.state.key_prefix = settings.key_prefix  # the model registry's keys
     install_errors(app)
+    app.add_middleware(Preemptible, requests=batch_requests)  # inside the key checks
     install_limits(app, settings, registry, runner_key)
     app.include_router(openai_router(settings))
     app.include_router(batches_router(settings))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from libs.runtime.settings import ServiceSettings
@@ -47,6 +47,12 @@ class GatewaySettings(ServiceSettings):
     #: Which batches are admitted and how those requests are shared among them:
     #: ``libs/core/batch_policies.py``.
     batch_policy: Literal["edf", "fifo", "elasticflow", "edgeflow"] = "edf"
+    #: The Celery broker the batches' requests go through (``python -m services.batch.worker``
+    #: runs them); empty: the runner sends them through this process itself.
+    batch_broker_url: SecretStr = SecretStr("")
+    #: The batch runner's API key, which the batch workers send with its requests (only the
+    #: serving endpoints take it); empty: one drawn at start, known to this process only.
+    batch_runner_key: SecretStr = SecretStr("")
     #: Requests per second each client (API key; address with auth off) may send on average,
     #: and at once; more are refused with 429 and Retry-After.
     rate_per_s: float = Field(50.0, gt=0)

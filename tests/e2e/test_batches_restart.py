@@ -1,17 +1,20 @@
 """A batch outlives what runs it: the gateway killed (SIGKILL) mid-batch is started again by
 `tessera up` and goes on with the requests not yet answered; the whole cluster stopped
 mid-batch and started again on its home finishes it too; so does a batch whose only worker
-is killed (SIGKILL) while it serves the batch's requests. Every ``custom_id`` is answered
+is killed (SIGKILL) while it serves the batch's requests, and one whose Celery batch worker
+is killed (SIGKILL) while it runs them. Every ``custom_id`` is answered
 exactly once, with the greedy text the request gets alone."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -82,16 +85,25 @@ def test_a_batch_goes_on_after_the_gateway_is_killed_the_cluster_restarts_or_a_w
         assert texts(out) == alone
         assert json.loads(api.files.content(file.id).text.splitlines()[0])["custom_id"] == "r-0"
 
-        third = api.batches.create(
-            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="1h"
+        # The worker serving the batch's requests, then the Celery worker running them, each
+        # killed mid-request and started again: nothing lost, nothing answered twice.
+        for unit, name in (("worker-0", "worker-0"), ("batch.worker", "batch-worker")):
+            batch = api.batches.create(
+                input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="1h"
+            )
+            answered(api, batch.id, 2)
+            os.kill(unit_pid(cluster.process.pid, unit), signal.SIGKILL)
+            cluster.wait_for(f"{name} back after", 60)
+            done = ended(api, batch.id)
+            assert done.status == "completed", (done, rows(api, done.error_file_id))
+            out = rows(api, done.output_file_id)
+            assert sorted(r["custom_id"] for r in out) == sorted(asked)
+            assert texts(out) == alone
+        metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=10).text
+        again = re.findall(
+            r'tessera_gateway_batch_requests_sent_again\{why="(worker_lost|not_taken)"\} (\S+)',
+            metrics,
         )
-        answered(api, third.id, 2)
-        os.kill(unit_pid(cluster.process.pid, "worker-0"), signal.SIGKILL)  # mid-request
-        cluster.wait_for("worker-0 back after", 60)
-        done = ended(api, third.id)
-        assert done.status == "completed", (done, rows(api, done.error_file_id))
-        out = rows(api, done.output_file_id)
-        assert sorted(r["custom_id"] for r in out) == sorted(asked)
-        assert texts(out) == alone
+        assert sum(float(count) for _, count in again) >= 1, again  # what the kill cut short
     finally:
         cluster.stop()

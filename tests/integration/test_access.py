@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import kombu.exceptions
 import nats
 import pytest
 import redis
@@ -250,3 +251,32 @@ def test_the_batch_user_carries_a_celery_task_through_a_device_queue(
         message.ack()
     assert message.headers["task"] == "tessera.train"
     assert message.headers["argsrepr"].startswith("['job-1'")
+
+
+def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
+    acl_redis: RedisServer,
+) -> None:
+    """The gateway's runner (``batch-sender``) puts a request on ``batch.requests`` and reads
+    its answer; a device's queue, the Batch API's own keys and a worker's beat are not its."""
+    from celery import Celery
+
+    from libs.contracts.batch_requests import QUEUE, TASK, alive_key, answer_key
+
+    url = ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch-sender")
+    sender = Celery("sender", broker=url)
+    sender.send_task(TASK, kwargs={"endpoint": "/v1/embeddings", "body": {}}, queue=QUEUE)
+    batch = redis.Redis.from_url(ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch"))
+    assert batch.llen(QUEUE) == 1  # the batch workers' user finds it there
+    batch.set(answer_key("tessera", "t1"), "{}")
+    mine = redis.Redis.from_url(url)
+    assert mine.get(answer_key("tessera", "t1")) == b"{}"
+    with pytest.raises(kombu.exceptions.OperationalError):
+        sender.send_task("tessera.train", args=["job", 1], queue="device.dev-a")
+    for forbidden in (
+        lambda: mine.get("tessera:jobs:runner"),
+        lambda: mine.set(alive_key("tessera", "t1"), "me"),
+        lambda: mine.lpush("device.dev-a", "x"),
+        lambda: mine.flushdb(),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forbidden()

@@ -10,9 +10,10 @@ from libs.runtime.procs import free_port
 from tests.processes import GATEWAY_STOPPED, ServiceProcess
 
 
-def test_a_client_over_its_rate_gets_429_and_others_are_served(
-    nats_server: NatsServer, redis_server: RedisServer
-) -> None:
+def start_gateway(
+    nats_server: NatsServer, redis_server: RedisServer, **env: str
+) -> tuple[int, ServiceProcess]:
+    """A gateway on the tests' servers with ``env``, and no scheduler behind it."""
     port = free_port()
     gateway = ServiceProcess(
         "gateway",
@@ -21,11 +22,22 @@ def test_a_client_over_its_rate_gets_429_and_others_are_served(
             "TESSERA_REDIS_URL": redis_server.url,
             "TESSERA_GATEWAY_PORT": str(port),
             "TESSERA_GATEWAY_SCHEDULER_URL": f"http://127.0.0.1:{free_port()}",  # none there
-            "TESSERA_GATEWAY_API_KEYS": '["sk-greedy", "sk-polite"]',
-            "TESSERA_GATEWAY_RATE_PER_S": "0.2",
-            "TESSERA_GATEWAY_RATE_BURST": "3",
+            **env,
         },
     ).start()
+    return port, gateway
+
+
+def test_a_client_over_its_rate_gets_429_and_others_are_served(
+    nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    port, gateway = start_gateway(
+        nats_server,
+        redis_server,
+        TESSERA_GATEWAY_API_KEYS='["sk-greedy", "sk-polite"]',
+        TESSERA_GATEWAY_RATE_PER_S="0.2",
+        TESSERA_GATEWAY_RATE_BURST="3",
+    )
     url = f"http://127.0.0.1:{port}/v1/models"
     try:
         greedy = {"Authorization": "Bearer sk-greedy"}
@@ -43,5 +55,38 @@ def test_a_client_over_its_rate_gets_429_and_others_are_served(
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         assert 'status="429"' in metrics
         assert "sk-greedy" not in metrics and "sk-greedy" not in str(gateway.lines)
+    finally:
+        assert gateway.stop() in GATEWAY_STOPPED
+
+
+def test_the_batch_runners_key_is_taken_on_the_serving_endpoints_only(
+    nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    """A batch worker holds the runner's key: with it, requests are served, but no file,
+    batch, model or admin call answers."""
+    port, gateway = start_gateway(
+        nats_server,
+        redis_server,
+        TESSERA_GATEWAY_API_KEYS='["sk-user"]',
+        TESSERA_GATEWAY_BATCH_RUNNER_KEY="tsk-batch-test",
+    )
+    base = f"http://127.0.0.1:{port}"
+    runner = {"Authorization": "Bearer tsk-batch-test"}
+    try:
+        chat = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+        served = httpx.post(f"{base}/v1/chat/completions", json=chat, headers=runner, timeout=10)
+        assert served.status_code == 404, served.text  # past the key: no such model here
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/v1/files"),
+            ("GET", "/v1/batches"),
+            ("POST", "/v1/batches"),
+            ("GET", "/api/tags"),
+        ]:
+            refused = httpx.request(method, f"{base}{path}", headers=runner, timeout=10)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "only" in str(refused.json()["error"])  # (Ollama's paths: its error shape)
+        user = {"Authorization": "Bearer sk-user"}
+        assert httpx.get(f"{base}/v1/models", headers=user, timeout=10).status_code == 200
     finally:
         assert gateway.stop() in GATEWAY_STOPPED

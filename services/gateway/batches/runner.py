@@ -6,12 +6,14 @@ every request to that deployment, with ``concurrency`` streams of its own, all t
 requests at most ``most`` at once; a 404 from the edge copy (it stopped serving) hands what
 is left of the batch to the cloud.
 
-Interactive requests come first. While any is in flight (the gateway's requests in flight
-beyond the runner's own), and for ``QUIET_S`` after the last, the batches' requests are
-preempted (cancelled: sent again later, from the start) and no new one starts, so a chat
-shares the devices with no batch; a batch whose deadline is near (what it still needs, at
-its model's measured rate, ``URGENT_MARGIN`` times over, would reach its deadline) runs on
-regardless, beside the chat.
+Each request is sent by ``send`` (``sender.py``): through this process's own application, or
+as a Celery task a batch worker runs (``python -m services.batch.worker``, what ``tessera up``
+starts). Interactive requests come first. While any is in flight (``preempt.py`` tells the
+runner's requests apart, wherever they come from), and for ``QUIET_S`` after the last, the
+batches' requests are preempted (cancelled: sent again later, from the start) and no new one
+starts, so a chat shares the devices with no batch; a batch whose deadline is near (what it
+still needs, at its model's measured rate, ``URGENT_MARGIN`` times over, would reach its
+deadline) runs on regardless, beside the chat.
 
 One gateway at a time runs batches (a lease in Redis); a gateway that restarts, or another
 that takes the lease, goes on with the requests not yet answered. A request refused for
@@ -68,15 +70,13 @@ class BatchRunner:
         lanes: Callable[[str], list[str]] = lambda model: [],
         most: int | None = None,
     ) -> None:
-        """``busy``: the gateway's requests in flight now (the runner's among them);
+        """``busy``: the gateway's interactive requests in flight now (not the runner's);
         ``lanes``: a model's edge deployments (``edgeflow``: the other deployments of it that
         serve); ``most``: the runner's requests in flight at once, edge ones with the cloud's
         (default ``concurrency``)."""
         self.store, self.send, self.concurrency, self.busy = store, send, concurrency, busy
         self.policy, self.lanes, self.most = policy, lanes, most or concurrency
-        #: The runner's requests in flight at the gateway now, and when an interactive one
-        #: was last seen; how many were preempted.
-        self.sending = 0
+        #: When an interactive request was last seen; how many of the runner's were preempted.
         self.chat_seen = -math.inf
         self.preempted = 0
         self.holder = uuid.uuid4().hex
@@ -213,7 +213,7 @@ class BatchRunner:
 
     async def step(self) -> None:
         self.flying = {k: v for k, v in self.flying.items() if not v[0].done()}
-        if self.busy() > self.sending:
+        if self.busy() > 0:
             self.chat_seen = time.monotonic()
         yielding = time.monotonic() - self.chat_seen < QUIET_S
         seen = await self.seen()
@@ -263,7 +263,6 @@ class BatchRunner:
     async def one(self, batch: dict[str, Any], progress: Progress, line: BatchLine) -> None:
         key = (batch["id"], line.custom_id)
         started, lane = time.monotonic(), progress.lane
-        self.sending += 1
         try:
             body = {**line.body, "model": lane} if lane else line.body
             status, answer, devices = await self.send(batch["endpoint"], body)
@@ -272,8 +271,6 @@ class BatchRunner:
         except Exception as exc:  # the gateway's own error: sent again, as a 503 would be
             log.warning("batch request failed", extra={"batch": batch["id"], "error": str(exc)})
             status, answer, devices = 503, {"error": {"message": str(exc)}}, []
-        finally:
-            self.sending -= 1
         tries = self.attempts.get(key, 0) + 1
         # Busy (429: interactive requests hold the gateway's places) is waited out until the
         # deadline, as is an edge copy gone (404: the next step gives the batch to the cloud);

@@ -1,17 +1,43 @@
-"""How the batch runner sends a request: through the gateway's own application."""
+"""How the batch runner sends a request: through the gateway's own application in this
+process (``AsgiSender``), or as a Celery task a batch worker runs (``CelerySender``: the
+wire is ``libs/contracts/batch_requests.py``). Either way the request carries the runner's key
+and its id in ``REQUEST_HEADER``, so the gateway counts it apart and can preempt it
+(``preempt.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from celery import Celery
+from redis.asyncio import Redis
 
-from services.gateway.core.answers import DEVICES_HEADER
+from libs.contracts.batch_requests import (
+    ABANDONED,
+    DEVICES_HEADER,
+    KEEP_S,
+    QUEUE,
+    REQUEST_HEADER,
+    TASK,
+    Answer,
+    alive_key,
+    answer_key,
+    answer_of,
+    claim_key,
+    loads,
+)
+
+log = logging.getLogger(__name__)
 
 #: Sends one request body to an endpoint of the gateway; its status, JSON answer and the
 #: devices that answered it.
-Send = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any], list[str]]]]
+Send = Callable[[str, dict[str, Any]], Awaitable[Answer]]
 
 
 class AsgiSender:
@@ -25,16 +51,85 @@ class AsgiSender:
         )
         self.headers = {"authorization": f"Bearer {key}"}
 
-    async def __call__(
-        self, endpoint: str, body: dict[str, Any]
-    ) -> tuple[int, dict[str, Any], list[str]]:
-        answer = await self.client.post(endpoint, json=body, headers=self.headers)
-        try:
-            parsed = answer.json()
-        except ValueError:
-            parsed = {"error": {"message": answer.text[:500]}}
-        devices = [d for d in answer.headers.get(DEVICES_HEADER, "").split(",") if d]
-        return answer.status_code, parsed if isinstance(parsed, dict) else {"data": parsed}, devices
+    async def __call__(self, endpoint: str, body: dict[str, Any]) -> Answer:
+        headers = {**self.headers, REQUEST_HEADER: uuid.uuid4().hex}
+        answer = await self.client.post(endpoint, json=body, headers=headers)
+        return answer_of(answer.status_code, answer.text, answer.headers.get(DEVICES_HEADER, ""))
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class CelerySender:
+    """Puts each request on the Celery queue ``batch.requests`` and waits for its answer.
+
+    A request no worker took within ``pickup_s`` (none runs, or it sat in a killed worker's
+    prefetch) is given up (its claim marked abandoned, so it never runs later) and sent again
+    as a new task; one whose worker stopped beating (killed mid-request) is answered 503, which
+    the runner sends again as it does a server error. Cancelled (the runner preempts it), the
+    request is given up and ``preempt`` stops it at the gateway."""
+
+    def __init__(
+        self,
+        broker_url: str,
+        prefix: str,
+        preempt: Callable[[str], None],
+        pickup_s: float = 30.0,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.celery = Celery("tessera-gateway", broker=broker_url)
+        self.celery.conf.update(task_serializer="json", accept_content=["json"])
+        self.redis = Redis.from_url(broker_url)
+        self.prefix, self.preempt, self.pickup_s, self.poll_s = prefix, preempt, pickup_s, poll_s
+        #: Tasks sent again because no worker took them; tasks whose worker was lost.
+        self.resent = self.lost = 0
+
+    async def __call__(self, endpoint: str, body: dict[str, Any]) -> Answer:
+        while True:
+            task_id = f"batchreq-{uuid.uuid4().hex}"
+            await asyncio.to_thread(
+                self.celery.send_task,
+                TASK,
+                kwargs={"endpoint": endpoint, "body": body},
+                queue=QUEUE,
+                task_id=task_id,
+                expires=self.pickup_s,  # a worker drops it once the runner gave it up
+            )
+            try:
+                answer = await self.wait(task_id)
+            except asyncio.CancelledError:
+                self.preempt(task_id)
+                await asyncio.shield(self.abandon(task_id))
+                raise
+            if answer is not None:
+                return answer
+            self.resent += 1
+            log.warning("no batch worker took a request; sent again", extra={"task": task_id})
+
+    async def wait(self, task_id: str) -> Answer | None:
+        """The task's answer; None when no worker took it in time (send it again)."""
+        keys = [answer_key(self.prefix, task_id), claim_key(self.prefix, task_id)]
+        keys.append(alive_key(self.prefix, task_id))
+        sent = time.monotonic()
+        while True:
+            answer, claim, alive = await self.redis.mget(keys)
+            if answer is not None:
+                await self.redis.delete(keys[0])
+                return loads(answer)
+            if claim is not None and alive is None and claim != ABANDONED.encode():
+                self.lost += 1  # its worker died mid-request
+                return 503, {"error": {"message": "the batch worker running it was lost"}}, []
+            late = claim is None and time.monotonic() - sent > self.pickup_s
+            if late and await self.abandon(task_id):
+                return None  # (else a worker took it just now: wait on)
+            await asyncio.sleep(self.poll_s)
+
+    async def abandon(self, task_id: str) -> bool:
+        """Mark the task given up, unless a worker claimed it first."""
+        key = claim_key(self.prefix, task_id)
+        return bool(await self.redis.set(key, ABANDONED, nx=True, ex=KEEP_S))
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+        await asyncio.to_thread(self.celery.close)

@@ -29,6 +29,7 @@ from libs.contracts import (
     TokenLogprob,
     ToolCall,
 )
+from libs.contracts.batch_requests import DEVICES_HEADER
 from libs.contracts.prompts import MAX_BODY
 from libs.models.chat import encode_chat
 from services.gateway.core.completions import Completions, Slot
@@ -76,10 +77,6 @@ def sampling_for(
         stop=stop,
         seed=seed,
     )
-
-
-#: The response header naming the devices that answered a request that does not stream.
-DEVICES_HEADER = "x-tessera-devices"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from libs.contracts import Prompt, Sampling, TokenChunk
@@ -22,18 +23,23 @@ from services.gateway.core.metrics import GatewayMetrics
 from services.gateway.core.speeds import Speeds
 from services.gateway.core.tokenizers import Tokenizers
 
+#: True while the batch runner's request is handled (``batches/preempt.py`` sets it).
+BATCH_REQUEST: ContextVar[bool] = ContextVar("batch_request", default=False)
+
 
 class Slot:
     """One admitted request's place under the concurrency limit, given back exactly once."""
 
     def __init__(self, owner: Completions) -> None:
-        self.owner, self.held = owner, True
+        self.owner, self.held, self.batch = owner, True, BATCH_REQUEST.get()
         owner.in_flight += 1
+        owner.batch_in_flight += self.batch
 
     def release(self) -> None:
         if self.held:
             self.held = False
             self.owner.in_flight -= 1
+            self.owner.batch_in_flight -= self.batch
 
 
 class Completions:
@@ -51,11 +57,17 @@ class Completions:
         self.tokenizers = tokenizers
         self.metrics = metrics
         self.max_concurrent = max_concurrent
-        self.in_flight = 0
+        #: Requests admitted now, and the batch runner's among them.
+        self.in_flight = self.batch_in_flight = 0
         #: What each deployment's requests measured (sent to the scheduler).
         self.speeds = speeds or Speeds()
-        #: Told of every request admitted (the batch runner yields to interactive ones).
+        #: Told of every interactive request admitted (the batch runner yields to them).
         self.on_admit: Callable[[], None] = lambda: None
+
+    @property
+    def interactive(self) -> int:
+        """Requests admitted now that are not the batch runner's."""
+        return self.in_flight - self.batch_in_flight
 
     async def tokenizer(self, deployment: str) -> Any:
         return await self.tokenizers.get(self.deployments.model_of(deployment))
@@ -83,7 +95,8 @@ class Completions:
                 headers={"Retry-After": "1"},
             )
         slot = Slot(self)
-        self.on_admit()
+        if not slot.batch:
+            self.on_admit()
         return slot
 
     async def chunks(

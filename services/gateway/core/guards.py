@@ -121,6 +121,13 @@ def install_errors(app: FastAPI) -> None:
         return error_response(500, "internal error; see the gateway log", "server_error")
 
 
+#: The batch runner's key, and the only paths it is taken on (a batch worker holds it).
+RUNNER = "batch-runner"
+RUNNER_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
+)
+
+
 class Limits:
     """ASGI middleware: the API key and the client's rate, checked on the API's paths (OpenAI's,
     Anthropic's, Ollama's) before anything else runs. Plain ASGI, not ``@app.middleware``:
@@ -130,7 +137,7 @@ class Limits:
         self, app: ASGIApp, settings: GatewaySettings, by_key: Counter, runner_key: str
     ) -> None:
         self.app, self.settings, self.by_key = app, settings, by_key
-        self.keys = KeyRing(settings.api_keys, settings.keys_file, {"batch-runner": runner_key})
+        self.keys = KeyRing(settings.api_keys, settings.keys_file, {RUNNER: runner_key})
         self.access = AccessLog(settings.access_log)
         self.rates = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
@@ -171,6 +178,10 @@ class Limits:
         if self.keys.required and name is None:
             return error_response(
                 401, "missing or invalid API key", "authentication_error", "invalid_api_key"
+            )
+        if name == RUNNER and scope["path"] not in RUNNER_PATHS:
+            return error_response(
+                403, "the batch runner's key serves requests only", "permission_error"
             )
         if name is not None:
             self.by_key.labels(name).inc()  # the key's name, never the key

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,7 +67,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
+        r = self.registry = registry
         self.ttft = Histogram(
             "tessera_gateway_ttft_seconds",
             "Time to first token",
@@ -123,6 +123,19 @@ class GatewayMetrics:
             ["deployment", "source"],
             registry=r,
         )
+
+    def watch_batches(self, counts: Mapping[str, Callable[[], float]]) -> None:
+        """The batch runner's requests sent again, by why: ``preempted`` (an interactive
+        request came), ``worker_lost`` (its batch worker died mid-request), ``not_taken`` (no
+        batch worker took it in time), read when scraped."""
+        again = Gauge(
+            "tessera_gateway_batch_requests_sent_again",
+            "The batch runner's requests sent again since the gateway started, by why",
+            ["why"],
+            registry=self.registry,
+        )
+        for why, count in counts.items():
+            again.labels(why).set_function(count)
 
     def on_speed(self, deployment: str, speeds: Mapping[str, Speed | None]) -> None:
         """``deployment``'s speeds by source (``predicted``, ``measured``)."""

@@ -33,7 +33,7 @@ def test_progress_sends_what_is_not_answered_in_the_files_order() -> None:
 
 
 async def test_a_request_cancelled_before_its_first_piece_gives_its_place_back() -> None:
-    owner = cast(Completions, type("Owner", (), {"in_flight": 0})())
+    owner = cast(Completions, type("Owner", (), {"in_flight": 0, "batch_in_flight": 0})())
     started = asyncio.Event()
 
     async def never() -> AsyncIterator[TokenChunk]:

@@ -1,0 +1,73 @@
+"""One request of a batch, run by a Celery worker (the task ``tessera.request``).
+
+The worker claims the task (``{p}:batch:req:<task>``, set once: a redelivered task, or one the
+gateway's runner gave up on, is skipped), beats while it runs it, sends it to the gateway's
+serving path with the runner's key and the task id in ``REQUEST_HEADER``, and writes what came
+back for the runner (``libs/contracts/batch_requests.py`` has the keys). A worker killed
+mid-request stops beating: the runner sends the request again as a new task, and its answer is
+kept once whichever copy answers first.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+from redis import Redis
+
+from libs.contracts.batch_requests import (
+    ALIVE_S,
+    BEAT_S,
+    DEVICES_HEADER,
+    KEEP_S,
+    REQUEST_HEADER,
+    Answer,
+    alive_key,
+    answer_key,
+    answer_of,
+    claim_key,
+    dumps,
+)
+
+
+def run_request(
+    redis: Redis,
+    gateway: httpx.Client,
+    prefix: str,
+    task_id: str,
+    endpoint: str,
+    body: dict[str, Any],
+    worker: str,
+) -> bool:
+    """Run the task once; False when it was claimed already (nothing sent)."""
+    alive = alive_key(prefix, task_id)
+    redis.set(alive, worker, ex=int(ALIVE_S))  # before the claim: a claim is never seen dead
+    if not redis.set(claim_key(prefix, task_id), worker, nx=True, ex=KEEP_S):
+        redis.delete(alive)
+        return False
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(BEAT_S):
+            redis.set(alive, worker, ex=int(ALIVE_S))
+
+    beating = threading.Thread(target=beat, name=f"beat-{task_id}", daemon=True)
+    beating.start()
+    try:
+        answer = send(gateway, task_id, endpoint, body)
+        redis.set(answer_key(prefix, task_id), dumps(answer), ex=KEEP_S)
+    finally:
+        done.set()
+        beating.join()
+        redis.delete(alive)
+    return True
+
+
+def send(gateway: httpx.Client, task_id: str, endpoint: str, body: dict[str, Any]) -> Answer:
+    """The gateway's answer; 503 when it could not be reached (the runner sends it again)."""
+    try:
+        response = gateway.post(endpoint, json=body, headers={REQUEST_HEADER: task_id})
+    except httpx.HTTPError as exc:
+        return 503, {"error": {"message": f"the gateway did not answer: {exc!r}"}}, []
+    return answer_of(response.status_code, response.text, response.headers.get(DEVICES_HEADER, ""))

@@ -1,0 +1,1 @@
+"""The Celery worker that runs the batches ' requests."""

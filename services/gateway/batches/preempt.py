@@ -1,0 +1,101 @@
+"""ASGI middleware: the batch runner's requests, known and preemptible wherever they come from.
+
+A request with the runner's key and ``REQUEST_HEADER`` (its id) is the runner's, sent from
+this process (``AsgiSender``) or by a Celery worker (``services/batch/requests.py``). It is
+counted apart from interactive requests (``BATCH_REQUEST``, read by ``Completions``), and
+``preempt(id)`` stops it: its handler is cancelled and it is answered 503 ``preempted``; an id
+preempted before it arrived is answered so at once. The runner sends a preempted request again
+later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from libs.contracts.batch_requests import REQUEST_HEADER
+from services.gateway.core.completions import BATCH_REQUEST
+from services.gateway.core.errors import error_response
+
+#: How long an id preempted before it arrived is remembered (s).
+REMEMBER_S = 300.0
+
+
+class BatchRequests:
+    """The runner's requests being handled now, by id, and the ids preempted before they came."""
+
+    def __init__(self, runner_key: str) -> None:
+        self.runner_key = runner_key
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.early: dict[str, float] = {}
+
+    def preempt(self, request_id: str) -> None:
+        task = self.running.get(request_id)
+        if task is not None:
+            task.cancel()
+            return
+        now = time.monotonic()
+        self.early = {k: t for k, t in self.early.items() if now - t < REMEMBER_S}
+        self.early[request_id] = now
+
+    def request_id(self, scope: Scope) -> str | None:
+        """The runner's id of this request, when it carries the runner's key."""
+        if scope["type"] != "http":
+            return None
+        headers = Headers(scope=scope)
+        request_id = headers.get(REQUEST_HEADER)
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        mine = scheme.lower() == "bearer" and secrets.compare_digest(token, self.runner_key)
+        return request_id if request_id and mine else None
+
+
+class Preemptible:
+    """The middleware: runs each of the runner's requests as a task ``requests`` can cancel."""
+
+    def __init__(self, app: ASGIApp, requests: BatchRequests) -> None:
+        self.app, self.requests = app, requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = self.requests.request_id(scope)
+        if request_id is None:
+            await self.app(scope, receive, send)
+            return
+        if self.requests.early.pop(request_id, None) is not None:
+            await preempted(scope, receive, send)
+            return
+        started = False
+
+        async def sent(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        async def handle() -> None:
+            await self.app(scope, receive, sent)
+
+        mark = BATCH_REQUEST.set(True)  # the handler's task copies it
+        try:
+            task = asyncio.create_task(handle())
+        finally:
+            BATCH_REQUEST.reset(mark)
+        self.requests.running[request_id] = task
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:  # the sender went away (the runner in this process)
+            task.cancel()
+            raise
+        finally:
+            self.requests.running.pop(request_id, None)
+        if not task.cancelled():
+            task.result()  # its error, if it raised one
+        elif not started:
+            await preempted(scope, receive, send)
+
+
+async def preempted(scope: Scope, receive: Receive, send: Send) -> None:
+    message = "preempted by an interactive request; the batch runner sends it again"
+    await error_response(503, message, "server_error", "preempted")(scope, receive, send)
