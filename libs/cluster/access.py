@@ -359,8 +359,9 @@ class AccessControl:
             # The gateway's batch runner: puts requests on the queue of the batches' requests
             # and reads what the batch workers wrote back; no other queue, no other key.
             # (kombu keeps a queue as one list per priority: batch.requests, batch.requests…3…)
-            "batch-sender": f"~batch.requests* ~_kombu.binding* ~{p}:batch:req:* "
-            f"~{p}:batch:answer:* %R~{p}:batch:alive:* "
+            "batch-sender": "~batch.requests* ~_kombu.binding.batch.requests "
+            f"~_kombu.binding_permanent.batch.requests ~{p}:batch:req:* ~{p}:batch:answer:* "
+            f"%R~{p}:batch:alive:* "
             "-@all +@read +@write +@connection +@transaction -@dangerous",
             "admin": "~* &* +@all",
         }

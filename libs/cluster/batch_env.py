@@ -26,6 +26,7 @@ def batch_env(
     if service == "batch.worker":
         host = options.gateway_host
         host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address
         return {
             "TESSERA_BATCH_BROKER_URL": as_user("batch"),
             "TESSERA_BATCH_GATEWAY_URL": f"http://{host}:{options.gateway_port}",

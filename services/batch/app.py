@@ -11,8 +11,8 @@ mid-job leaves it unacknowledged and the broker hands it out again after the vis
 
 from __future__ import annotations
 
-import functools
 import socket
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,13 +63,21 @@ def make_app(settings: BatchSettings) -> Celery:
         )
         return asdict(result)
 
-    @functools.cache
+    made: list[tuple[Redis, httpx.Client]] = []
+    making = threading.Lock()
+
     def clients() -> tuple[Redis, httpx.Client]:  # one each per worker process, its threads'
-        headers = {"authorization": f"Bearer {settings.gateway_key.get_secret_value()}"}
-        gateway = httpx.Client(
-            base_url=settings.gateway_url, headers=headers, timeout=settings.request_timeout_s
-        )
-        return Redis.from_url(settings.broker_url), gateway
+        with making:
+            if not made:
+                headers = {"authorization": f"Bearer {settings.gateway_key.get_secret_value()}"}
+                gateway = httpx.Client(
+                    base_url=settings.gateway_url,
+                    headers=headers,
+                    timeout=httpx.Timeout(settings.request_timeout_s, connect=10.0),
+                    limits=httpx.Limits(max_connections=settings.request_threads),
+                )
+                made.append((Redis.from_url(settings.broker_url), gateway))
+            return made[0]
 
     @app.task(name=TASK, bind=True, shared=False, queue=QUEUE, ignore_result=True)  # type: ignore[untyped-decorator]
     def request(self: Any, endpoint: str, body: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 from redis import Redis
+from redis.exceptions import RedisError
 
 from libs.contracts.batch_requests import (
     ALIVE_S,
@@ -30,6 +31,16 @@ from libs.contracts.batch_requests import (
     dumps,
 )
 
+#: Claim the task (once, ``NX``) and, only then, mark it alive: one step, so a claim is never
+#: seen without its beat, and a second delivery that finds the claim taken touches nothing.
+CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+    redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+    return 1
+end
+return 0
+"""
+
 
 def run_request(
     redis: Redis,
@@ -42,15 +53,17 @@ def run_request(
 ) -> bool:
     """Run the task once; False when it was claimed already (nothing sent)."""
     alive = alive_key(prefix, task_id)
-    redis.set(alive, worker, ex=int(ALIVE_S))  # before the claim: a claim is never seen dead
-    if not redis.set(claim_key(prefix, task_id), worker, nx=True, ex=KEEP_S):
-        redis.delete(alive)
+    keys = [claim_key(prefix, task_id), alive]
+    if not redis.eval(CLAIM, 2, *keys, worker, KEEP_S, int(ALIVE_S)):
         return False
     done = threading.Event()
 
     def beat() -> None:
         while not done.wait(BEAT_S):
-            redis.set(alive, worker, ex=int(ALIVE_S))
+            try:
+                redis.set(alive, worker, ex=int(ALIVE_S))
+            except RedisError:  # out for a moment: beat again at the next second
+                continue
 
     beating = threading.Thread(target=beat, name=f"beat-{task_id}", daemon=True)
     beating.start()

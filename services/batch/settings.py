@@ -29,5 +29,6 @@ class BatchSettings(ServiceSettings):
     gateway_url: str = "http://127.0.0.1:8000"
     gateway_key: SecretStr = SecretStr("")
     request_timeout_s: float = Field(3600.0, gt=0)
-    #: The batches' requests one worker sends at once (a thread each).
-    request_threads: int = Field(16, ge=1, le=1024)
+    #: The batches' requests one worker sends at once (a thread each; at least the gateway's
+    #: batch requests at once, half its ``max_concurrent``, or requests wait in the queue).
+    request_threads: int = Field(64, ge=1, le=1024)

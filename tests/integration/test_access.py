@@ -276,6 +276,8 @@ def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
         lambda: mine.get("tessera:jobs:runner"),
         lambda: mine.set(alive_key("tessera", "t1"), "me"),
         lambda: mine.lpush("device.dev-a", "x"),
+        lambda: mine.delete("_kombu.binding.device.dev-a"),  # the dispatcher's routing
+        lambda: mine.sadd("_kombu.binding.device.dev-a", "batch.requests"),
         lambda: mine.flushdb(),
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):

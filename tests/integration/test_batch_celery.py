@@ -113,7 +113,7 @@ async def run_batch(
     admin = Redis.from_url(ACCESS.redis_url(acl_redis.url, "admin"))
     sender = CelerySender(broker(acl_redis, "batch-sender"), "tessera", stand_in.requests.preempt)
     runner = BatchRunner(JobStore(admin, uid), sender, 4, lambda: 0, "edf")
-    worker = batch_worker(acl_redis, url, "batch-worker-1")
+    worker = await asyncio.to_thread(batch_worker, acl_redis, url, "batch-worker-1")
     running = asyncio.create_task(runner.run())
     try:
         created = await submit(runner, "job", 16, 3600)
@@ -150,8 +150,11 @@ async def test_a_batch_worker_killed_mid_batch_loses_and_repeats_nothing(
 
     async def kill_and_replace(runner: BatchRunner, sender: CelerySender, worker: Any) -> None:
         await wait_until_async(lambda: _running(stand_in), 30)  # some mid-request
-        worker.kill()  # SIGKILL: no goodbye, no ack
-        workers.append(batch_worker(acl_redis, serving[1], "batch-worker-2"))
+        # (in threads: the stand-in serves on this event loop meanwhile)
+        await asyncio.to_thread(worker.kill)  # SIGKILL: no goodbye, no ack
+        workers.append(
+            await asyncio.to_thread(batch_worker, acl_redis, serving[1], "batch-worker-2")
+        )
 
     try:
         ended, lines, sender = await run_batch(acl_redis, serving, uid, kill_and_replace)
@@ -164,6 +167,7 @@ async def test_a_batch_worker_killed_mid_batch_loses_and_repeats_nothing(
     assert all(line["response"]["body"]["choices"][0]["message"]["content"] == line["custom_id"]
                for line in lines)  # fmt: skip
     assert sender.lost >= 1  # the kill cut requests short, and they were sent again
+    assert sum(stand_in.cut.values()) >= 1  # and the gateway stopped what they left running
 
 
 async def test_an_interactive_request_preempts_what_a_batch_worker_runs(
@@ -191,3 +195,27 @@ async def _running(stand_in: Serving) -> bool:
 
 async def _cut(stand_in: Serving) -> bool:
     return bool(stand_in.cut)
+
+
+async def test_with_no_batch_worker_a_request_is_answered_503_and_never_runs_later(
+    acl_redis: RedisServer,
+) -> None:
+    """No worker takes it: each copy is given up after ``pickup_s`` (its claim marked, so a
+    worker that comes later skips it) and, after ``pickups`` copies, the runner is answered 503
+    (it backs off and tries again, as for any server error)."""
+    gave_up: list[str] = []
+    sender = CelerySender(
+        broker(acl_redis, "batch-sender"), "tessera", gave_up.append, pickup_s=0.5, pickups=2
+    )
+    try:
+        status, answer, _ = await sender("/v1/embeddings", {"model": "m", "input": "x"})
+    finally:
+        await sender.aclose()
+    assert status == 503 and "no batch worker" in answer["error"]["message"]
+    assert sender.resent == 2 and len(gave_up) == 2
+    admin = Redis.from_url(ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "admin"))
+    try:
+        claims = [await admin.get(f"tessera:batch:req:{task}") for task in gave_up]
+    finally:
+        await admin.aclose()
+    assert claims == [b"abandoned", b"abandoned"]

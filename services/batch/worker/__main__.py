@@ -1,7 +1,7 @@
 """Run the Celery worker of the batches' requests: ``python -m services.batch.worker``.
 
 It consumes the queue ``batch.requests`` (``services/batch/requests.py``), a thread per
-request in flight (``TESSERA_BATCH_REQUEST_THREADS``, default 16), with the broker of
+request in flight (``TESSERA_BATCH_REQUEST_THREADS``, default 64), with the broker of
 ``TESSERA_BATCH_BROKER_URL`` and the gateway of ``TESSERA_BATCH_GATEWAY_URL``. ``tessera up``
 starts it after the gateway; killed, its requests in flight are sent again by the gateway's
 runner (nothing is lost, and each answer is kept once).

@@ -43,18 +43,25 @@ class BatchRequests:
         self.early[request_id] = now
 
     def request_id(self, scope: Scope) -> str | None:
-        """The runner's id of this request, when it carries the runner's key."""
+        """The runner's id of this request, when it carries the runner's key (as ``Limits``
+        reads a key: ``x-api-key`` first, else the bearer token)."""
         if scope["type"] != "http":
             return None
         headers = Headers(scope=scope)
         request_id = headers.get(REQUEST_HEADER)
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        mine = scheme.lower() == "bearer" and secrets.compare_digest(token, self.runner_key)
+        if "x-api-key" in headers:
+            scheme, token = "bearer", headers["x-api-key"]
+        mine = scheme.lower() == "bearer" and secrets.compare_digest(
+            token.encode(), self.runner_key.encode()
+        )
         return request_id if request_id and mine else None
 
 
 class Preemptible:
-    """The middleware: runs each of the runner's requests as a task ``requests`` can cancel."""
+    """The middleware: runs each of the runner's requests as a task ``requests`` can cancel,
+    and cancels it when its sender goes away (a batch worker killed mid-request): nothing
+    generates for an answer no one will read."""
 
     def __init__(self, app: ASGIApp, requests: BatchRequests) -> None:
         self.app, self.requests = app, requests
@@ -67,7 +74,18 @@ class Preemptible:
         if self.requests.early.pop(request_id, None) is not None:
             await preempted(scope, receive, send)
             return
-        started = False
+        body = await whole_body(receive)
+        if body is None:
+            return  # the sender went away before it finished sending
+        gone, started = asyncio.Event(), False
+
+        async def replay() -> Message:  # the body, then (only) the sender going away
+            nonlocal body
+            if body is not None:
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+            await gone.wait()
+            return {"type": "http.disconnect"}
 
         async def sent(message: Message) -> None:
             nonlocal started
@@ -75,13 +93,21 @@ class Preemptible:
             await send(message)
 
         async def handle() -> None:
-            await self.app(scope, receive, sent)
+            await self.app(scope, replay, sent)
 
         mark = BATCH_REQUEST.set(True)  # the handler's task copies it
         try:
             task = asyncio.create_task(handle())
         finally:
             BATCH_REQUEST.reset(mark)
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+            task.cancel()
+
+        watcher = asyncio.create_task(watch())
         self.requests.running[request_id] = task
         try:
             await asyncio.wait([task])
@@ -89,11 +115,24 @@ class Preemptible:
             task.cancel()
             raise
         finally:
+            watcher.cancel()
             self.requests.running.pop(request_id, None)
         if not task.cancelled():
             task.result()  # its error, if it raised one
-        elif not started:
+        elif not started and not gone.is_set():
             await preempted(scope, receive, send)
+
+
+async def whole_body(receive: Receive) -> bytes | None:
+    """The request's body (a batch request's is one small JSON); None if the sender left."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
 
 
 async def preempted(scope: Scope, receive: Receive, send: Send) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from celery import Celery
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from libs.contracts.batch_requests import (
     ABANDONED,
@@ -64,10 +65,12 @@ class CelerySender:
     """Puts each request on the Celery queue ``batch.requests`` and waits for its answer.
 
     A request no worker took within ``pickup_s`` (none runs, or it sat in a killed worker's
-    prefetch) is given up (its claim marked abandoned, so it never runs later) and sent again
-    as a new task; one whose worker stopped beating (killed mid-request) is answered 503, which
-    the runner sends again as it does a server error. Cancelled (the runner preempts it), the
-    request is given up and ``preempt`` stops it at the gateway."""
+    prefetch) is given up (its claim marked abandoned, so it never runs later) and sent again as
+    a new task, ``pickups`` times at most: then it is answered 503 (no batch worker). One whose
+    worker stopped beating (killed mid-request) is stopped at the gateway and answered 503;
+    the runner sends either again as it does a server error. Cancelled (the runner preempts
+    it), the request is given up and ``preempt`` stops it at the gateway. Redis out for a
+    moment is waited out."""
 
     def __init__(
         self,
@@ -75,36 +78,40 @@ class CelerySender:
         prefix: str,
         preempt: Callable[[str], None],
         pickup_s: float = 30.0,
+        pickups: int = 3,
         poll_s: float = 0.1,
     ) -> None:
         self.celery = Celery("tessera-gateway", broker=broker_url)
         self.celery.conf.update(task_serializer="json", accept_content=["json"])
         self.redis = Redis.from_url(broker_url)
         self.prefix, self.preempt, self.pickup_s, self.poll_s = prefix, preempt, pickup_s, poll_s
+        self.pickups = pickups
         #: Tasks sent again because no worker took them; tasks whose worker was lost.
         self.resent = self.lost = 0
 
     async def __call__(self, endpoint: str, body: dict[str, Any]) -> Answer:
-        while True:
+        for _ in range(self.pickups):
             task_id = f"batchreq-{uuid.uuid4().hex}"
-            await asyncio.to_thread(
-                self.celery.send_task,
-                TASK,
-                kwargs={"endpoint": endpoint, "body": body},
-                queue=QUEUE,
-                task_id=task_id,
-                expires=self.pickup_s,  # a worker drops it once the runner gave it up
-            )
             try:
+                await asyncio.to_thread(
+                    self.celery.send_task,
+                    TASK,
+                    kwargs={"endpoint": endpoint, "body": body},
+                    queue=QUEUE,
+                    task_id=task_id,
+                )
                 answer = await self.wait(task_id)
             except asyncio.CancelledError:
                 self.preempt(task_id)
-                await asyncio.shield(self.abandon(task_id))
+                with contextlib.suppress(Exception):  # the claim blocks a late run
+                    await asyncio.shield(self.abandon(task_id))
                 raise
             if answer is not None:
                 return answer
             self.resent += 1
             log.warning("no batch worker took a request; sent again", extra={"task": task_id})
+        message = f"no batch worker took the request in {self.pickups * self.pickup_s:.0f} s"
+        return 503, {"error": {"message": message}}, []
 
     async def wait(self, task_id: str) -> Answer | None:
         """The task's answer; None when no worker took it in time (send it again)."""
@@ -112,15 +119,23 @@ class CelerySender:
         keys.append(alive_key(self.prefix, task_id))
         sent = time.monotonic()
         while True:
-            answer, claim, alive = await self.redis.mget(keys)
+            try:
+                answer, claim, alive = await self.redis.mget(keys)
+            except RedisError as exc:  # out for a moment: the worker's answer waits there
+                log.warning("broker unreachable; waiting", extra={"error": repr(exc)})
+                await asyncio.sleep(1.0)
+                continue
             if answer is not None:
-                await self.redis.delete(keys[0])
+                with contextlib.suppress(RedisError):
+                    await self.redis.delete(keys[0])
                 return loads(answer)
             if claim is not None and alive is None and claim != ABANDONED.encode():
-                self.lost += 1  # its worker died mid-request
+                self.lost += 1  # its worker died mid-request: stop what it left running
+                self.preempt(task_id)
                 return 503, {"error": {"message": "the batch worker running it was lost"}}, []
             late = claim is None and time.monotonic() - sent > self.pickup_s
             if late and await self.abandon(task_id):
+                self.preempt(task_id)  # should it reach the gateway after all
                 return None  # (else a worker took it just now: wait on)
             await asyncio.sleep(self.poll_s)
 
