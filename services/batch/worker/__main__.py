@@ -35,6 +35,7 @@ def main() -> int:
     app.conf.worker_hijack_root_logger = False  # our log lines, as every service's
     app.worker_main(
         [
+            "--quiet",  # no banner: it names the broker's URL (its password masked, still)
             "worker",
             "-Q", QUEUE,
             "-n", f"requests-{os.getpid()}@{socket.gethostname()}",
