@@ -11,7 +11,6 @@ mid-job leaves it unacknowledged and the broker hands it out again after the vis
 
 from __future__ import annotations
 
-import socket
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -84,7 +83,7 @@ def make_app(settings: BatchSettings) -> Celery:
         """One request of a batch (``requests.py``); its answer goes to Redis, not the
         result backend."""
         redis, gateway = clients()
-        worker = f"{socket.gethostname()}:{self.request.hostname}"
+        worker = self.request.hostname  # name@host
         return run_request(
             redis, gateway, settings.key_prefix, self.request.id, endpoint, body, worker
         )

@@ -138,13 +138,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             lambda model: other_groups(model, deployments.book),
             max(concurrency, settings.max_concurrent // 2),
         )
-        completions.on_admit = app.state.batches.wake.set
         runner = app.state.batches
+        completions.on_admit = runner.wake.set
         metrics.watch_batches(
             {
                 "preempted": lambda: runner.preempted,
-                "worker_lost": lambda: getattr(send, "lost", 0),
-                "not_taken": lambda: getattr(send, "resent", 0),
+                "worker_lost": lambda: send.lost,
+                "not_taken": lambda: send.resent,
             }
         )
         background.tasks.append(asyncio.create_task(app.state.batches.run()))

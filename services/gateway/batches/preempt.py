@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from libs.contracts.batch_requests import REQUEST_HEADER
 from services.gateway.core.completions import BATCH_REQUEST
 from services.gateway.core.errors import error_response
+from services.gateway.core.guards import presented_key
 
 #: How long an id preempted before it arrived is remembered (s).
 REMEMBER_S = 300.0
@@ -43,16 +44,12 @@ class BatchRequests:
         self.early[request_id] = now
 
     def request_id(self, scope: Scope) -> str | None:
-        """The runner's id of this request, when it carries the runner's key (as ``Limits``
-        reads a key: ``x-api-key`` first, else the bearer token)."""
+        """The runner's id of this request, when it carries the runner's key."""
         if scope["type"] != "http":
             return None
-        headers = Headers(scope=scope)
-        request_id = headers.get(REQUEST_HEADER)
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if "x-api-key" in headers:
-            scheme, token = "bearer", headers["x-api-key"]
-        mine = scheme.lower() == "bearer" and secrets.compare_digest(
+        request_id = Headers(scope=scope).get(REQUEST_HEADER)
+        token = presented_key(scope)
+        mine = token is not None and secrets.compare_digest(
             token.encode(), self.runner_key.encode()
         )
         return request_id if request_id and mine else None

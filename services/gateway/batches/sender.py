@@ -45,6 +45,9 @@ class AsgiSender:
     """Sends each request through the gateway's own application in this process (its keys,
     limits, metrics and traces), with the runner's key."""
 
+    #: Never sent again here (``CelerySender`` counts its own).
+    resent = lost = 0
+
     def __init__(self, app: Any, key: str) -> None:
         transport = httpx.ASGITransport(app=app)
         self.client = httpx.AsyncClient(

@@ -121,6 +121,16 @@ def install_errors(app: FastAPI) -> None:
         return error_response(500, "internal error; see the gateway log", "server_error")
 
 
+def presented_key(scope: Scope) -> str | None:
+    """The API key a request carries: ``x-api-key`` (Anthropic's clients send it so), else a
+    bearer token."""
+    headers = Headers(scope=scope)
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if "x-api-key" in headers:
+        scheme, token = "bearer", headers["x-api-key"]
+    return token if scheme.lower() == "bearer" else None
+
+
 #: The batch runner's key, and the only paths it is taken on (a batch worker holds it).
 RUNNER = "batch-runner"
 RUNNER_PATHS = frozenset(
@@ -168,11 +178,8 @@ class Limits:
 
     def key_name(self, scope: Scope) -> str | None:
         """The name of the key the request carries, when it is one of the gateway's."""
-        headers = Headers(scope=scope)
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if "x-api-key" in headers:  # Anthropic's clients send the key so
-            scheme, token = "bearer", headers["x-api-key"]
-        return self.keys.name_of(token) if scheme.lower() == "bearer" else None
+        token = presented_key(scope)
+        return None if token is None else self.keys.name_of(token)
 
     def refusal(self, scope: Scope, name: str | None) -> Response | None:
         if self.keys.required and name is None:
