@@ -4,6 +4,8 @@ the gateway's Batch API (OpenAI's Files and Batches, ``docs/batch.md``).
 ``submit`` uploads a JSONL file of requests and creates a batch of it that must end within
 ``--within`` (the deadline): the cluster admits it with a planned finish, or declines it at
 once with the reason. With ``--wait`` it then shows a progress bar until the batch ends.
+``submit --train`` makes a training job instead: ``--runs`` training runs of ``--steps`` steps
+each (or a JSONL file of them), admitted and run by the same policy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from libs.cli.tables import Column, fitted
+from libs.contracts.batch_requests import TRAIN_ENDPOINT, TRAIN_MODEL
 
 jobs_app = typer.Typer(help="Batches of requests with a deadline.", no_args_is_help=True)
 Url = Annotated[str | None, typer.Option(help="Gateway URL (default: the running cluster).")]
@@ -74,34 +77,57 @@ def with_model(path: Path, model: str | None, endpoint: str) -> bytes:
     return "".join(f"{line}\n" for line in out).encode()
 
 
+def training_runs(runs: int, steps: int, every: int) -> bytes:
+    """A training job's file: ``runs`` runs of ``steps`` steps, seeds 0, 1, …"""
+    lines = [
+        {
+            "custom_id": f"run-{seed}",
+            "method": "POST",
+            "url": TRAIN_ENDPOINT,
+            "body": {"model": TRAIN_MODEL, "steps": steps, "every": every, "seed": seed},
+        }
+        for seed in range(runs)
+    ]
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
 @jobs_app.command()
 def submit(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A JSONL file.")],
+    file: Annotated[
+        Path | None,
+        typer.Argument(exists=True, dir_okay=False, help="A JSONL file (none with --train)."),
+    ] = None,
     within: Annotated[str, typer.Option(help="The deadline: 24h, 2h, 30m, 90s.")] = "24h",
     model: Annotated[str | None, typer.Option(help="The model of lines that name none.")] = None,
     endpoint: Annotated[str, typer.Option(help="chat, text or embed.")] = "chat",
+    train: Annotated[bool, typer.Option(help="A training job instead.")] = False,
+    steps: Annotated[int, typer.Option(min=1, help="--train: steps of each run.")] = 1000,
+    runs: Annotated[int, typer.Option(min=1, max=1000, help="--train: how many runs.")] = 1,
+    every: Annotated[int, typer.Option(min=1, help="--train: checkpoint each N steps.")] = 50,
     wait: Annotated[bool, typer.Option(help="Show progress until the batch ends.")] = False,
     url: Url = None,
     api_key: Key = None,
 ) -> None:
-    """Submit a file of requests to be answered within a deadline."""
+    """Submit a file of requests (or, --train, a training job) to end within a deadline."""
     if endpoint not in ENDPOINTS:
         raise typer.BadParameter(f"{endpoint!r}: one of {', '.join(ENDPOINTS)}")
+    target = TRAIN_ENDPOINT if train else ENDPOINTS[endpoint]
+    if file is None and not train:
+        raise typer.BadParameter("a JSONL file of requests (or --train for a training job)")
     try:
-        content = with_model(file, model, ENDPOINTS[endpoint])
+        if file is None:
+            name, content = "training.jsonl", training_runs(runs, steps, every)
+        else:
+            name, content = file.name, with_model(file, TRAIN_MODEL if train else model, target)
     except UnicodeDecodeError as exc:
         message = f"{file} is not UTF-8 text (byte {exc.start}): a batch file is JSONL"
         raise SystemExit(message) from None
     with _client(url, api_key) as http:
         uploaded = _ask(
             http, "POST", "/v1/files", data={"purpose": "batch"},
-            files={"file": (file.name, content, "application/jsonl")},
+            files={"file": (name, content, "application/jsonl")},
         )  # fmt: skip
-        body = {
-            "input_file_id": uploaded["id"],
-            "endpoint": ENDPOINTS[endpoint],
-            "completion_window": within,
-        }
+        body = {"input_file_id": uploaded["id"], "endpoint": target, "completion_window": within}
         batch = _ask(http, "POST", "/v1/batches", json=body)
         typer.echo(f"{batch['id']}: {batch['decision']}")
         if wait:

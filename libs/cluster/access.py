@@ -356,12 +356,13 @@ class AccessControl:
             # and results, and the dispatcher's jobs: its own keys and pub/sub channels only.
             "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~batch.* ~{p}:batch:* &* "
             "-@all +@read +@write +@pubsub +@transaction +@scripting +@connection +time",
-            # The gateway's batch runner: puts requests on the queue of the batches' requests
-            # and reads what the batch workers wrote back; no other queue, no other key.
+            # The gateway's batch runner: puts requests on the queue of the batches' requests,
+            # reads what the batch workers wrote back and stops what it gave up; no other
+            # queue, no other key.
             # (kombu keeps a queue as one list per priority: batch.requests, batch.requests…3…)
             "batch-sender": "~batch.requests* ~_kombu.binding.batch.requests "
             f"~_kombu.binding_permanent.batch.requests ~{p}:batch:req:* ~{p}:batch:answer:* "
-            f"%R~{p}:batch:alive:* "
+            f"~{p}:batch:stop:* %R~{p}:batch:alive:* "
             "-@all +@read +@write +@connection +@transaction -@dangerous",
             "admin": "~* &* +@all",
         }

@@ -12,6 +12,8 @@ What it holds (``Home``'s properties name each):
 - ``settings.json``: what the cluster keeps of its own settings: the NATS port joined hosts
   reconnect to;
 - ``logs/access.log``: the gateway's access log (each request's key by name, never the key);
+- ``training/``: the training runs' checkpoints (``tessera jobs submit --train``), where the
+  batch worker resumes a run and a finished one's weights stay;
 - ``version``: the layout's version. A home of a newer layout is refused, never overwritten.
 
 One ``tessera up`` per home: it holds ``lock`` (an ``flock``, dropped by the kernel however the
@@ -76,6 +78,10 @@ class Home:
     @property
     def keys_file(self) -> Path:
         return self.path / "keys.json"
+
+    @property
+    def training_dir(self) -> Path:
+        return self.path / "training"
 
     @property
     def settings_file(self) -> Path:
@@ -215,13 +221,15 @@ class Home:
             self.keys_file: "the gateway's API keys",
             self.settings_file: "the cluster's kept settings (its NATS port)",
             self.path / "logs": "the gateway's access log",
+            self.training_dir: "the training runs' checkpoints",
         }
         return [f"{path}: {what}" for path, what in said.items() if path.exists()]
 
     def wipe(self) -> list[str]:
         """Delete what the home holds (a held lock is kept: the caller holds it); what went."""
         gone = self.contents()
-        for path in (self.nats_dir, self.redis_dir, self.rpc_ca_dir, self.path / "logs"):
+        kept = (self.nats_dir, self.redis_dir, self.rpc_ca_dir, self.path / "logs")
+        for path in (*kept, self.training_dir):
             shutil.rmtree(path, ignore_errors=True)
         for path in (self.access_file, self.keys_file, self.settings_file, self.version_file):
             path.unlink(missing_ok=True)

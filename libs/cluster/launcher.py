@@ -251,14 +251,12 @@ class Cluster:
         for service in available_services():
             if service == "scheduler":
                 for name, port in self.scheduler_ports.items():
-                    replica = {
-                        "TESSERA_SCHEDULER_REPLICA": name,
-                        "TESSERA_SCHEDULER_HTTP_PORT": str(port),
-                    }
-                    out.append((name, service, replica))
+                    http = {"TESSERA_SCHEDULER_HTTP_PORT": str(port)}
+                    out.append((name, service, {"TESSERA_SCHEDULER_REPLICA": name, **http}))
                 continue
             if service != "worker":
-                extra = batch_env(service, self.options, self.redis.url, self.access, self.batch)
+                redis, access = self.redis.url, self.access
+                extra = batch_env(service, self.options, redis, access, self.batch, self.home)
                 out.append((service.replace(".", "-"), service, extra))
                 continue
             torch_workers = sum(e == "torch" for _, e in self.worker_names())

@@ -12,7 +12,13 @@ broker's Redis, with the prefix of the cluster's keys:
                               runner gave up on);
 * ``{p}:batch:alive:{task}``  set while a worker runs it, expiring ``ALIVE_S`` after the last
                               beat: a claimed task without it lost its worker;
-* ``{p}:batch:answer:{task}`` the answer (JSON: status, body, devices), read once.
+* ``{p}:batch:answer:{task}`` the answer (JSON: status, body, devices), read once;
+* ``{p}:batch:stop:{task}``   set by the runner when it stops the task (preempted, cancelled,
+                              given up): a training run checkpoints and ends at its next step.
+
+A training run (``TRAIN_ENDPOINT``, the job kind ``tessera jobs submit --train`` makes) is not
+sent to the gateway: the worker trains it itself (``services/batch/training.py``), from the
+run's last checkpoint, and answers with the result.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from typing import Any
 #: The Celery queue of the batches' requests, and its task.
 QUEUE = "batch.requests"
 TASK = "tessera.request"
+#: The training runs' endpoint, and the model they train (``services/batch/training.py``).
+TRAIN_ENDPOINT = "/v1/tessera/train"
+TRAIN_MODEL = "tessera-mlp"
 #: The request header carrying the task id.
 REQUEST_HEADER = "x-tessera-batch-request"
 #: The response header naming the devices that answered a request that does not stream.
@@ -50,6 +59,10 @@ def alive_key(prefix: str, task_id: str) -> str:
 
 def answer_key(prefix: str, task_id: str) -> str:
     return f"{prefix}:batch:answer:{task_id}"
+
+
+def stop_key(prefix: str, task_id: str) -> str:
+    return f"{prefix}:batch:stop:{task_id}"
 
 
 def answer_of(status: int, text: str, devices: str) -> Answer:

@@ -1,7 +1,8 @@
 """The Celery app: Redis broker, one queue per device, late acks so a killed worker's job returns.
 
 The batches' requests (``tessera.request``, queue ``batch.requests``) are run by
-``python -m services.batch.worker`` (a thread per request in flight).
+``python -m services.batch.worker`` (a thread per request in flight): each is sent to the
+gateway's serving path, or, a training run, trained in the worker.
 
 Run a device's worker with ``celery -A services.batch.app worker -Q device.<device_id>
 --pool=solo``. The scheduler's placement picks the queue (``dispatch.py``). ``acks_late`` with
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,11 @@ from celery import Celery
 from celery.signals import worker_init
 from redis import Redis
 
-from libs.contracts.batch_requests import QUEUE, TASK
+from libs.contracts.batch_requests import QUEUE, TASK, TRAIN_ENDPOINT
 from libs.runtime.tracing import configure_tracing, instrument_celery
-from services.batch.requests import run_request
+from services.batch.requests import run_request, send, stopped
 from services.batch.settings import BatchSettings
+from services.batch.train_runs import train_run
 from services.batch.training import train
 
 
@@ -80,13 +83,18 @@ def make_app(settings: BatchSettings) -> Celery:
 
     @app.task(name=TASK, bind=True, shared=False, queue=QUEUE, ignore_result=True)  # type: ignore[untyped-decorator]
     def request(self: Any, endpoint: str, body: dict[str, Any]) -> bool:
-        """One request of a batch (``requests.py``); its answer goes to Redis, not the
-        result backend."""
+        """One request of a batch (``requests.py``), or a training run trained here
+        (``train_runs.py``); its answer goes to Redis, not the result backend."""
         redis, gateway = clients()
+        task_id, prefix = self.request.id, settings.key_prefix
+        if endpoint == TRAIN_ENDPOINT:
+            place = Path(settings.checkpoint_dir)
+            stop = partial(stopped, redis, prefix, task_id)
+            work = partial(train_run, body, place, settings.device_id, stop)
+        else:
+            work = partial(send, gateway, task_id, endpoint, body)
         worker = self.request.hostname  # name@host
-        return run_request(
-            redis, gateway, settings.key_prefix, self.request.id, endpoint, body, worker
-        )
+        return run_request(redis, prefix, task_id, worker, work)
 
     return app
 

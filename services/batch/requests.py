@@ -5,12 +5,14 @@ gateway's runner gave up on, is skipped), beats while it runs it, sends it to th
 serving path with the runner's key and the task id in ``REQUEST_HEADER``, and writes what came
 back for the runner (``libs/contracts/batch_requests.py`` has the keys). A worker killed
 mid-request stops beating: the runner sends the request again as a new task, and its answer is
-kept once whichever copy answers first.
+kept once whichever copy answers first. A training run is trained here instead of sent
+(``train_runs.py``), under the same claim and beat.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ from libs.contracts.batch_requests import (
     answer_of,
     claim_key,
     dumps,
+    stop_key,
 )
 
 #: Claim the task (once, ``NX``) and, only then, mark it alive: one step, so a claim is never
@@ -43,15 +46,10 @@ return 0
 
 
 def run_request(
-    redis: Redis,
-    gateway: httpx.Client,
-    prefix: str,
-    task_id: str,
-    endpoint: str,
-    body: dict[str, Any],
-    worker: str,
+    redis: Redis, prefix: str, task_id: str, worker: str, work: Callable[[], Answer]
 ) -> bool:
-    """Run the task once; False when it was claimed already (nothing sent)."""
+    """Run the task once (``work``: ``send`` it, or train it); False when it was claimed
+    already (nothing run)."""
     alive = alive_key(prefix, task_id)
     keys = [claim_key(prefix, task_id), alive]
     if not redis.eval(CLAIM, 2, *keys, worker, KEEP_S, int(ALIVE_S)):
@@ -68,13 +66,21 @@ def run_request(
     beating = threading.Thread(target=beat, name=f"beat-{task_id}", daemon=True)
     beating.start()
     try:
-        answer = send(gateway, task_id, endpoint, body)
+        answer = work()
         redis.set(answer_key(prefix, task_id), dumps(answer), ex=KEEP_S)
     finally:
         done.set()
         beating.join()
         redis.delete(alive)
     return True
+
+
+def stopped(redis: Redis, prefix: str, task_id: str) -> bool:
+    """Whether the runner stopped the task (Redis out for a moment: not as far as we know)."""
+    try:
+        return bool(redis.exists(stop_key(prefix, task_id)))
+    except RedisError:
+        return False
 
 
 def send(gateway: httpx.Client, task_id: str, endpoint: str, body: dict[str, Any]) -> Answer:

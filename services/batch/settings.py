@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -32,3 +33,5 @@ class BatchSettings(ServiceSettings):
     #: The batches' requests one worker sends at once (a thread each; at least the gateway's
     #: batch requests at once, half its ``max_concurrent``, or requests wait in the queue).
     request_threads: int = Field(64, ge=1, le=1024)
+    #: The device the worker's training runs are reported on (its host by default).
+    device_id: str = Field(default_factory=socket.gethostname, min_length=1)

@@ -202,6 +202,35 @@ def test_tessera_jobs_submits_a_file_shows_progress_and_prints_the_results(
     assert all(r["response"]["body"]["choices"][0]["message"]["content"] for r in got)
 
 
+def test_tessera_jobs_submit_train_trains_on_the_batch_worker_and_keeps_the_weights(
+    shared_cluster: RunningCluster,
+) -> None:
+    """The second job kind: training runs, admitted by the same policy, trained by the batch
+    worker ``tessera up`` started, their checkpoints in the cluster's home."""
+    from services.batch.training import train
+
+    key = ("--api-key", KEY)
+    code, said = shared_cluster.tessera(
+        "jobs", "submit", "--train", "--runs", "2", "--steps", "600", "--every", "100",
+        "--within", "10m", "--wait", *key,
+    )  # fmt: skip
+    assert code == 0 and "training steps" in said and "completed: 2 answered" in said, said
+    [batch_id] = re.findall(r"batch-[0-9a-f]{24}", said)[:1]
+    env = {**os.environ, "TESSERA_RUN_FILE": str(shared_cluster.run_file)}
+    output = subprocess.run(
+        [sys.executable, "-m", "libs.cli.main", "jobs", "results", batch_id, *key],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    runs = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, output.splitlines())}
+    assert sorted(runs) == ["run-0", "run-1"]
+    for seed in (0, 1):
+        run = runs[f"run-{seed}"]
+        alone = train(f"alone-{seed}", 600, shared_cluster.home / "alone", every=100, seed=seed)
+        assert run["steps"] == 600 and run["weights_sha256"] == alone.weights_sha256, run
+        checkpoint = Path(run["checkpoint"])
+        assert checkpoint.parent == shared_cluster.home / "training" and checkpoint.exists()
+
+
 def test_anthropics_message_batches_run_on_the_same_core(shared_cluster: RunningCluster) -> None:
     """Anthropic's client: requests inline, results in its shape, each as the request alone."""
     import anthropic

@@ -256,11 +256,12 @@ def test_the_batch_user_carries_a_celery_task_through_a_device_queue(
 def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
     acl_redis: RedisServer,
 ) -> None:
-    """The gateway's runner (``batch-sender``) puts a request on ``batch.requests`` and reads
-    its answer; a device's queue, the Batch API's own keys and a worker's beat are not its."""
+    """The gateway's runner (``batch-sender``) puts a request on ``batch.requests``, reads
+    its answer and stops a task (a training run); a device's queue, the Batch API's own keys
+    and a worker's beat are not its."""
     from celery import Celery
 
-    from libs.contracts.batch_requests import QUEUE, TASK, alive_key, answer_key
+    from libs.contracts.batch_requests import QUEUE, TASK, alive_key, answer_key, stop_key
 
     url = ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch-sender")
     sender = Celery("sender", broker=url)
@@ -270,6 +271,8 @@ def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
     batch.set(answer_key("tessera", "t1"), "{}")
     mine = redis.Redis.from_url(url)
     assert mine.get(answer_key("tessera", "t1")) == b"{}"
+    mine.set(stop_key("tessera", "t1"), 1)
+    assert batch.exists(stop_key("tessera", "t1"))  # the worker reads it
     with pytest.raises(kombu.exceptions.OperationalError):
         sender.send_task("tessera.train", args=["job", 1], queue="device.dev-a")
     for forbidden in (

@@ -90,3 +90,29 @@ def test_the_batch_runners_key_is_taken_on_the_serving_endpoints_only(
         assert httpx.get(f"{base}/v1/models", headers=user, timeout=10).status_code == 200
     finally:
         assert gateway.stop() in GATEWAY_STOPPED
+
+
+def test_a_gateway_with_no_batch_worker_refuses_a_training_job_saying_why(
+    nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    """Training runs are trained by batch workers: a gateway that sends its batches through
+    itself (no broker) refuses a training job at once, naming the setting, and makes no batch."""
+    from libs.cli.job_commands import training_runs
+
+    port, gateway = start_gateway(nats_server, redis_server, TESSERA_GATEWAY_API_KEYS='["sk-u"]')
+    base, user = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sk-u"}
+    try:
+        files = {"file": ("t.jsonl", training_runs(1, 10, 5), "application/jsonl")}
+        uploaded = httpx.post(
+            f"{base}/v1/files", data={"purpose": "batch"}, files=files, headers=user, timeout=10
+        ).json()
+        body = {"input_file_id": uploaded["id"], "endpoint": "/v1/tessera/train",
+                "completion_window": "1h"}  # fmt: skip
+        before = httpx.get(f"{base}/v1/batches", headers=user, timeout=10).json()["data"]
+        refused = httpx.post(f"{base}/v1/batches", json=body, headers=user, timeout=10)
+        assert refused.status_code == 400, refused.text
+        assert "TESSERA_GATEWAY_BATCH_BROKER_URL" in refused.json()["error"]["message"]
+        after = httpx.get(f"{base}/v1/batches", headers=user, timeout=10).json()["data"]
+        assert after == before
+    finally:
+        assert gateway.stop() in GATEWAY_STOPPED

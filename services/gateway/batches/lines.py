@@ -3,8 +3,10 @@ of the batch's endpoint, as OpenAI's Batch API takes it.
 
 A line is ``{"custom_id": …, "method": "POST", "url": <the endpoint>, "body": {…}}``; the body
 is checked by the same request model the endpoint's route uses, with ``stream`` refused (a
-batch's answers are whole). Every line names the same model. The first fault is raised with
-its line number (1-based) and cause; a file with none gives every line, in order.
+batch's answers are whole). Every line names the same model. A training job's lines
+(``TRAIN_ENDPOINT``) are training runs (``TrainRequest``), trained by the batch workers. The
+first fault is raised with its line number (1-based) and cause; a file with none gives every
+line, in order.
 """
 
 from __future__ import annotations
@@ -13,13 +15,26 @@ import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from libs.contracts.batch_requests import TRAIN_ENDPOINT
 from services.gateway.anthropic.protocol import MessagesRequest
 from services.gateway.openai.embeddings import EmbeddingRequest
 from services.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+
+class TrainRequest(BaseModel):
+    """A training run: ``steps`` of the elastic training job (``services/batch/training.py``,
+    the model ``tessera-mlp``), checkpointed every ``every`` steps, drawn by ``seed``."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Literal["tessera-mlp"]
+    steps: int = Field(ge=1, le=10_000_000)
+    every: int = Field(10, ge=1, le=1_000_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
 
 #: The endpoints a batch may call, with the request model each one's route checks.
 ENDPOINTS: dict[str, type[BaseModel]] = {
@@ -27,6 +42,7 @@ ENDPOINTS: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
     "/v1/messages": MessagesRequest,  # Anthropic's Message Batches
+    TRAIN_ENDPOINT: TrainRequest,  # Tessera's training jobs
 }
 #: Requests one batch may hold (OpenAI's limit).
 MAX_LINES = 50_000
@@ -52,8 +68,9 @@ class BatchLine:
 
     @property
     def token_budget(self) -> int:
-        """The most tokens it may generate, as counted for the estimate."""
-        for name in ("max_completion_tokens", "max_tokens"):
+        """The most tokens it may generate (a training run: its steps), as counted for the
+        estimate."""
+        for name in ("max_completion_tokens", "max_tokens", "steps"):
             if isinstance(self.body.get(name), int):
                 return int(self.body[name])
         return 0 if "input" in self.body else ASSUMED_MAX_TOKENS

@@ -7,7 +7,9 @@ gateway's batch policy (``libs/core/batch_policies.py``: ``edf``, ``fifo``, ``el
 ``edgeflow``, at the throughput measured for its model; ``edgeflow`` tries the model's edge
 copies for what the cloud declines): declined, it is a 400 with the reason and no batch
 exists. ``completion_window`` takes OpenAI's ``24h``
-and any other span (``30m``, ``2h``): that is the batch's deadline.
+and any other span (``30m``, ``2h``): that is the batch's deadline. Beyond OpenAI, a batch of
+the endpoint ``/v1/tessera/train`` is a training job (``tessera jobs submit --train``): its
+lines are training runs, admitted and run by the same policy, trained by the batch workers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query, Request, Response, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
 
+from libs.contracts.batch_requests import TRAIN_ENDPOINT
 from libs.core.batch_policies import Batch, Lane, admit_batch, edge_lane
 from libs.core.deadlines import Admission
 from services.gateway.batches.lines import LineError, read_lines, window_seconds
@@ -30,6 +33,8 @@ from services.gateway.core.errors import ApiError, documented
 from services.gateway.settings import GatewaySettings
 
 ERRORS = documented(400, 401, 404, 413, 503)
+#: What a batch's requests make, where not tokens.
+UNITS = {"/v1/embeddings": "requests", TRAIN_ENDPOINT: "training steps"}
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,10 @@ log = logging.getLogger(__name__)
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"]
+    endpoint: Literal[
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages",
+        "/v1/tessera/train",
+    ]  # fmt: skip
     completion_window: Annotated[str, Field(min_length=2, max_length=16)]
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
 
@@ -155,11 +163,19 @@ async def create(
         message = f"{where(exc.line)}: {exc.cause}" if exc.line else exc.cause
         raise ApiError(400, message, param="input_file_id", code="invalid_batch_line") from None
     model = str(lines[0].body["model"])
-    try:
-        await request.app.state.deployments.lookup(model)
-    except ApiError as exc:
-        message = f"{where(1)}: {exc.message}"
-        raise ApiError(404, message, param="input_file_id", code="model_not_found") from None
+    if body.endpoint == TRAIN_ENDPOINT:  # trained by the batch workers, not served
+        if not getattr(runner.send, "trains", False):
+            message = (
+                "training jobs run on batch workers, and this gateway sends its batches to "
+                "none (set TESSERA_GATEWAY_BATCH_BROKER_URL, as tessera up does)"
+            )
+            raise ApiError(400, message, param="endpoint")
+    else:
+        try:
+            await request.app.state.deployments.lookup(model)
+        except ApiError as exc:
+            message = f"{where(1)}: {exc.message}"
+            raise ApiError(404, message, param="input_file_id", code="model_not_found") from None
     async with runner.admitting:  # one admission at a time: each sees the ones before it
         return await admitted(runner, body, lines, model, window)
 
@@ -175,7 +191,7 @@ async def admitted(
         raise ApiError(503, f"cannot measure {model}'s throughput: {exc}") from None
     now = time.time()
     units = sum(max(line.token_budget, 1) for line in lines)
-    unit = "requests" if body.endpoint == "/v1/embeddings" else "tokens"
+    unit = UNITS.get(body.endpoint, "tokens")
     most = max(max(line.token_budget, 1) for line in lines)
     before, in_flight, busy = await runner.batches_now()
     new = Batch("this batch", len(lines), most, now + window, now, curve)

@@ -23,6 +23,10 @@ deadline (``expires_at``) a batch ends ``expired``; a cancelled one ends once it
 flight are answered. Either way each request not answered is written to the error file with
 the reason, so every ``custom_id`` appears exactly once in the output or the error file.
 
+A training job's requests are training runs (``/v1/tessera/train``), each trained whole by a
+batch worker from its last checkpoint; one preempted, cancelled or expired is stopped at its
+next step, checkpointed, and a preempted one resumes there when it is sent again.
+
 The throughput of each model (and of each edge deployment) is measured here, by requests at
 once (tokens, or requests where none is made, per second over the batches' requests of that
 model running that many at once: a curve), kept in Redis, and read by admission and the shares.
@@ -31,6 +35,7 @@ model running that many at once: a curve), kept in Redis, and read by admission 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -38,6 +43,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from libs.contracts.batch_requests import TRAIN_ENDPOINT
 from libs.core.batch_policies import ELASTIC, Batch, need_s, order, shares
 from libs.runtime.cancelling import stopping
 from services.gateway.batches.lines import BatchLine, Progress, read_lines
@@ -57,6 +63,8 @@ RETRIED = (500, 502, 503, 504)
 MAX_ATTEMPTS = 5
 EXPIRED = "This request could not be executed before the completion window expired."
 CANCELLED = "The batch was cancelled before this request ran."
+#: The steps of a training run's sample (measuring its rate).
+SAMPLE_STEPS = 200
 
 
 class BatchRunner:
@@ -122,14 +130,19 @@ class BatchRunner:
         if all(k in known for k in self.counts()):
             return known
         body = {**sample.body, "model": model}
-        if endpoint != "/v1/embeddings":
+        if endpoint == TRAIN_ENDPOINT:  # a short run of its own, kept nowhere
+            body.update(steps=min(sample.token_budget, SAMPLE_STEPS), keep=False)
+        elif endpoint != "/v1/embeddings":
             body["max_tokens"] = min(sample.token_budget or 32, 32)
             body.pop("max_completion_tokens", None)
         for at_once in self.counts():
             if at_once in known:
                 continue
             started = time.monotonic()
-            answers = await asyncio.gather(*[self.send(endpoint, body) for _ in range(at_once)])
+            bodies = [{**body, "run": f"sample-{uuid.uuid4().hex}"} for _ in range(at_once)]
+            if endpoint != TRAIN_ENDPOINT:
+                bodies = [body] * at_once
+            answers = await asyncio.gather(*[self.send(endpoint, b) for b in bodies])
             for status, answer, _ in answers:
                 if status != 200:
                     raise ValueError(f"the model answered a sample request with {status}: {answer}")
@@ -231,6 +244,10 @@ class BatchRunner:
                 await self.finish(batch, "expired", EXPIRED, "batch_expired")
                 continue
             if batch["status"] == "cancelling" or batch.get("ending") == "cancelled":
+                if batch["endpoint"] == TRAIN_ENDPOINT:  # a run is long: stopped now
+                    for key in mine:
+                        self._drop(key, progress)
+                    mine = []
                 if not mine:
                     await self.finish(batch, "cancelled", CANCELLED, "batch_cancelled")
                 continue
@@ -265,6 +282,8 @@ class BatchRunner:
         started, lane = time.monotonic(), progress.lane
         try:
             body = {**line.body, "model": lane} if lane else line.body
+            if batch["endpoint"] == TRAIN_ENDPOINT:  # each attempt resumes the same run
+                body = {**body, "run": run_name(batch["id"], line.custom_id)}
             status, answer, devices = await self.send(batch["endpoint"], body)
             if lane and "model" in answer:  # the model's name, as the user sent it
                 answer["model"] = line.body.get("model", answer["model"])
@@ -368,9 +387,14 @@ class BatchRunner:
         log.info("batch ended", extra={"batch": batch_id, "status": status})
 
 
+def run_name(batch_id: str, custom_id: str) -> str:
+    """The training run of a batch's line: its checkpoint's name, the same at each attempt."""
+    return f"{batch_id}-{hashlib.sha256(custom_id.encode()).hexdigest()[:16]}"
+
+
 def _units(answer: dict[str, Any]) -> float:
-    """What a request made: its completion tokens (Anthropic's output tokens), or 1 for a
-    request that makes none."""
+    """What a request made: its completion tokens (Anthropic's output tokens; a training
+    run's steps), or 1 for a request that makes none."""
     usage = answer.get("usage") or {}
-    made = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+    made = usage.get("completion_tokens") or usage.get("output_tokens") or usage.get("steps") or 0
     return float(max(int(made), 1))

@@ -32,6 +32,7 @@ from libs.contracts.batch_requests import (
     answer_of,
     claim_key,
     loads,
+    stop_key,
 )
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ class AsgiSender:
     """Sends each request through the gateway's own application in this process (its keys,
     limits, metrics and traces), with the runner's key."""
 
-    #: Never sent again here (``CelerySender`` counts its own).
+    #: Never sent again here (``CelerySender`` counts its own); no training runs.
     resent = lost = 0
+    trains = False
 
     def __init__(self, app: Any, key: str) -> None:
         transport = httpx.ASGITransport(app=app)
@@ -72,8 +74,12 @@ class CelerySender:
     a new task, ``pickups`` times at most: then it is answered 503 (no batch worker). One whose
     worker stopped beating (killed mid-request) is stopped at the gateway and answered 503;
     the runner sends either again as it does a server error. Cancelled (the runner preempts
-    it), the request is given up and ``preempt`` stops it at the gateway. Redis out for a
-    moment is waited out."""
+    it), the request is given up and ``preempt`` stops it at the gateway. Either way its stop
+    key is set, which ends a training run at its next step. Redis out for a moment is waited
+    out."""
+
+    #: Training runs go to the batch workers too (``services/batch/train_runs.py``).
+    trains = True
 
     def __init__(
         self,
@@ -107,7 +113,7 @@ class CelerySender:
             except asyncio.CancelledError:
                 self.preempt(task_id)
                 with contextlib.suppress(Exception):  # the claim blocks a late run
-                    await asyncio.shield(self.abandon(task_id))
+                    await asyncio.shield(self.abandon(task_id, stop=True))
                 raise
             if answer is not None:
                 return answer
@@ -135,6 +141,8 @@ class CelerySender:
             if claim is not None and alive is None and claim != ABANDONED.encode():
                 self.lost += 1  # its worker died mid-request: stop what it left running
                 self.preempt(task_id)
+                with contextlib.suppress(RedisError):  # (a worker cut off, not dead)
+                    await self.redis.set(stop_key(self.prefix, task_id), 1, ex=KEEP_S)
                 return 503, {"error": {"message": "the batch worker running it was lost"}}, []
             late = claim is None and time.monotonic() - sent > self.pickup_s
             if late and await self.abandon(task_id):
@@ -142,8 +150,11 @@ class CelerySender:
                 return None  # (else a worker took it just now: wait on)
             await asyncio.sleep(self.poll_s)
 
-    async def abandon(self, task_id: str) -> bool:
-        """Mark the task given up, unless a worker claimed it first."""
+    async def abandon(self, task_id: str, stop: bool = False) -> bool:
+        """Mark the task given up, unless a worker claimed it first; with ``stop``, stop
+        it (a training run ends) should a worker run it."""
+        if stop:
+            await self.redis.set(stop_key(self.prefix, task_id), 1, ex=KEEP_S)
         key = claim_key(self.prefix, task_id)
         return bool(await self.redis.set(key, ABANDONED, nx=True, ex=KEEP_S))
 

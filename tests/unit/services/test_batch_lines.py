@@ -65,3 +65,44 @@ def test_a_completion_window_is_any_span_and_nothing_else() -> None:
     for bad in ("", "soon", "-2h", "0m", "2 weeks"):
         with pytest.raises(ValueError, match="completion_window"):
             window_seconds(bad)
+
+
+TRAIN = "/v1/tessera/train"
+
+
+def run(custom_id: str, **body: object) -> str:
+    request = {"model": "tessera-mlp", "steps": 100, **body}
+    return json.dumps({"custom_id": custom_id, "url": TRAIN, "body": request})
+
+
+def test_a_training_jobs_lines_are_runs_counted_by_their_steps() -> None:
+    from libs.cli.job_commands import training_runs
+
+    lines = read_lines(training_runs(3, 500, 50), TRAIN)
+    assert [(x.custom_id, x.token_budget) for x in lines] == [
+        ("run-0", 500), ("run-1", 500), ("run-2", 500)
+    ]  # fmt: skip
+    assert [x.body["seed"] for x in lines] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("bad", "cause"),
+    [
+        (run("a", steps=0), "body.steps"),
+        (run("a", every=0), "body.every"),
+        (run("a", model="smollm2-135m-instruct"), "body.model"),
+        (run("a", run="../../etc/passwd"), "body.run"),  # the runner names the checkpoint
+        (run("a").replace(TRAIN, CHAT), "this batch's endpoint"),
+    ],
+)
+def test_a_bad_training_run_is_refused_with_its_line(bad: str, cause: str) -> None:
+    with pytest.raises(LineError) as caught:
+        read_lines(f"{run('ok')}\n{bad}\n".encode(), TRAIN)
+    assert caught.value.line == 2 and cause in caught.value.cause
+
+
+def test_the_trained_model_is_the_one_the_contract_names() -> None:
+    from libs.contracts.batch_requests import TRAIN_MODEL
+    from services.gateway.batches.lines import TrainRequest
+
+    assert TrainRequest(model=TRAIN_MODEL, steps=1).model == TRAIN_MODEL  # type: ignore[arg-type]
