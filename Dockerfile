@@ -38,7 +38,10 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONUNBUFFERED=1 PATH=/opt/tessera/venv/bin:$PATH TESSERA_MODEL_DIR=/opt/tessera/models \
     HF_HUB_OFFLINE=1
 COPY --from=build /opt/tessera /opt/tessera
-RUN useradd --create-home --uid 10001 tessera
+# /checkpoints: where the compose file mounts the training runs' checkpoints (a named volume
+# starts as this folder is, so the non-root user can write there).
+RUN useradd --create-home --uid 10001 tessera \
+ && mkdir /checkpoints && chown tessera:tessera /checkpoints
 USER tessera
 WORKDIR /home/tessera
 CMD ["python", "-m", "services.gateway"]

@@ -287,6 +287,7 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
         wrong = httpx.get(f"{GATEWAY}/v1/models", headers={"Authorization": "Bearer wrong"})
         if wrong.status_code != 401:
             raise CheckFailed(f"a wrong API key got {wrong.status_code}", "gateway")
+    check_batches(stack, client)
     with step("Prometheus: every target up, alert rules loaded"):
 
         def targets_up() -> list[str] | None:
@@ -334,6 +335,39 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
     if "nats-2" in stack.states():
         kill_a_nats_server(stack, docker, client, reference)
     restart_redis_and_scheduler(stack, client, reference)
+
+
+def check_batches(stack: Stack, client: OpenAI) -> None:
+    """A batch of chat requests and a training job, each run by the batch-worker container
+    (Celery), every custom id answered once."""
+    with step("a batch and a training job, run by the batch worker (Celery)"):
+        ended = {}
+        for endpoint, body in (
+            ("/v1/chat/completions", {"model": MODEL, "messages": PROMPT, "max_tokens": 8}),
+            ("/v1/tessera/train", {"model": "tessera-mlp", "steps": 300, "every": 50}),
+        ):
+            lines = [{"custom_id": f"c-{i}", "url": endpoint, "body": body} for i in range(3)]
+            content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+            file = client.files.create(file=("batch.jsonl", content), purpose="batch")
+            made = stack.http.post(
+                "/v1/batches",
+                json={"input_file_id": file.id, "endpoint": endpoint, "completion_window": "10m"},
+                timeout=300,  # admission measures the rate first
+            )
+            if made.status_code != 200:
+                raise CheckFailed(f"{endpoint}: {made.status_code} {made.text}", "gateway")
+            batch_id = made.json()["id"]
+
+            def done(batch_id: str = batch_id) -> str | None:
+                batch = client.batches.retrieve(batch_id)
+                return batch.output_file_id if batch.status == "completed" else None
+
+            output = until(f"the {endpoint} batch completed", done, 300, "batch-worker")
+            rows = [json.loads(x) for x in client.files.content(output).text.splitlines()]
+            if sorted(r["custom_id"] for r in rows) != ["c-0", "c-1", "c-2"]:
+                raise CheckFailed(f"{endpoint}: output {rows}", "batch-worker")
+            ended[endpoint] = rows[0]["response"]["body"].get("usage")
+        print(f"   each answered once; usage {ended}", flush=True)
 
 
 def registered(stack: Stack) -> list[str]:

@@ -312,6 +312,11 @@ def show(name: str, scheduler_url: SchedulerUrl = None) -> None:
         "stop tokens": ", ".join(card["stop_tokens"]) or "-",
         "chat template": "yes" if card.get("chat_template") else NO_TEMPLATE,
         "deployed": ", ".join(card["deployments"]) or "-",
+        "engines": "; ".join(
+            f"{e['engine']} serves it" if e["serves"] else f"{e['engine']} not: {e['why_not']}"
+            for e in card.get("engines", [])
+        )
+        or "- (no worker has announced its engines yet)",
     }
     for key, value in lines.items():
         console.print(f"  {key:<14} {value}")

@@ -22,7 +22,11 @@ model's throughput is a measured curve (units/s by requests at once), never assu
   --devices laptop-1``) is an edge server, with its own measured curve, running one batch at a
   time. A batch the cloud declines goes to an idle edge server on which it ends by its
   deadline (``edge_admission``, the slowest such one: the fast ones stay free for tighter
-  batches) and stays there (rule 1); else it is declined with both reasons.
+  batches) and stays there (rule 1); else it is declined with both reasons. Rules 2 and 3,
+  made safe (``rescued``): an admitted batch the cloud's plan now has missing its deadline
+  (its model measured slower than when it was admitted, say) goes to an idle edge server on
+  which it still meets it, the least able first; a batch the cloud still ends in time never
+  moves, so the edge only adds deadlines met.
 """
 
 from __future__ import annotations
@@ -200,3 +204,24 @@ def edge_lane(
         return None
     reason = f"on the edge, deployment {taken}: planned to end in {span(ends[taken] - now)}"
     return taken, Admission(True, ends[taken], reason)
+
+
+def rescued(
+    cloud: Sequence[Batch], lanes: Mapping[str, Sequence[Lane]], now: float, streams: int
+) -> dict[str, str]:
+    """EdgeFlow's rules 2 and 3 made safe: the ``cloud`` batches ElasticFlow's plan of them
+    now ends after their deadlines, least able first (the seed's priority: deadline − planned
+    end), each onto an idle lane of its own (``lanes``: by batch id, its model's) on which it
+    ends by its deadline from ``now`` (``edge_lane``), each lane taken once. Batch id → lane;
+    a batch the plan ends in time stays."""
+    jobs = [_plan_job(b, streams) for b in cloud if b.curve(streams)]
+    plans, _ = plan_all(jobs, streams, now, SLOT_S)
+    late = [b for b in cloud if b.job_id in plans and not plans[b.job_id].meets_deadline]
+    late.sort(key=lambda b: (b.deadline_s - plans[b.job_id].end_s, b.job_id))
+    out: dict[str, str] = {}
+    for batch in late:
+        free = [ln for ln in lanes.get(batch.job_id, ()) if ln.deployment_id not in out.values()]
+        taken = edge_lane(batch, free, now, streams)
+        if taken is not None:
+            out[batch.job_id] = taken[0]
+    return out

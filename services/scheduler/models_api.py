@@ -2,10 +2,11 @@
 
 The scheduler writes the registry (its Redis user may; the gateway's reads only) and knows
 which engines the cluster runs and which deployments use a model, so adding and removing
-happen here; the gateway's ``/v1/cluster/models`` forwards to these routes. Removing a model
-also removes its weights from the cluster's object store, unless another registered name is
-the same file (its NATS user may mark an object deleted and purge its chunks, never write
-one: ``libs/cluster/access.py``).
+happen here; each card says which of the cluster's engines serve the model and why each
+other does not (``engines``). The gateway's ``/v1/cluster/models`` forwards to these routes.
+Removing a model also removes its weights from the cluster's object store, unless another
+registered name is the same file (its NATS user may mark an object deleted and purge its
+chunks, never write one: ``libs/cluster/access.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi import FastAPI, HTTPException
 
 from libs.contracts import ModelCard
 from libs.contracts.admin import AddModelBody
+from libs.models.engine_support import unserved_reason
 from libs.models.gguf_info import ModelFileError, read_card
 from libs.models.registry import ModelError, NameTaken
 from libs.weights.local_files import mark_verified
@@ -47,11 +49,17 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
     def users(name: str) -> list[str]:
         return [d.deployment_id for d in scheduler.book.live() if d.model == name]
 
+    def served(card: ModelCard) -> list[dict[str, Any]]:
+        """Which engines of the cluster can serve the model, and why each other cannot."""
+        why = {e: unserved_reason(e, card) for e in sorted(engines())}
+        return [{"engine": e, "serves": r is None, "why_not": r} for e, r in why.items()]
+
     @app.get("/models")
     async def list_models() -> list[dict[str, Any]]:
         """Every registered model's card, with the live deployments of it."""
         return [
-            c.model_dump(mode="json", exclude={"chat_template"}) | {"deployments": users(c.name)}
+            c.model_dump(mode="json", exclude={"chat_template"})
+            | {"deployments": users(c.name), "engines": served(c)}
             for c in await scheduler.registry.list()
         ]
 
@@ -60,7 +68,7 @@ def model_routes(app: FastAPI, scheduler: Scheduler) -> None:
         card = await scheduler.registry.get(name)
         if card is None:
             raise HTTPException(404, f"no model {name!r}")
-        return card.model_dump(mode="json") | {"deployments": users(name)}
+        return card.model_dump(mode="json") | {"deployments": users(name), "engines": served(card)}
 
     @app.post("/models", status_code=201)
     async def add_model(body: AddModelBody) -> ModelCard:

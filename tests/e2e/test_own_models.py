@@ -176,6 +176,7 @@ def test_a_model_with_no_chat_template_completes_and_chats_in_chatml(
     assert code == 0, out
     code, out = cluster.tessera("models", "show", name)
     assert "chat template none (chats use llama.cpp's ChatML)" in out, out
+    assert "llamacpp serves it" in out, out  # the engines of the cluster that can
     code, out = cluster.tessera("deploy", name, "--shards", "1", "--id", "base-1")
     assert code == 0 and "base-1 serving on" in out, out
     body = {"model": name, "prompt": PROMPTS[0], "max_tokens": NEW_TOKENS, "temperature": 0}

@@ -164,3 +164,59 @@ async def test_a_batch_whose_edge_copy_stops_serving_ends_on_the_cloud(
     assert done["error_file_id"] is None and done["request_counts"]["completed"] == 8
     # The edge copy answered the first of them, the model's own deployment the rest.
     assert done["devices"] == ["worker-0", "worker-1"]
+
+
+async def run_on_a_slowed_cloud(
+    redis: Redis, uid: str, policy: str
+) -> tuple[dict[str, Any], dict[str, Any], list[list[str]]]:
+    """A batch admitted on the cloud at the rate measured before, which then finds the cloud
+    ten times slower (each request there takes 2 s): the batch as admitted, as it ended, and
+    where each request was sent."""
+    store, gateway = JobStore(redis, f"{uid}-{policy}"), Gateway()
+
+    async def slow_cloud(
+        endpoint: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], list[str]]:
+        if body["model"] == MODEL:
+            await asyncio.sleep(1.8)
+        return await gateway(endpoint, body)
+
+    runner = BatchRunner(
+        store, slow_cloud, 2, policy=policy, lanes=lambda m: [EDGE] if m == MODEL else [],
+        most=4,
+    )  # fmt: skip
+    for key in (MODEL, EDGE):
+        await store.set_rate(key, 1, 20.0)
+        await store.set_rate(key, 2, 40.0)
+    batch = await submit(runner, "a", 8, 6.0)  # 2 s at the rate measured before: the cloud
+    assert batch["edge_deployment"] is None
+    running = asyncio.create_task(runner.run())
+    try:
+
+        async def ended() -> bool:
+            done = await store.batch(batch["id"])
+            return done is not None and done["status"] in ("completed", "expired")
+
+        await wait_until_async(ended, timeout_s=30)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await runner.close()
+    done = await store.batch(batch["id"])
+    assert done is not None
+    return batch, done, [gateway.named.get(f"a-{i}", []) for i in range(8)]
+
+
+async def test_a_batch_the_cloud_now_misses_moves_to_the_idle_edge_copy_and_ends_in_time(
+    redis: Redis, uid: str
+) -> None:
+    """Once the slower cloud is measured, EdgeFlow's plan misses the deadline and the rest of
+    the batch runs on the idle edge copy, in time; ElasticFlow's policy, with no edge, lets it
+    expire (the same batch, the same stand-in)."""
+    batch, done, sent = await run_on_a_slowed_cloud(redis, uid, "edgeflow")
+    assert done["status"] == "completed" and done["completed_at"] <= batch["expires_at"], done
+    assert done["edge_deployment"] == EDGE and "the cloud's plan missed" in done["decision"]
+    assert all(len(where) == 1 for where in sent)  # each sent once
+    assert sent.count([MODEL]) >= 2 and sent.count([EDGE]) >= 2, sent  # then the edge
+    _, alone, _ = await run_on_a_slowed_cloud(redis, uid, "elasticflow")
+    assert alone["status"] == "expired" and alone["request_counts"]["failed"] >= 1

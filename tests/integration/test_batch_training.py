@@ -19,9 +19,9 @@ from redis.asyncio import Redis
 
 from libs.cluster.servers import RedisServer
 from services.batch.training import checkpoint_step, train
-from services.gateway.batches.lines import read_lines
+from services.gateway.batches.lines import read_lines, run_name
 from services.gateway.batches.routes import BatchCreate, admitted
-from services.gateway.batches.runner import BatchRunner, run_name
+from services.gateway.batches.runner import BatchRunner
 from services.gateway.batches.sender import CelerySender
 from services.gateway.batches.store import JobStore
 from tests.integration.test_batch_celery import ACCESS, KEY, acl_redis, broker

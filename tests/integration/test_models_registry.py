@@ -113,6 +113,7 @@ async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
 ) -> None:
     monkeypatch.setenv("TESSERA_MODEL_DIR", str(tmp_path / "host-cache"))
     await llama_fleet(setup, ("a",))
+    await seed(setup.redis, Keys(setup.uid), setup.device("b"), 4.0, 1.0, "torch")
     service = await setup.scheduler()
     async with api(service) as client:
         added = await client.post("/models", json={"source": str(qwen), "name": "qwen"})
@@ -125,6 +126,11 @@ async def test_models_are_added_by_path_shown_and_refused_with_the_cause(
         assert names == ["qwen", MODEL_NAME]
         shown = (await client.get("/models/qwen")).json()
         assert shown["chat_template"] and shown["deployments"] == []
+        # Which of the cluster's engines serve it, and why the other does not.
+        assert shown["engines"] == [
+            {"engine": "llamacpp", "serves": True, "why_not": None},
+            {"engine": "torch", "serves": False, "why_not": f"torch serves only {MODEL_NAME} here"},
+        ]
         taken = await client.post("/models", json={"source": str(qwen), "name": "qwen"})
         assert taken.status_code == 409 and "already registered" in taken.json()["detail"]
 

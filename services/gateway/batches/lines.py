@@ -11,6 +11,7 @@ line, in order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import deque
@@ -182,3 +183,16 @@ class Progress:
     def key(self) -> str:
         """What its throughput is measured under: the edge deployment, or the model."""
         return self.lane or self.model
+
+
+def run_name(batch_id: str, custom_id: str) -> str:
+    """The training run of a batch's line: its checkpoint's name, the same at each attempt."""
+    return f"{batch_id}-{hashlib.sha256(custom_id.encode()).hexdigest()[:16]}"
+
+
+def units_made(answer: dict[str, Any]) -> float:
+    """What a request made: its completion tokens (Anthropic's output tokens; a training
+    run's steps), or 1 for a request that makes none."""
+    usage = answer.get("usage") or {}
+    made = usage.get("completion_tokens") or usage.get("output_tokens") or usage.get("steps") or 0
+    return float(max(int(made), 1))

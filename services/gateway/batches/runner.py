@@ -35,7 +35,6 @@ model running that many at once: a curve), kept in Redis, and read by admission 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -46,7 +45,8 @@ from typing import Any
 from libs.contracts.batch_requests import TRAIN_ENDPOINT
 from libs.core.batch_policies import ELASTIC, Batch, need_s, order, shares
 from libs.runtime.cancelling import stopping
-from services.gateway.batches.lines import BatchLine, Progress, read_lines
+from services.gateway.batches.edge import rescue
+from services.gateway.batches.lines import BatchLine, Progress, read_lines, run_name, units_made
 from services.gateway.batches.sender import Send
 from services.gateway.batches.store import JobStore
 
@@ -146,7 +146,7 @@ class BatchRunner:
             for status, answer, _ in answers:
                 if status != 200:
                     raise ValueError(f"the model answered a sample request with {status}: {answer}")
-            made = sum(_units(answer) for _, answer, _ in answers)
+            made = sum(units_made(answer) for _, answer, _ in answers)
             known[at_once] = made / max(time.monotonic() - started, 1e-3)
             await self.store.set_rate(model, at_once, known[at_once])  # until batches measure
         return known
@@ -230,6 +230,8 @@ class BatchRunner:
             self.chat_seen = time.monotonic()
         yielding = time.monotonic() - self.chat_seen < QUIET_S
         seen = await self.seen()
+        if self.policy == "edgeflow":  # the cloud's late batches to idle edge copies
+            await rescue(self.store, self.lanes, seen, self._progress, self.concurrency)
         cloud = [b for raw, b in seen if not raw.get("lane")]
         share = shares(self.policy, cloud, time.time(), self.concurrency)
         for batch, view in seen:
@@ -317,7 +319,7 @@ class BatchRunner:
         if kept and devices:
             await self.store.add_devices(batch["id"], devices)
         if kept and status == 200:
-            await self.measured(batch, progress, _units(answer), time.monotonic() - started)
+            await self.measured(batch, progress, units_made(answer), time.monotonic() - started)
         self.wake.set()
 
     def urgent(self, batch: Batch) -> bool:
@@ -385,16 +387,3 @@ class BatchRunner:
         self._progress.pop(batch_id, None)
         self._planned.pop(batch_id, None)
         log.info("batch ended", extra={"batch": batch_id, "status": status})
-
-
-def run_name(batch_id: str, custom_id: str) -> str:
-    """The training run of a batch's line: its checkpoint's name, the same at each attempt."""
-    return f"{batch_id}-{hashlib.sha256(custom_id.encode()).hexdigest()[:16]}"
-
-
-def _units(answer: dict[str, Any]) -> float:
-    """What a request made: its completion tokens (Anthropic's output tokens; a training
-    run's steps), or 1 for a request that makes none."""
-    usage = answer.get("usage") or {}
-    made = usage.get("completion_tokens") or usage.get("output_tokens") or usage.get("steps") or 0
-    return float(max(int(made), 1))

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import get_args
 
-from libs.core.batch_policies import POLICIES, Batch, Lane, admit_batch, edge_lane, shares
+from libs.core.batch_policies import (
+    POLICIES,
+    Batch,
+    Lane,
+    admit_batch,
+    edge_lane,
+    rescued,
+    shares,
+)
 from services.gateway.settings import GatewaySettings
 
 CURVE = {1: 10.0, 2: 16.0, 4: 24.0, 8: 30.0}  # tokens/s by requests at once
@@ -96,3 +104,28 @@ def test_edgeflow_runs_elasticflows_cloud_and_sends_what_it_declines_to_an_idle_
     assert "smol-laptop" in decision.reason
     assert edge_lane(late, [crawl], 0.0, 8) is None  # none ends it in time: declined
     assert edge_lane(late, [], 0.0, 8) is None
+
+
+def test_a_batch_the_cloud_now_misses_goes_to_an_idle_edge_and_one_it_meets_stays() -> None:
+    """Rules 2 and 3 made safe: admitted batches whose model now measures slower than it did
+    (a quarter of the curve: 240 tokens at 8 streams take 32 s), the least able first, each to
+    an idle edge lane on which it ends in time; one the cloud still ends in time stays."""
+    slowed = {k: r / 4 for k, r in CURVE.items()}
+    tight = Batch("tight", 8, 30, 10.0, 0.0, slowed)  # planned first: ends at 32 s, 22 late
+    looser = Batch("looser", 8, 30, 20.0, 0.0, slowed)  # after it: ends at 64 s, 44 late
+    roomy = Batch("roomy", 1, 30, 3600.0, 0.0, slowed)  # ends in time: stays
+    fast = Lane("smol-desk", {k: 2 * r for k, r in CURVE.items()})  # 240 tokens in 4 s
+    slow = Lane("smol-laptop", CURVE)  # 8 s
+    both = {b.job_id: [fast, slow] for b in (roomy, looser, tight)}
+    moved = rescued([roomy, looser, tight], both, 0.0, 8)
+    # The least able takes the slowest lane that still ends it in time; the next the other.
+    assert moved == {"looser": "smol-laptop", "tight": "smol-desk"}
+    one = {"looser": [slow], "tight": [slow]}
+    assert rescued([roomy, looser, tight], one, 0.0, 8) == {"looser": "smol-laptop"}
+    # Only its own model's lanes: tight's model has the fast one alone.
+    own = {"looser": [slow], "tight": [fast]}
+    assert rescued([looser, tight], own, 0.0, 8) == {"looser": "smol-laptop", "tight": "smol-desk"}
+    crawl = Lane("smol-phone", {k: r / 8 for k, r in CURVE.items()})  # too slow for either
+    assert rescued([looser, tight], {"looser": [crawl], "tight": [crawl]}, 0.0, 8) == {}
+    on_time = [batch("a", deadline_s=11.0), batch("b", deadline_s=12.0)]  # both met together
+    assert rescued(on_time, {"a": [fast, slow], "b": [fast, slow]}, 0.0, 8) == {}
