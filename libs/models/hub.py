@@ -13,7 +13,10 @@ with the reason, not after the HTTP library's retries.
 
 ``hf:`` goes through ``huggingface_hub`` (its cache under ``model_cache_dir()/hub``, the
 endpoint ``HF_ENDPOINT`` names, a token from the usual places); tests point ``HF_ENDPOINT``
-at a local stand-in for the Hub.
+at a local stand-in for the Hub. ``hf:ORG/REPO`` of a repository with no GGUF but a Hugging
+Face model (``config.json`` and ``.safetensors``) downloads that model's folder (``FOLDER``:
+its config, weights and tokenizer, each file checked; no other weight format, no code, no
+subfolder) and hands over the folder, which vLLM serves.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def download_hf(
     cache_dir: Path | None = None,
     endpoint: str | None = None,
 ) -> Path:
-    from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError
 
     if constants.is_offline_mode():
@@ -119,35 +122,67 @@ def download_hf(
     endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
     reach(endpoint)
     try:
-        name = source.file or _only_gguf(HfApi(endpoint=endpoint), source)
-        url = hf_hub_url(source.repo, name, revision=source.revision, endpoint=endpoint)
-        meta = get_hf_file_metadata(url, timeout=READ_TIMEOUT_S, endpoint=endpoint)
-        path = hf_hub_download(
-            source.repo,
-            name,
-            revision=source.revision,
-            cache_dir=(cache_dir or model_cache_dir()) / "hub",
-            endpoint=endpoint,
-            etag_timeout=READ_TIMEOUT_S,
-            tqdm_class=_reporting(progress) if progress is not None else None,
+        if source.file:
+            return _get_hf(source, source.file, progress, cache_dir, endpoint).resolve()
+        files = list(
+            HfApi(endpoint=endpoint).list_repo_files(source.repo, revision=source.revision)
         )
+        folder = folder_files(files)
+        if folder is not None and not any(f.lower().endswith(".gguf") for f in files):
+            got = [_get_hf(source, f, progress, cache_dir, endpoint) for f in folder]
+            return got[0].parent  # the revision's snapshot: the folder, file by file
+        return _get_hf(source, _only_gguf(files, source), progress, cache_dir, endpoint).resolve()
     except HfHubHTTPError as exc:
         raise DownloadError(f"the Hub at {endpoint} refused {source.repo}: {exc}") from None
     except (httpx.HTTPError, OSError) as exc:
         raise DownloadError(f"downloading from {endpoint} failed: {exc}") from None
+
+
+def _get_hf(
+    source: HfSource, name: str, progress: Progress | None, cache_dir: Path | None, endpoint: str
+) -> Path:
+    """One file of the repository, downloaded (resumed) into the Hub's cache and checked."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    url = hf_hub_url(source.repo, name, revision=source.revision, endpoint=endpoint)
+    meta = get_hf_file_metadata(url, timeout=READ_TIMEOUT_S, endpoint=endpoint)
+    path = hf_hub_download(
+        source.repo,
+        name,
+        revision=source.revision,
+        cache_dir=(cache_dir or model_cache_dir()) / "hub",
+        endpoint=endpoint,
+        etag_timeout=READ_TIMEOUT_S,
+        tqdm_class=_reporting(progress) if progress is not None else None,
+    )
     local = Path(path)
     _check(local, (meta.etag or "").strip('"').lower(), f"hf:{source.repo}/{name}")
-    return local.resolve()
+    return local
 
 
-def _only_gguf(api: Any, source: HfSource) -> str:
+#: What a Hugging Face model's folder needs, by suffix (its config, weights and tokenizer).
+FOLDER = (".json", ".safetensors", ".txt", ".model", ".tiktoken", ".jinja")
+
+
+def folder_files(files: list[str]) -> list[str] | None:
+    """A Hugging Face model's files among a repository's ``files`` (``config.json`` first),
+    or None when it holds none (no ``config.json``, or no ``.safetensors`` weights)."""
+    top = [f for f in files if "/" not in f]
+    if "config.json" not in top or not any(f.endswith(".safetensors") for f in top):
+        return None
+    return ["config.json", *sorted(f for f in top if f.endswith(FOLDER) and f != "config.json")]
+
+
+def _only_gguf(files: list[str], source: HfSource) -> str:
     """The repository's one GGUF file (a repository of several must be told which)."""
-    files = [f for f in api.list_repo_files(source.repo, revision=source.revision)]
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     if len(ggufs) == 1:
         return str(ggufs[0])
     if not ggufs:
-        raise DownloadError(f"hf:{source.repo} holds no .gguf file")
+        raise DownloadError(
+            f"hf:{source.repo} holds no .gguf file and no Hugging Face model (config.json "
+            "and .safetensors weights)"
+        )
     listed = ", ".join(sorted(ggufs)[:12])
     raise DownloadError(f"hf:{source.repo} holds several GGUF files; name one: {listed}")
 

@@ -104,3 +104,51 @@ def test_a_host_with_no_route_to_the_hub_is_told_so(tmp_path: Path) -> None:
         download(f"hf:{REPO}/{FILE}", None, tmp_path, nowhere)
     with pytest.raises(DownloadError, match="no route"):
         download(f"{nowhere}/model.gguf", None, tmp_path)
+
+
+def test_a_repository_of_a_hugging_face_model_downloads_its_folder(
+    hub: HubStandIn, tmp_path: Path
+) -> None:
+    """``hf:ORG/REPO`` with no GGUF but a model's config and safetensors: the folder vLLM
+    serves (config, weights, tokenizer), each file checked; no other weight format, no code,
+    no subfolder, no readme."""
+    repo = "test-org/tiny-hf"
+    hub.repos[repo] = {
+        "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+        "model.safetensors": os.urandom(200_000),
+        "tokenizer.json": b"{}",
+        "README.md": b"# tiny\n",
+        "pytorch_model.bin": os.urandom(1000),
+        "modeling_tiny.py": b"print('remote code')\n",
+        "onnx/model.onnx": os.urandom(1000),
+    }
+    folder = download(f"hf:{repo}", None, tmp_path, hub.url)
+    assert folder.is_dir()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"
+    ]  # fmt: skip
+    for path in folder.iterdir():
+        assert path.read_bytes() == hub.repos[repo][path.name]
+    hub.stated_sha256["model.safetensors"] = "ab" * 32  # a file whose checksum is wrong
+    with pytest.raises(DownloadError, match="refused and deleted"):
+        download(f"hf:{repo}@v2", None, tmp_path / "again", hub.url)
+    hub.repos["test-org/docs-only"] = {"README.md": b"# nothing\n"}
+    with pytest.raises(DownloadError, match="no .gguf file and no Hugging Face model"):
+        download("hf:test-org/docs-only", None, tmp_path, hub.url)
+
+
+def test_a_model_folder_from_the_hub_reads_as_a_card_vllm_serves(
+    hub: HubStandIn, tmp_path: Path
+) -> None:
+    """A folder ``transformers`` wrote (the kind ``tessera models add DIR`` takes), published
+    as a repository: ``hf:ORG/REPO`` gives a folder that reads as the same model's card."""
+    from libs.models.hf_info import read_folder_card
+    from tests.made_models import make_hf_folder
+
+    made = make_hf_folder(tmp_path / "made")
+    hub.repos["test-org/tiny-llama"] = {p.name: p.read_bytes() for p in made.iterdir()}
+    folder = download("hf:test-org/tiny-llama", None, tmp_path / "cache", hub.url)
+    card = read_folder_card(folder, name="tiny", source="hf:test-org/tiny-llama")
+    alone = read_folder_card(made, name="tiny", source=str(made))
+    assert (card.format, card.architecture, card.layers) == ("hf", "LlamaForCausalLM", 2)
+    assert card.sha256 == alone.sha256  # the same model, file for file
