@@ -203,7 +203,7 @@ def test_tessera_jobs_submits_a_file_shows_progress_and_prints_the_results(
 
 
 def test_tessera_jobs_submit_train_trains_on_the_batch_worker_and_keeps_the_weights(
-    shared_cluster: RunningCluster,
+    shared_cluster: RunningCluster, tmp_path: Path
 ) -> None:
     """The second job kind: training runs, admitted by the same policy, trained by the batch
     worker ``tessera up`` started, their checkpoints in the cluster's home."""
@@ -225,7 +225,7 @@ def test_tessera_jobs_submit_train_trains_on_the_batch_worker_and_keeps_the_weig
     assert sorted(runs) == ["run-0", "run-1"]
     for seed in (0, 1):
         run = runs[f"run-{seed}"]
-        alone = train(f"alone-{seed}", 600, shared_cluster.home / "alone", every=100, seed=seed)
+        alone = train(f"alone-{seed}", 600, tmp_path, every=100, seed=seed)
         assert run["steps"] == 600 and run["weights_sha256"] == alone.weights_sha256, run
         checkpoint = Path(run["checkpoint"])
         assert checkpoint.parent == shared_cluster.home / "training" and checkpoint.exists()
