@@ -1,6 +1,7 @@
 """The live batch policies in the simulator: what ``edf``, ``fifo``, ``elasticflow`` and
 ``edgeflow`` should make of a mix of arriving batches, on the same code the gateway's runner
-runs (``libs/core/batch_policies.py``: admission, shares, EdgeFlow's edge), with the measured
+runs (``libs/core/batch_policies.py``: admission, shares, EdgeFlow's edge and its rescue of a
+cloud batch whose plan turns late), with the measured
 throughput curves in place of the devices. ``bench/jobs_live.py`` prints it beside what the
 live cluster did with the same mix.
 
@@ -19,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from libs.core.batch_policies import Batch, Lane, admit_batch, edge_lane, shares
+from libs.core.batch_policies import Batch, Lane, admit_batch, edge_lane, rescued, shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,8 @@ class Mix:
         (an edge lane's batch: all of its lane's) as one wave; each request in flight makes
         its part of the rate measured at all the requests in flight beside it (the cloud's,
         or its lane's)."""
+        if self.policy == "edgeflow":
+            self.rescue(running, now)
         cloud = [r for r in running if not r.lane]
         share = shares(self.policy, [r.view(self.rates) for r in cloud], now, self.streams)
         for r in running:
@@ -137,6 +140,18 @@ class Mix:
             at_once = r.in_wave if r.lane else used
             total = rate_at(self.lanes[r.lane] if r.lane else self.rates, at_once)
             r.step(total / at_once * step_s)
+
+    def rescue(self, running: list[Running], now: float) -> None:
+        """EdgeFlow's rules 2 and 3 made safe, as the runner runs them each step: a cloud
+        batch the plan now ends late moves to an idle lane that ends it in time (here once its
+        wave in flight, if any, is answered)."""
+        busy = {r.lane for r in running if r.lane}
+        idle = [Lane(d, r) for d, r in self.lanes.items() if d not in busy]
+        cloud = [r for r in running if not r.lane]
+        free = {r.job_id: idle for r in cloud if r.in_wave == 0}
+        moved = rescued([r.view(self.rates) for r in cloud], free, now, self.streams)
+        for r in cloud:
+            r.lane = moved.get(r.job_id, "")
 
 
 def simulate(

@@ -47,3 +47,20 @@ def test_requests_that_stop_early_end_their_batch_early_though_admission_plans_f
     short = simulate("edf", [Arrival(0.0, 8, 30, 9.0, made=10.0)], CURVE, 8)
     assert full.took_s[0] == pytest.approx(8.0, abs=0.11)
     assert short.took_s[0] == pytest.approx(8.0 / 3, abs=0.11)
+
+
+def test_a_cloud_batch_whose_plan_turns_late_moves_to_an_idle_edge_lane() -> None:
+    """The runner's rescue, in the simulator: a batch admitted on the cloud at the curve it
+    was planned on, whose plan at the cloud's rates now ends after its deadline, moves to the
+    idle lane that ends it in time once no wave of it is in flight; one in time stays."""
+    from libs.sim.batches import Mix, Running
+
+    slow = {k: r / 4 for k, r in CURVE.items()}  # the cloud, measured four times slower
+    mix = Mix("edgeflow", slow, 8, EDGE)
+    late = Running(Arrival(0.0, 8, 30, 10.0), "late", "", 8)  # 32 s at the cloud's rates
+    roomy = Running(Arrival(0.0, 1, 30, 3600.0), "roomy", "", 1)
+    mid_wave = Running(Arrival(0.0, 8, 30, 10.0), "mid-wave", "", 8, in_wave=8)
+    mix.rescue([late, roomy, mid_wave], 0.0)
+    assert (late.lane, roomy.lane, mid_wave.lane) == ("smol-laptop", "", "")
+    Mix("elasticflow", slow, 8, EDGE).work([again := Running(late.arrival, "x", "", 8)], 0.0, 0.1)
+    assert again.lane == ""  # only edgeflow rescues
