@@ -133,7 +133,7 @@ def test_a_repository_of_a_hugging_face_model_downloads_its_folder(
     with pytest.raises(DownloadError, match="refused and deleted"):
         download(f"hf:{repo}@v2", None, tmp_path / "again", hub.url)
     hub.repos["test-org/docs-only"] = {"README.md": b"# nothing\n"}
-    with pytest.raises(DownloadError, match="no .gguf file and no Hugging Face model"):
+    with pytest.raises(DownloadError, match=r"no \.gguf file and no Hugging Face model"):
         download("hf:test-org/docs-only", None, tmp_path, hub.url)
 
 
