@@ -139,9 +139,9 @@ class BatchRunner:
             if at_once in known:
                 continue
             started = time.monotonic()
-            bodies = [{**body, "run": f"sample-{uuid.uuid4().hex}"} for _ in range(at_once)]
-            if endpoint != TRAIN_ENDPOINT:
-                bodies = [body] * at_once
+            bodies = [body] * at_once
+            if endpoint == TRAIN_ENDPOINT:  # each sample run a checkpoint of its own
+                bodies = [{**body, "run": f"sample-{uuid.uuid4().hex}"} for _ in range(at_once)]
             answers = await asyncio.gather(*[self.send(endpoint, b) for b in bodies])
             for status, answer, _ in answers:
                 if status != 200:
