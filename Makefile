@@ -93,13 +93,18 @@ $(VLLM_VENV)/.installed:
 ## llama.cpp's server and RPC server (the llamacpp engine, the CPU workers' default where built):
 ## compiled from llama-cpp-python's source on PyPI, ~5 min once, cached in ~/.cache/tessera.
 ## It needs only deps' compilers, so it starts before the virtualenvs are installed.
-## The build installed is kept until another backend is asked for (LLAMA_BACKEND=cpu|cuda
-## given and different from the stamp's third field): then it is built (or taken from the
-## cache) again.
+## The build installed is kept until another backend or version is asked for
+## (LLAMA_BACKEND=cpu|cuda or LLAMA_CPP_PYTHON_VERSION given and different from the stamp's):
+## then it is built (or taken from the cache) again.
 LLAMA := .llama
-LLAMA_BUILT := $(word 3,$(shell cat $(LLAMA)/.installed 2>/dev/null))
+LLAMA_BUILT := $(shell cat $(LLAMA)/.installed 2>/dev/null)
 ifneq ($(strip $(LLAMA_BACKEND)),)
-ifneq ($(LLAMA_BUILT),$(strip $(LLAMA_BACKEND)))
+ifneq ($(word 3,$(LLAMA_BUILT)),$(strip $(LLAMA_BACKEND)))
+.PHONY: $(LLAMA)/.installed
+endif
+endif
+ifneq ($(strip $(LLAMA_CPP_PYTHON_VERSION)),)
+ifneq ($(word 1,$(LLAMA_BUILT)),$(strip $(LLAMA_CPP_PYTHON_VERSION)))
 .PHONY: $(LLAMA)/.installed
 endif
 endif

@@ -43,6 +43,12 @@ LLAMA_DIR = Path(__file__).resolve().parents[2] / ".llama"
 VLLM_DIR = LLAMA_DIR.parent / ".venv-vllm"
 ARCHITECTURES_FILE = "architectures.txt"
 TYPES_FILE = "tensor_types.txt"
+#: What may serve a model an engine's build does not: the command that builds another.
+FIXES = {
+    "llamacpp": "a newer llama.cpp may: `LLAMA_CPP_PYTHON_VERSION=X.Y.Z make llama` builds "
+    "llama-cpp-python X.Y.Z's",
+    "vllm": "another build may: `VLLM_PACKAGE=vllm==VERSION make vllm`",
+}
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,10 @@ def folder_reason(engine: str, card: ModelCard, vllm_dir: Path) -> str | None:
         return f"torch serves only {MODEL_NAME} here"
     declared = vllm_declared(vllm_dir) if engine == "vllm" else None
     if declared is not None and card.architecture not in declared.architectures:
-        return f"vllm does not run architecture {card.architecture} ({declared.source})"
+        return (
+            f"vllm does not run architecture {card.architecture} ({declared.source}; "
+            f"{FIXES['vllm']})"
+        )
     return None
 
 
@@ -160,7 +169,10 @@ def unserved_reason(
     if declared is None:
         return None
     if card.architecture not in declared.architectures:
-        return f"{engine} does not run architecture {card.architecture} ({declared.source})"
+        return (
+            f"{engine} does not run architecture {card.architecture} ({declared.source}; "
+            f"{FIXES.get(engine, 'another engine may')})"
+        )
     missing = sorted(set(card.tensor_types) - declared.types)
     if missing:
         return f"{engine} does not run tensor type {', '.join(missing)} ({declared.source})"

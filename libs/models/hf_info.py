@@ -46,7 +46,10 @@ def safetensors_header(path: Path) -> dict[str, Any]:
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
-        raise ModelFileError(f"{folder}: no config.json: not a Hugging Face model folder")
+        raise ModelFileError(
+            f"{folder}: no config.json: not a Hugging Face model folder (a repository's whole "
+            "folder holds one: `tessera models add hf:ORG/REPO` downloads it)"
+        )
     try:
         config: dict[str, Any] = json.loads(path.read_text())
     except ValueError as exc:

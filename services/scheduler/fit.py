@@ -119,7 +119,11 @@ def fleet_too_small(spec: ModelSpec, devices: Sequence[Device], context_length: 
     free = sum(d.memory_free_gb for d in devices if not d.failed)
     if need <= free:
         return None
-    return f"{spec.name} needs {need:.2f} GB; the whole fleet has {free:.2f} GB free"
+    return (
+        f"{spec.name} needs {need:.2f} GB; the whole fleet has {free:.2f} GB free: join a "
+        "machine with more memory (`make join ADDR=… TOKEN=…` there, as `tessera up --listen` "
+        "prints it), or deploy a smaller quantization or a shorter --context"
+    )
 
 
 def explain(option: Preview, reasons: Mapping[str, str]) -> Preview:

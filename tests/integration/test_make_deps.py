@@ -111,7 +111,8 @@ def test_make_vllm_keeps_the_build_it_has_until_another_is_asked_for(tmp_path: P
 
 def test_make_llama_keeps_its_build_until_another_backend_is_asked_for(tmp_path: Path) -> None:
     """A CPU build stays through ``make llama`` and ``LLAMA_BACKEND=cpu``; ``LLAMA_BACKEND=cuda``
-    (a GPU machine's, after the CPU build) builds again (``make -n``: what make would run)."""
+    (a GPU machine's, after the CPU build) builds again, as does another llama.cpp version
+    (``make -n``: what make would run)."""
     llama = tmp_path / "llama"
     llama.mkdir()
     (llama / ".installed").write_text("0.3.36 d25c50ac cpu\n")  # newer than the script
@@ -132,3 +133,5 @@ def test_make_llama_keeps_its_build_until_another_backend_is_asked_for(tmp_path:
     (llama / ".installed").write_text("0.3.36 d25c50ac cuda\n")
     assert not would_build() and not would_build("LLAMA_BACKEND=cuda")
     assert would_build("LLAMA_BACKEND=cpu")
+    assert not would_build("LLAMA_CPP_PYTHON_VERSION=0.3.36")  # the version built
+    assert would_build("LLAMA_CPP_PYTHON_VERSION=0.3.40")  # another: built again

@@ -227,6 +227,7 @@ async def test_a_model_larger_than_the_whole_fleet_or_served_by_no_engine_is_ref
         assert (await client.post("/models", json={"source": str(qwen), "name": "q"})).is_success
         big = await client.post("/placements", json={"model": "q"})
         assert big.status_code == 409 and "whole fleet has" in big.json()["detail"], big.json()
+        assert "join a machine with more memory (`make join" in big.json()["detail"]  # the fix
         assert "left out" in big.json()["detail"] and "torch serves only" in big.json()["detail"]
     assert len(service.book) == 0  # nothing reported as deployed
 

@@ -76,7 +76,10 @@ def test_the_build_script_reads_the_names_from_the_source_it_built(tmp_path: Pat
     assert declared.source == "llama.cpp 0.3.36's build"
     assert unserved_reason("llamacpp", card("qwen2"), out) is None
     why = unserved_reason("llamacpp", card("mamba"), out)
-    assert why == "llamacpp does not run architecture mamba (llama.cpp 0.3.36's build)"
+    assert why == (
+        "llamacpp does not run architecture mamba (llama.cpp 0.3.36's build; a newer llama.cpp "
+        "may: `LLAMA_CPP_PYTHON_VERSION=X.Y.Z make llama` builds llama-cpp-python X.Y.Z's)"
+    )  # the cause, and the command that may fix it
     why = unserved_reason("llamacpp", card("llama", ("Q4_K", "F32")), out)
     assert why == "llamacpp does not run tensor type Q4_K (llama.cpp 0.3.36's build)"
     # clip is in the gguf package's table, not a model llama.cpp's build runs

