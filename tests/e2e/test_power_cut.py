@@ -83,7 +83,9 @@ def store_copy_is_whole(cluster: RunningCluster, card: dict[str, Any], tmp: Path
     """Fetch the model's file from the cluster's store, as a host without it would: the fetch
     checks its size and sha256 against the card (``WeightsError`` otherwise)."""
     running = runfile.read(cluster.run_file)
-    model = ModelCard.model_validate({k: v for k, v in card.items() if k != "deployments"})
+    model = ModelCard.model_validate(
+        {k: v for k, v in card.items() if k not in ("deployments", "engines")}
+    )  # the card, less what the API adds to it
 
     async def fetched() -> None:
         ca = running.get("nats_ca")

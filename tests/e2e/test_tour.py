@@ -198,6 +198,34 @@ class TestOnOneMachine:
         (devices,) = commands(body)
         assert "worker-0" in run(devices, cluster, tmp_path)
 
+    def test_tessera_preview_works_for_every_model_the_docs_name(
+        self, one_machine: Machine, tmp_path: Path
+    ) -> None:
+        """Each `tessera preview` of the README and the docs, run as typed on this cluster: a
+        file is made at test time under the name the docs give it (nothing is downloaded); a
+        name the cluster does not know yet is added first from the file the docs add it from."""
+        cluster = one_machine.cluster
+        pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        every = [c for page in pages for c in commands(page.read_text())]
+        adds = [c for c in every if c.startswith(".venv/bin/tessera models add ~/models/")]
+        previews = [c for c in every if c.startswith(".venv/bin/tessera preview ")]
+        assert len(previews) >= 3, previews  # names and files, in cli.md and models.md
+        added = []
+        for command in previews:
+            model = shlex.split(command)[2]
+            if model.startswith("~/models/"):
+                make_gguf(tmp_path / model.removeprefix("~/models/"), "qwen2", "Q8_0")
+            elif model not in registered(cluster):
+                files = [a.split()[3] for a in adds if Path(a.split()[3]).stem.lower() == model]
+                assert files, f"the docs preview {model} but add it from no file"
+                make_gguf(tmp_path / files[0].removeprefix("~/models/"), "qwen2", "Q8_0")
+                run(f".venv/bin/tessera models add {files[0]}", cluster, tmp_path)
+                added.append(model)
+            said = run(command, cluster, tmp_path)
+            assert "worker-0" in said or "GB" in said, f"{command}\n{said}"
+        for model in added:  # the tour's own steps add the models they name themselves
+            run(f".venv/bin/tessera models rm {model}", cluster, tmp_path)
+
     def test_add_and_deploy_your_own_model(self, one_machine: Machine, tmp_path: Path) -> None:
         name, _ = one_machine.deploy_own_model(tmp_path)
         client = openai.OpenAI(base_url=f"{one_machine.cluster.base_url}/v1", api_key="-")
@@ -230,6 +258,11 @@ class TestOnOneMachine:
         assert greedy(client, name) == said_before
         kept = json.loads((again.home / "access.json").read_text())["passwords"]["join"]
         assert kept == token
+
+
+def registered(cluster: RunningCluster) -> set[str]:
+    cards = httpx.get(f"{cluster.base_url}/v1/cluster/models", timeout=10).json()
+    return {card["name"] for card in cards}
 
 
 def greedy(client: openai.OpenAI, model: str) -> tuple[str, str, int]:
