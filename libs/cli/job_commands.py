@@ -136,16 +136,25 @@ def submit(
 
 
 def follow(http: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
-    """A progress bar of the batch's answered requests until it ends."""
+    """A progress bar of the batch's answered requests (a training job's steps) until it
+    ends."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task(batch["id"], total=batch["request_counts"]["total"])
+        task = bar.add_task(batch["id"], total=_done(batch)[1])
         while batch["status"] not in FINAL:
             time.sleep(1.0)
             batch = _ask(http, "GET", f"/v1/batches/{batch['id']}")
-            counts = batch["request_counts"]
-            bar.update(task, completed=counts["completed"] + counts["failed"])
+            bar.update(task, completed=_done(batch)[0])
     return batch
+
+
+def _done(batch: dict[str, Any]) -> tuple[int, int]:
+    """(done, total): requests answered, or a training job's steps."""
+    training = batch.get("training")
+    if training:
+        return int(training["steps_done"]), int(training["steps_total"])
+    counts = batch["request_counts"]
+    return counts["completed"] + counts["failed"], counts["total"]
 
 
 def _counts(batch: dict[str, Any]) -> str:

@@ -357,12 +357,12 @@ class AccessControl:
             "batch": f"~celery* ~_kombu.* ~unacked* ~*pidbox* ~device.* ~batch.* ~{p}:batch:* &* "
             "-@all +@read +@write +@pubsub +@transaction +@scripting +@connection +time",
             # The gateway's batch runner: puts requests on the queue of the batches' requests,
-            # reads what the batch workers wrote back and stops what it gave up; no other
-            # queue, no other key.
+            # reads what the batch workers wrote back (answers, beats, training steps) and
+            # stops what it gave up; no other queue, no other key.
             # (kombu keeps a queue as one list per priority: batch.requests, batch.requests…3…)
             "batch-sender": "~batch.requests* ~_kombu.binding.batch.requests "
             f"~_kombu.binding_permanent.batch.requests ~{p}:batch:req:* ~{p}:batch:answer:* "
-            f"~{p}:batch:stop:* %R~{p}:batch:alive:* "
+            f"~{p}:batch:stop:* %R~{p}:batch:alive:* %R~{p}:batch:steps:* "
             "-@all +@read +@write +@connection +@transaction -@dangerous",
             "admin": "~* &* +@all",
         }

@@ -14,7 +14,9 @@ broker's Redis, with the prefix of the cluster's keys:
                               beat: a claimed task without it lost its worker;
 * ``{p}:batch:answer:{task}`` the answer (JSON: status, body, devices), read once;
 * ``{p}:batch:stop:{task}``   set by the runner when it stops the task (preempted, cancelled,
-                              given up): a training run checkpoints and ends at its next step.
+                              given up): a training run checkpoints and ends at its next step;
+* ``{p}:batch:steps:{run}``   a training run's last step, written by the worker training it
+                              (about once a second), read by the runner for the job's progress.
 
 A training run (``TRAIN_ENDPOINT``, the job kind ``tessera jobs submit --train`` makes) is not
 sent to the gateway: the worker trains it itself (``services/batch/training.py``), from the
@@ -63,6 +65,10 @@ def answer_key(prefix: str, task_id: str) -> str:
 
 def stop_key(prefix: str, task_id: str) -> str:
     return f"{prefix}:batch:stop:{task_id}"
+
+
+def steps_key(prefix: str, run: str) -> str:
+    return f"{prefix}:batch:steps:{run}"
 
 
 def answer_of(status: int, text: str, devices: str) -> Answer:

@@ -25,7 +25,7 @@ from redis import Redis
 
 from libs.contracts.batch_requests import QUEUE, TASK, TRAIN_ENDPOINT
 from libs.runtime.tracing import configure_tracing, instrument_celery
-from services.batch.requests import run_request, send, stopped
+from services.batch.requests import report_steps, run_request, send, stopped
 from services.batch.settings import BatchSettings
 from services.batch.train_runs import train_run
 from services.batch.training import train
@@ -90,7 +90,8 @@ def make_app(settings: BatchSettings) -> Celery:
         if endpoint == TRAIN_ENDPOINT:
             place = Path(settings.checkpoint_dir)
             stop = partial(stopped, redis, prefix, task_id)
-            work = partial(train_run, body, place, settings.device_id, stop)
+            report = partial(report_steps, redis, prefix)
+            work = partial(train_run, body, place, settings.device_id, stop, report)
         else:
             work = partial(send, gateway, task_id, endpoint, body)
         worker = self.request.hostname  # name@host

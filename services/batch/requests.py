@@ -31,6 +31,7 @@ from libs.contracts.batch_requests import (
     answer_of,
     claim_key,
     dumps,
+    steps_key,
     stop_key,
 )
 
@@ -81,6 +82,14 @@ def stopped(redis: Redis, prefix: str, task_id: str) -> bool:
         return bool(redis.exists(stop_key(prefix, task_id)))
     except RedisError:
         return False
+
+
+def report_steps(redis: Redis, prefix: str, run: str, step: int) -> None:
+    """A training run's last step, for the runner's progress (Redis out: the next one)."""
+    try:
+        redis.set(steps_key(prefix, run), step, ex=KEEP_S)
+    except RedisError:
+        return
 
 
 def send(gateway: httpx.Client, task_id: str, endpoint: str, body: dict[str, Any]) -> Answer:

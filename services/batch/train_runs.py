@@ -24,15 +24,29 @@ from services.batch.training import train
 log = logging.getLogger(__name__)
 
 _RUN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
+#: How often a run reports its step (s).
+REPORT_EVERY_S = 1.0
 
 
 def train_run(
-    body: dict[str, Any], checkpoint_dir: Path, device_id: str, stop: Callable[[], bool]
+    body: dict[str, Any],
+    checkpoint_dir: Path,
+    device_id: str,
+    stop: Callable[[], bool],
+    report: Callable[[str, int], None] = lambda run, step: None,
 ) -> Answer:
-    """The run trained to its steps (200, with the result), or why not."""
+    """The run trained to its steps (200, with the result), or why not; ``report(run, step)``
+    about once a second while it trains (the job's progress)."""
     run = str(body.get("run", ""))
     if not _RUN.match(run):
         return 400, {"error": {"message": f"run {run!r} is not a name a checkpoint can take"}}, []
+    reported = [0.0]
+
+    def on_step(step: int) -> None:
+        if time.monotonic() - reported[0] >= REPORT_EVERY_S:
+            reported[0] = time.monotonic()
+            report(run, step)
+
     try:
         result = train(
             run,
@@ -43,12 +57,14 @@ def train_run(
             every=int(body.get("every", 10)),
             seed=int(body.get("seed", 0)),
             stop=stop,
+            on_step=on_step,
         )
     except (KeyError, TypeError, ValueError) as exc:
         return 400, {"error": {"message": f"not a training run: {exc!r}"}}, []
     except Exception as exc:  # a checkpoint unreadable, a disk full: the runner tries again
         log.exception("training run failed", extra={"run": run})
         return 500, {"error": {"message": f"training failed: {exc!r}"}}, [device_id]
+    report(run, result.final_step)
     if result.stopped or result.superseded:
         why = "stopped" if result.stopped else "superseded by a newer attempt"
         message = f"{why} at step {result.final_step}; it resumes from its checkpoint"

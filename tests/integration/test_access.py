@@ -261,7 +261,14 @@ def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
     and a worker's beat are not its."""
     from celery import Celery
 
-    from libs.contracts.batch_requests import QUEUE, TASK, alive_key, answer_key, stop_key
+    from libs.contracts.batch_requests import (
+        QUEUE,
+        TASK,
+        alive_key,
+        answer_key,
+        steps_key,
+        stop_key,
+    )
 
     url = ACCESS.redis_url(acl_redis.url.rsplit("/", 1)[0] + "/1", "batch-sender")
     sender = Celery("sender", broker=url)
@@ -273,11 +280,14 @@ def test_the_batch_sender_reaches_only_the_queue_of_the_batches_requests(
     assert mine.get(answer_key("tessera", "t1")) == b"{}"
     mine.set(stop_key("tessera", "t1"), 1)
     assert batch.exists(stop_key("tessera", "t1"))  # the worker reads it
+    batch.set(steps_key("tessera", "run-1"), 120)  # a training run's step, for the progress
+    assert mine.get(steps_key("tessera", "run-1")) == b"120"
     with pytest.raises(kombu.exceptions.OperationalError):
         sender.send_task("tessera.train", args=["job", 1], queue="device.dev-a")
     for forbidden in (
         lambda: mine.get("tessera:jobs:runner"),
         lambda: mine.set(alive_key("tessera", "t1"), "me"),
+        lambda: mine.set(steps_key("tessera", "run-1"), 0),
         lambda: mine.lpush("device.dev-a", "x"),
         lambda: mine.delete("_kombu.binding.device.dev-a"),  # the dispatcher's routing
         lambda: mine.sadd("_kombu.binding.device.dev-a", "batch.requests"),

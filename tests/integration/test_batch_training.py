@@ -103,14 +103,16 @@ async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_
     it = Training(acl_redis, tmp_path / "checkpoints", uid)
     running = asyncio.create_task(it.runner.run())
     try:
-        batch = await submit_training(it.runner, 2, STEPS)
+        # A day's window: never so near its deadline that it must run beside the chat.
+        batch = await submit_training(it.runner, 2, STEPS, 86_400)
         assert "admitted (edf)" in batch["decision"] and "training steps" in batch["decision"]
         await wait_until_async(lambda: _past(it, batch, 500), 60)
+        # The job's progress counts the steps its runs have made (reported about once a second).
+        await wait_until_async(lambda: _steps_at_least(it, batch["id"], 1000), 30)
         # A chat arrives: the runs stop at their next step, checkpointed, and stay stopped.
         it.runner.busy = lambda: 1
         it.runner.wake.set()
-        await asyncio.sleep(2.0)
-        stopped = [it.step(batch, f"run-{i}") for i in range(2)]
+        stopped = await _held_still(it, batch)
         await asyncio.sleep(1.5)
         assert [it.step(batch, f"run-{i}") for i in range(2)] == stopped
         assert all(0 < s < STEPS for s in stopped)
@@ -126,6 +128,7 @@ async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_
         await it.close()
     assert sorted(r["custom_id"] for r in rows) == ["run-0", "run-1"]  # each once
     assert ended["error_file_id"] is None and it.sender.lost >= 1
+    assert ended["training"] == {"steps_done": 2 * STEPS, "steps_total": 2 * STEPS}
     for row in rows:
         run = row["response"]["body"]
         seed = int(row["custom_id"].removeprefix("run-"))
@@ -139,6 +142,23 @@ async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_
 
 async def _past(it: Training, batch: dict[str, Any], step: int) -> bool:
     return all(it.step(batch, f"run-{i}") >= step for i in range(2))
+
+
+async def _held_still(it: Training, batch: dict[str, Any]) -> list[int]:
+    """The runs' checkpointed steps once they have not moved for a second (within 30 s)."""
+    before = [it.step(batch, f"run-{i}") for i in range(2)]
+    for _ in range(30):
+        await asyncio.sleep(1.0)
+        now = [it.step(batch, f"run-{i}") for i in range(2)]
+        if now == before:
+            return now
+        before = now
+    raise AssertionError(f"the runs did not stop: checkpointed at {before}")
+
+
+async def _steps_at_least(it: Training, batch_id: str, steps: int) -> bool:
+    found = await it.runner.store.batch(batch_id)
+    return found is not None and found["training"]["steps_done"] >= steps
 
 
 async def test_a_cancelled_training_job_stops_its_run_at_once_and_keeps_its_checkpoint(
@@ -166,6 +186,7 @@ async def test_a_cancelled_training_job_stops_its_run_at_once_and_keeps_its_chec
     assert [r["custom_id"] for r in errors] == ["run-0"]
     assert errors[0]["error"]["code"] == "batch_cancelled"
     assert 300 <= kept < 1_000_000 and alive == []
+    assert 0 < ended["training"]["steps_done"] <= kept  # what it trained, as last reported
 
 
 async def _past_one(it: Training, batch: dict[str, Any], step: int) -> bool:

@@ -228,6 +228,7 @@ async def admitted(
             "total": len(lines),
             "decision": f"admitted ({runner.policy}): {decision.reason} ({measured})",
             "lane": lane,
+            **({"steps_total": units} if body.endpoint == TRAIN_ENDPOINT else {}),
         }
     )
     runner.wake.set()

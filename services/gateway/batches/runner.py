@@ -49,6 +49,7 @@ from services.gateway.batches.edge import rescue
 from services.gateway.batches.lines import BatchLine, Progress, read_lines, run_name, units_made
 from services.gateway.batches.sender import Send
 from services.gateway.batches.store import JobStore
+from services.gateway.batches.train_progress import write_steps
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class BatchRunner:
         #: takes it), and when each one's planned end was last written.
         self._progress: dict[str, Progress] = {}
         self._planned: dict[str, float] = {}
+        self._stepped: dict[str, float] = {}  # a training job's steps, when last written
         self._holding = False
         #: Per model and requests at once: (units done, seconds busy) since this gateway
         #: started, for the curve; when each model's was last written.
@@ -237,6 +239,8 @@ class BatchRunner:
         for batch, view in seen:
             batch_id = batch["id"]
             progress = await self.progress(batch)
+            if batch["endpoint"] == TRAIN_ENDPOINT:  # its steps, about once a second
+                await write_steps(self.store, self.send, batch, progress, self._stepped)
             if progress.lane:  # an edge deployment: all its streams, no chat shares it
                 share[batch_id] = self.concurrency
             mine = [k for k in self.flying if k[0] == batch_id]
@@ -246,10 +250,10 @@ class BatchRunner:
                 await self.finish(batch, "expired", EXPIRED, "batch_expired")
                 continue
             if batch["status"] == "cancelling" or batch.get("ending") == "cancelled":
-                if batch["endpoint"] == TRAIN_ENDPOINT:  # a run is long: stopped now
-                    for key in mine:
-                        self._drop(key, progress)
-                    mine = []
+                if batch["endpoint"] == TRAIN_ENDPOINT:  # a run is long: stopped now, and
+                    for key in mine:  # the batch ends once its worker has stopped it
+                        if not self.flying[key][0].cancelling():
+                            self.flying[key][0].cancel()
                 if not mine:
                     await self.finish(batch, "cancelled", CANCELLED, "batch_cancelled")
                 continue
@@ -374,6 +378,8 @@ class BatchRunner:
             if line.custom_id not in answered
         }
         await self.store.answer_many(batch_id, unanswered)
+        if batch["endpoint"] == TRAIN_ENDPOINT:  # the steps as they ended
+            await write_steps(self.store, self.send, batch, await self.progress(batch))
         files: dict[str, str | None] = {}
         for ok, name in ((True, "output_file_id"), (False, "error_file_id")):
             kept = await self.store.answers(batch_id, ok)
@@ -386,4 +392,5 @@ class BatchRunner:
         await self.store.ended(batch_id, status=status, **{f"{status}_at": now}, **files)
         self._progress.pop(batch_id, None)
         self._planned.pop(batch_id, None)
+        self._stepped.pop(batch_id, None)
         log.info("batch ended", extra={"batch": batch_id, "status": status})

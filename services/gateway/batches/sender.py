@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from libs.contracts.batch_requests import (
     ABANDONED,
+    ALIVE_S,
     DEVICES_HEADER,
     KEEP_S,
     QUEUE,
@@ -32,6 +33,7 @@ from libs.contracts.batch_requests import (
     answer_of,
     claim_key,
     loads,
+    steps_key,
     stop_key,
 )
 
@@ -75,8 +77,8 @@ class CelerySender:
     worker stopped beating (killed mid-request) is stopped at the gateway and answered 503;
     the runner sends either again as it does a server error. Cancelled (the runner preempts
     it), the request is given up and ``preempt`` stops it at the gateway. Either way its stop
-    key is set, which ends a training run at its next step. Redis out for a moment is waited
-    out."""
+    key is set, which ends a training run at its next step; a cancelled request ends once its
+    worker has let it go. Redis out for a moment is waited out."""
 
     #: Training runs go to the batch workers too (``services/batch/train_runs.py``).
     trains = True
@@ -113,7 +115,8 @@ class CelerySender:
             except asyncio.CancelledError:
                 self.preempt(task_id)
                 with contextlib.suppress(Exception):  # the claim blocks a late run
-                    await asyncio.shield(self.abandon(task_id, stop=True))
+                    if not await asyncio.shield(self.abandon(task_id, stop=True)):
+                        await asyncio.shield(self.let_go(task_id))  # a worker had it
                 raise
             if answer is not None:
                 return answer
@@ -149,6 +152,24 @@ class CelerySender:
                 self.preempt(task_id)  # should it reach the gateway after all
                 return None  # (else a worker took it just now: wait on)
             await asyncio.sleep(self.poll_s)
+
+    async def let_go(self, task_id: str) -> None:
+        """Until the worker running the task has stopped it (its beat gone), ``ALIVE_S`` and
+        a little more at most: a cancelled request ends once nothing runs it any more."""
+        key, deadline = alive_key(self.prefix, task_id), time.monotonic() + ALIVE_S + 2.0
+        while time.monotonic() < deadline and await self.redis.exists(key):
+            await asyncio.sleep(self.poll_s)
+
+    async def steps(self, runs: list[str]) -> list[int | None]:
+        """Each training run's last step its worker reported (None: none yet, or Redis out
+        for a moment)."""
+        if not runs:
+            return []
+        try:
+            found = await self.redis.mget([steps_key(self.prefix, run) for run in runs])
+        except RedisError:
+            return [None] * len(runs)
+        return [None if v is None else int(v) for v in found]
 
     async def abandon(self, task_id: str, stop: bool = False) -> bool:
         """Mark the task given up, unless a worker claimed it first; with ``stop``, stop

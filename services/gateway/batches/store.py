@@ -153,6 +153,9 @@ class JobStore:
             "edge_deployment": raw.get("lane") or None,
             "devices": sorted(_text(d) for d in await self.redis.smembers(self.devices(batch_id))),
         }
+        if raw.get("steps_total"):  # a training job: its progress in training steps
+            done = raw.get("steps_done") or 0
+            out["training"] = {"steps_done": done, "steps_total": raw["steps_total"]}
         return out
 
     def devices(self, batch_id: str) -> str:
