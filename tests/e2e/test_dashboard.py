@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -130,7 +131,12 @@ def submit_batch(cluster: RunningCluster, count: int) -> str:
 
 
 def until(browser: WebDriver, condition: Any, timeout_s: float = 60) -> Any:
-    return WebDriverWait(browser, timeout_s, poll_frequency=0.1).until(lambda _: condition())
+    """``condition()``'s first true answer; an element the page redrew between finding it and
+    reading it (stale: the dashboard re-renders as events arrive) counts as not yet."""
+    wait = WebDriverWait(
+        browser, timeout_s, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]
+    )
+    return wait.until(lambda _: condition())
 
 
 def test_the_dashboard_shows_the_cluster_live_and_controls_it(
