@@ -64,7 +64,8 @@ async def submit_training(
 
 
 class Training:
-    """A runner with a Celery sender, a first worker, and what the test does."""
+    """A runner with a Celery sender, a first worker, and what the test does; as a context,
+    the runner runs inside it and everything is stopped at its end."""
 
     def __init__(self, server: RedisServer, checkpoints: Path, uid: str) -> None:
         self.server, self.checkpoints = server, checkpoints
@@ -90,7 +91,13 @@ class Training:
         content = await self.runner.store.content(file_id) if file_id else b""
         return [json.loads(line) for line in (content or b"").splitlines()]
 
-    async def close(self) -> None:
+    async def __aenter__(self) -> Training:
+        self.running = asyncio.create_task(self.runner.run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.running.cancel()
+        await asyncio.gather(self.running, return_exceptions=True)
         for process in self.workers:
             process.stop()
         await self.sender.aclose()
@@ -100,9 +107,7 @@ class Training:
 async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_unbroken_run(
     acl_redis: RedisServer, tmp_path: Path, uid: str
 ) -> None:
-    it = Training(acl_redis, tmp_path / "checkpoints", uid)
-    running = asyncio.create_task(it.runner.run())
-    try:
+    async with Training(acl_redis, tmp_path / "checkpoints", uid) as it:
         # A day's window: never so near its deadline that it must run beside the chat.
         batch = await submit_training(it.runner, 2, STEPS, 86_400)
         assert "admitted (edf)" in batch["decision"] and "training steps" in batch["decision"]
@@ -122,10 +127,6 @@ async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_
         it.workers.append(await asyncio.to_thread(worker, acl_redis, it.checkpoints, "trainer-2"))
         ended = await it.ended(batch["id"], "completed")
         rows = await it.rows(ended["output_file_id"])
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await it.close()
     assert sorted(r["custom_id"] for r in rows) == ["run-0", "run-1"]  # each once
     assert ended["error_file_id"] is None and it.sender.lost >= 1
     assert ended["training"] == {"steps_done": 2 * STEPS, "steps_total": 2 * STEPS}
@@ -140,8 +141,8 @@ async def test_a_training_run_preempted_then_killed_ends_with_the_weights_of_an_
     assert len(list(it.checkpoints.glob("*.pt"))) == 2
 
 
-async def _past(it: Training, batch: dict[str, Any], step: int) -> bool:
-    return all(it.step(batch, f"run-{i}") >= step for i in range(2))
+async def _past(it: Training, batch: dict[str, Any], step: int, runs: int = 2) -> bool:
+    return all(it.step(batch, f"run-{i}") >= step for i in range(runs))
 
 
 async def _held_still(it: Training, batch: dict[str, Any]) -> list[int]:
@@ -164,11 +165,9 @@ async def _steps_at_least(it: Training, batch_id: str, steps: int) -> bool:
 async def test_a_cancelled_training_job_stops_its_run_at_once_and_keeps_its_checkpoint(
     acl_redis: RedisServer, tmp_path: Path, uid: str
 ) -> None:
-    it = Training(acl_redis, tmp_path / "checkpoints", uid)
-    running = asyncio.create_task(it.runner.run())
-    try:
+    async with Training(acl_redis, tmp_path / "checkpoints", uid) as it:
         batch = await submit_training(it.runner, 1, 1_000_000, 86_400)  # some twenty minutes
-        await wait_until_async(lambda: _past_one(it, batch, 300), 60)
+        await wait_until_async(lambda: _past(it, batch, 300, runs=1), 60)
         await it.runner.store.cancel(batch["id"])
         it.runner.wake.set()
         ended = await it.ended(batch["id"], "cancelled")
@@ -179,18 +178,10 @@ async def test_a_cancelled_training_job_stops_its_run_at_once_and_keeps_its_chec
         on_broker = Redis.from_url(broker(acl_redis, "admin"))
         alive = await on_broker.keys("tessera:batch:alive:*")
         await on_broker.aclose()
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await it.close()
     assert [r["custom_id"] for r in errors] == ["run-0"]
     assert errors[0]["error"]["code"] == "batch_cancelled"
     assert 300 <= kept < 1_000_000 and alive == []
     assert 0 < ended["training"]["steps_done"] <= kept  # what it trained, as last reported
-
-
-async def _past_one(it: Training, batch: dict[str, Any], step: int) -> bool:
-    return it.step(batch, "run-0") >= step
 
 
 def test_the_worker_refuses_a_run_whose_name_is_no_file_name(tmp_path: Path) -> None:

@@ -145,13 +145,17 @@ class CelerySender:
                 self.lost += 1  # its worker died mid-request: stop what it left running
                 self.preempt(task_id)
                 with contextlib.suppress(RedisError):  # (a worker cut off, not dead)
-                    await self.redis.set(stop_key(self.prefix, task_id), 1, ex=KEEP_S)
+                    await self.stop(task_id)
                 return 503, {"error": {"message": "the batch worker running it was lost"}}, []
             late = claim is None and time.monotonic() - sent > self.pickup_s
             if late and await self.abandon(task_id):
                 self.preempt(task_id)  # should it reach the gateway after all
                 return None  # (else a worker took it just now: wait on)
             await asyncio.sleep(self.poll_s)
+
+    async def stop(self, task_id: str) -> None:
+        """Set the task's stop key: a training run a worker runs ends at its next step."""
+        await self.redis.set(stop_key(self.prefix, task_id), 1, ex=KEEP_S)
 
     async def let_go(self, task_id: str) -> None:
         """Until the worker running the task has stopped it (its beat gone), ``ALIVE_S`` and
@@ -175,7 +179,7 @@ class CelerySender:
         """Mark the task given up, unless a worker claimed it first; with ``stop``, stop
         it (a training run ends) should a worker run it."""
         if stop:
-            await self.redis.set(stop_key(self.prefix, task_id), 1, ex=KEEP_S)
+            await self.stop(task_id)
         key = claim_key(self.prefix, task_id)
         return bool(await self.redis.set(key, ABANDONED, nx=True, ex=KEEP_S))
 
