@@ -1,12 +1,14 @@
 """The GPU check a machine with an NVIDIA GPU runs (under 8 minutes there): llama.cpp built
 with CUDA (``deploy/build_llama.sh`` with ``LLAMA_BACKEND=cuda`` into ``.llama-cuda``), a GGUF
 made here (random weights, F16 llama), served by llama.cpp's server whole on the CPU (the build
-``make llama`` made, hidden from any GPU, as the llamacpp worker runs a split's head), whole on
-the GPU (as many layers as the worker's ``gpu_layers`` gives for the GPU's free memory, read
-through NVML as the worker reads it), split between the GPU and the CPU of one process (half its
-layers on each), and split between a CPU-only head and a ``ggml-rpc-server`` serving from the GPU
-(the mixed split of a CPU host and a GPU host): each one's greedy tokens beside the CPU run's,
-and tokens/s.
+``make llama`` made, hidden from any GPU), whole on the GPU (as many layers as the placement
+gives the VRAM a worker announces: ``GPU_SHARE`` of the GPU's memory, less what is in use, read
+through NVML as the worker reads it; ``libs/core/partition.py: gpu_part``), split between the
+GPU and the CPU of one process (half its layers on each), split between a CPU-only head and a
+``ggml-rpc-server`` serving from the GPU (the mixed split of a CPU host and a GPU host), and a
+split whose head runs its layers on its GPU with the rest on a CPU-only RPC server, with the
+worker's own flags (``gpu_command``: the GPU named first in the device order): each one's greedy
+tokens beside the CPU run's, and tokens/s.
 
 Where a step cannot run (no CUDA toolkit, no driver listing a GPU) it is reported as skipped
 with the reason, and the steps that can run still do; the JSON names every step.
@@ -107,16 +109,16 @@ def beside_cpu(ran: dict[str, object], cpu: dict[str, object]) -> dict[str, obje
 
 
 @contextlib.contextmanager
-def rpc_server(binaries: Path, threads: int) -> Iterator[str]:
+def rpc_server(binaries: Path, threads: int, gpu: bool = True) -> Iterator[str]:
     """``ggml-rpc-server`` of ``binaries`` on 127.0.0.1, serving from the GPU (llama.cpp's
-    RPC server takes the accelerators it finds before the CPU): its address."""
+    RPC server takes the accelerators it finds before the CPU), or the CPU: its address."""
     from libs.runtime.procs import free_port, wait_for_port
     from services.worker.rpc.server import llama_env
 
     port = free_port()
     command = [str(binaries / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)]
     proc = subprocess.Popen(
-        [*command, "-t", str(threads)], env=llama_env(gpu=True),
+        [*command, "-t", str(threads)], env=llama_env(gpu=gpu),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -149,19 +151,63 @@ def step(
         return {"status": "failed", "error": str(exc)[-2000:]}
 
 
-GPU_STEPS = ("gpu_whole", "gpu_cpu_split", "rpc_gpu_split")
+GPU_STEPS = ("gpu_whole", "gpu_cpu_split", "rpc_gpu_split", "gpu_head_split")
+
+
+def placed_on_gpu(gguf: Path, total_bytes: int, used_bytes: int) -> int:
+    """The layers of ``gguf`` whole (llama.cpp's count, the output layer one of them) that
+    the placement gives a GPU of ``total_bytes`` with ``used_bytes`` in use: the worker
+    announces ``GPU_SHARE`` of it, the scheduler's view takes what is in use off."""
+    from libs.core.catalogue import GB, card_spec
+    from libs.core.partition import gpu_part
+    from libs.models.gguf_info import read_card
+    from services.worker.served.llama_server import GPU_SHARE
+
+    spec = card_spec(read_card(gguf, checksum=False), "llamacpp", slots=1)
+    vram_gb = (GPU_SHARE * total_bytes - used_bytes) / GB
+    return gpu_part(spec, spec.layers, True, 2048, vram_gb)[0]
+
+
+def head_on_gpu(
+    gguf: Path, cuda: Path, layers: int, tokens: int, threads: int
+) -> dict[str, object]:
+    """A split of ``layers`` in two: the head's half on its GPU, the rest (and the output
+    layer) on a CPU-only RPC server, with the flags the worker gives llama-server."""
+    from libs.contracts import shard_ring
+    from services.worker.served.llama_server import gpu_command, layer_split
+    from tests.made_models import llama_server
+
+    half = layers // 2
+    with rpc_server(cuda, threads, gpu=False) as address:
+        spans = [("gpu", 0, half), ("cpu", half, layers)]
+        head = shard_ring(
+            "load", "check", "m", spans, 1, 0.0, None, ("-", address), gpu_layers=half
+        )[0]
+        offload = gpu_command(head, *layer_split(head, layers))
+        with llama_server(
+            gguf, binaries=cuda, threads=threads, timeout_s=180, rpc=address, offload=offload
+        ) as server:
+            server.completion(PROMPT, 4)
+            answer = server.completion(PROMPT, tokens, ignore_eos=True)
+    timings = answer.get("timings", {})
+    return {
+        "status": "ran",
+        "gpu_layers": half,
+        "text": answer["content"],
+        "tokens": [int(t) for t in answer.get("tokens") or ()],
+        "tokens_per_s": round(float(timings.get("predicted_per_second", 0.0)), 1),
+    }
 
 
 def gpu_steps(
     gguf: Path, cpu: dict[str, object], reading: dict[str, object], args: argparse.Namespace
 ) -> dict[str, dict[str, object]]:
-    """The GGUF whole on the GPU (the layers the worker's ``gpu_layers`` gives the free
-    memory), half on the GPU and half on the CPU of one server, and half on a CPU-only head
-    with the rest on an RPC server serving from the GPU; each beside the CPU run."""
-    from services.worker.served.llama_server import gpu_layers
-
-    free = int(str(reading["memory_total_bytes"])) - int(str(reading["memory_used_bytes"]))
-    whole = gpu_layers(args.layers, gguf.stat().st_size, free)
+    """The GGUF whole on the GPU (the layers the placement gives the free memory), half on
+    the GPU and half on the CPU of one server, half on a CPU-only head with the rest on an RPC
+    server serving from the GPU, and half on a GPU head with the rest on a CPU-only RPC server;
+    each beside the CPU run."""
+    total, used = (int(str(reading[f"memory_{k}_bytes"])) for k in ("total", "used"))
+    whole = placed_on_gpu(gguf, total, used)
     half = args.layers // 2 + 1  # the output layer and the last half of the layers
     cuda, tokens, threads = args.cuda_build, args.tokens, args.threads
 
@@ -173,6 +219,7 @@ def gpu_steps(
         "gpu_whole": step(serve, gguf, cuda, whole, tokens, threads),
         "gpu_cpu_split": step(serve, gguf, cuda, half, tokens, threads),
         "rpc_gpu_split": step(on_rpc),
+        "gpu_head_split": step(head_on_gpu, gguf, cuda, args.layers, tokens, threads),
     }
     report = {
         name: beside_cpu(ran, cpu) if "tokens" in ran else ran for name, ran in report.items()

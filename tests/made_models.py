@@ -426,11 +426,13 @@ def llama_server(
     binaries: Path | None = None,
     gpu_layers: int = 0,
     rpc: str | None = None,
+    offload: Sequence[str] = (),
 ) -> Iterator[ReferenceServer]:
     """llama.cpp's server on ``gguf_file``, whole, until the block ends: on the CPU, or with
     ``gpu_layers`` of its layers on the GPU (a CUDA build's ``binaries``; the rest on the CPU),
     or, given an ``rpc`` server's address, those layers on that server (this process sees no
-    GPU). Raises ``RuntimeError`` with its log's end when it exits or is not up within
+    GPU); or, given ``offload`` (the worker's own flags after ``--rpc``), as those say, the GPU
+    visible. Raises ``RuntimeError`` with its log's end when it exits or is not up within
     ``timeout_s``."""
     binary = (binaries or llama_binaries()) / "llama-server"
     if not binary.exists():
@@ -440,15 +442,18 @@ def llama_server(
         str(binary),
         *("-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)),
         *("-t", str(threads), "-c", str(context), "-np", "1"),
-        *(("-ngl", str(gpu_layers)) if gpu_layers else ("-ngl", "0", "--device", "none")),
         *(("--rpc", rpc) if rpc else ()),
+        *(
+            offload
+            or (("-ngl", str(gpu_layers)) if gpu_layers else ("-ngl", "0", "--device", "none"))
+        ),
         *("--no-webui", "--no-warmup"),
     ]
     with tempfile.NamedTemporaryFile("wb", prefix="llama-ref-", suffix=".log", delete=False) as f:
         server = ReferenceServer(f"http://127.0.0.1:{port}", Path(f.name))
         proc = subprocess.Popen(
             command, stdout=f, stderr=subprocess.STDOUT,
-            env=llama_env(gpu=gpu_layers > 0 and not rpc),
+            env=llama_env(gpu=bool(offload) or (gpu_layers > 0 and not rpc)),
             **child_kwargs(signal.SIGKILL),
         )  # fmt: skip
     try:

@@ -40,16 +40,21 @@ SHARD_COLUMNS = [Column("shard"), Column("device", "left"), Column("layers"), Co
 
 
 def shards_table(title: str, shards: list[dict[str, Any]]) -> Table:
+    """Each shard's device, layers and host memory; where one holds layers in a GPU's memory
+    (counted apart), its VRAM and how many layers sit there."""
+    gpu = any(s.get("vram_gb") for s in shards)
     rows = [
         [
             str(s["shard_index"]),
             s["device_id"],
             f"{s['layer_start']}–{s['layer_end'] - 1}",
             f"{s['memory_gb']:.2f}",
+            *([f"{s.get('vram_gb', 0.0):.2f} ({s.get('gpu_layers', 0)} layers)"] if gpu else []),
         ]
         for s in shards
     ]
-    return fitted(Console(), title, SHARD_COLUMNS, rows)
+    columns = [*SHARD_COLUMNS, *([Column("VRAM GB")] if gpu else [])]
+    return fitted(Console(), title, columns, rows)
 
 
 def show_previews(

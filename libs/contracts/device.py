@@ -88,6 +88,10 @@ class DeviceAnnounce(WireModel):
     #: this device out of a deployment with a longer context, saying so, and a deployment
     #: that names none gets no more than the longest its able workers announce.
     context_length: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    #: GPU memory (GB) its worker engine offloads a model's layers to (llama.cpp built with
+    #: CUDA, on a host whose GPU NVML reads), counted apart from host memory; its free part is
+    #: each sample's ``gpu`` reading. None: its engine serves from host memory only.
+    vram_gb: MemoryGb | None = None
     ts: Timestamp
 
 

@@ -121,7 +121,11 @@ class Assignment(WireModel):
     shard_index: Annotated[int, Field(ge=0)] = 0
     layer_start: Annotated[int, Field(ge=0)] = 0
     layer_end: Annotated[int, Field(ge=0)] = 0
+    #: Host memory the shard holds there, and GPU memory (VRAM, counted apart) it holds besides
+    #: for its last ``gpu_layers`` layers (``libs/core/partition.py: gpu_part``).
     memory_gb: Annotated[float, Field(ge=0.0)] = 0.0
+    vram_gb: Annotated[float, Field(ge=0.0)] = 0.0
+    gpu_layers: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _range(self) -> Assignment:

@@ -52,6 +52,11 @@ class ShardTask(WireModel):
     #: The model's card (its file, architecture and sizes), on a load: a worker serves a
     #: registered model from it (None: a task built outside a deployment, or an unload).
     card: ModelCard | None = None
+    #: Of this shard's layers, how many the placement put in the device's GPU memory (a first
+    #: shard or a whole model on a device that announced ``vram_gb``): its last ones, as
+    #: llama.cpp offloads them; a whole model's output layer counts as one more. 0: none, the
+    #: shard serves from host memory.
+    gpu_layers: Annotated[int, Field(ge=0, le=100_000)] = 0
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -82,10 +87,12 @@ def shard_ring(
     endpoints: Sequence[str] = (),
     context_length: int | None = None,
     card: ModelCard | None = None,
+    gpu_layers: int = 0,
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device, the whole route (the last one sends tokens back
-    to the first), every shard's layers and, where given, every device's RPC address."""
+    to the first), every shard's layers and, where given, every device's RPC address; the
+    first shard, the ``gpu_layers`` the placement put in its device's GPU memory."""
     route = tuple(device for device, _, _ in shards)
     spans = tuple((start, end) for _, start, end in shards)
     return [
@@ -107,6 +114,7 @@ def shard_ring(
             endpoints=tuple(endpoints),
             context_length=context_length,
             card=card if action == "load" else None,
+            gpu_layers=gpu_layers if i == 0 and action == "load" else 0,
         )
         for i, (device, start, end) in enumerate(shards)
     ]

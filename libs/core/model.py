@@ -77,6 +77,10 @@ class Device:
     backlog_s: float | None = None
     #: Seconds since it last had work (it sleeps after ``energy.SLEEP_AFTER_S``).
     idle_s: float = 0.0
+    #: GPU memory (GB) its engine may offload a model's layers to, counted apart from
+    #: ``memory_free_gb``: llama.cpp built with CUDA on a host with a GPU. Only a split's first
+    #: shard or a whole model takes it (the other shards' RPC servers serve from host memory).
+    vram_free_gb: float = 0.0
 
     def __post_init__(self) -> None:
         _check_fraction_vector("capability", self.capability)
@@ -88,6 +92,8 @@ class Device:
             raise ValueError(f"{self.device_id}: memory_free_gb must be in [0, memory_total_gb]")
         if not 0 < self.power_idle_w <= self.power_max_w or self.power_now_w < 0:
             raise ValueError(f"{self.device_id}: need 0 < power_idle_w <= power_max_w")
+        if self.vram_free_gb < 0:
+            raise ValueError(f"{self.device_id}: vram_free_gb must not be negative")
         if self.speed <= 0 or self.slots < 1 or self.load < 0 or self.delta_t_c < 0:
             raise ValueError(f"{self.device_id}: speed, slots, load and delta_t_c must be positive")
         if self.battery_percent is not None and not 0 <= self.battery_percent <= 100:

@@ -15,6 +15,10 @@ capable devices, k = 1..max) with per-device layers and memory, or the reason it
 chosen option is the feasible one with the smallest estimated per-token step time, where
 every extra hop costs the network round trip — so a poor network prefers fewer devices, and a
 model that fits whole on a device faster than any split stays whole.
+
+A device whose engine offloads layers to a GPU (``Device.vram_free_gb``) holds a first shard
+or a whole model in its VRAM and host memory together, counted apart: the shard's part that
+fits the VRAM is its ``vram_gb``, the rest its ``memory_gb`` (``room_gb``, ``_preview``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate, pairwise
 
 from libs.contracts import DEFAULT_CONTEXT_TOKENS
-from libs.core.catalogue import ModelSpec
+from libs.core.catalogue import GB, ModelSpec
 from libs.core.model import Device
 
 #: How much shorter (a fraction of its step) the fastest split must be estimated than the
@@ -39,7 +43,11 @@ class ShardPlan:
     shard_index: int
     layer_start: int
     layer_end: int
+    #: Host memory the shard takes, and the part of it held in the device's VRAM instead.
     memory_gb: float
+    vram_gb: float = 0.0
+    #: Its last layers held in the VRAM (``gpu_part``; a whole model's output layer is one).
+    gpu_layers: int = 0
 
     @property
     def layers(self) -> int:
@@ -73,16 +81,74 @@ def largest_remainder(total: int, weights: Sequence[float], minimum: int = 1) ->
     return [c + minimum for c in counts]
 
 
+def room_gb(device: Device, first: bool) -> float:
+    """What a shard may take on ``device``: its free host memory, and its VRAM where the
+    shard is the first (llama.cpp's head offloads its layers to its own GPU; an RPC server
+    serves from host memory)."""
+    return device.memory_free_gb + (device.vram_free_gb if first else 0.0)
+
+
+def output_gb(model: ModelSpec) -> float:
+    """The output layer's weights (a tied model's is its embedding matrix), GB."""
+    params = model.embedding_params if model.tied else model.head_params
+    return params * model.embedding_bytes / GB
+
+
+def gpu_part(
+    model: ModelSpec, layers: int, whole: bool, context_length: int, vram_gb: float
+) -> tuple[int, float]:
+    """What a first shard of ``layers`` layers (``whole``: the whole model) holds in ``vram_gb``
+    of GPU memory: how many layers, counted from its last as llama.cpp offloads them (a whole
+    model's output layer is the last, and one more), and the GB they take with their KV cache."""
+    if vram_gb <= 0:
+        return 0, 0.0
+    count, used = 0, 0.0
+    if whole:
+        if output_gb(model) > vram_gb:
+            return 0, 0.0
+        count, used = 1, output_gb(model)
+    for start in reversed(range(layers)):
+        size = model.layers_gb(start, start + 1, context_length)
+        if used + size > vram_gb + 1e-9:
+            break
+        count, used = count + 1, used + size
+    return count, used
+
+
 def capacity_weights(devices: Sequence[Device]) -> list[float]:
-    memory = sum(d.memory_free_gb for d in devices) or 1.0
+    rooms = [room_gb(d, i == 0) for i, d in enumerate(devices)]
+    memory = sum(rooms) or 1.0
     speed = sum(d.speed for d in devices) or 1.0
-    return [0.5 * d.memory_free_gb / memory + 0.5 * d.speed / speed for d in devices]
+    return [0.5 * r / memory + 0.5 * d.speed / speed for r, d in zip(rooms, devices, strict=True)]
 
 
 def _max_layers(model: ModelSpec, device: Device, first: bool, last: bool, ctx: int) -> int:
+    """The most layers of the mean size ``device`` holds as a shard: in host memory, and a
+    first shard's in its VRAM besides (``gpu_part``: a whole model's output layer too)."""
     fixed = model.shard_gb(0, first, last, ctx)
+    on_gpu = 0
+    if first and device.vram_free_gb > 0:
+        on_gpu = gpu_part(model, model.layers, last, ctx, device.vram_free_gb)[0]
+        if last and on_gpu:  # the output layer among them (a tied one's a copy)
+            on_gpu -= 1
+            fixed -= 0.0 if model.tied else output_gb(model)
     room = device.memory_free_gb - fixed
-    return max(0, math.floor(room / model.layer_gb(ctx) + 1e-9))
+    if room < 0:
+        return 0
+    return math.floor(room / model.layer_gb(ctx) + 1e-9) + on_gpu
+
+
+def host_gb(
+    model: ModelSpec, device: Device, start: int, end: int, first: bool, last: bool, ctx: int
+) -> tuple[float, int, float]:
+    """A shard of layers ``start`` to ``end - 1`` on ``device``: the host memory it takes, and
+    what of it sits in the VRAM instead (``gpu_part``: layers, GB)."""
+    memory = model.shard_gb(end - start, first, last, ctx, start)
+    vram = device.vram_free_gb if first else 0.0
+    on_gpu, held = gpu_part(model, end - start, first and last, ctx, vram)
+    if first and last and model.tied and on_gpu:  # the GPU's output layer: a copy of the
+        memory += output_gb(model)  # embeddings, which stay in host memory too
+    return memory - held, on_gpu, held
 
 
 def split_layers(
@@ -115,8 +181,12 @@ def split_layers(
         short = [d.device_id for d, lim in zip(devices, limits, strict=True) if lim < 1]
         if short:
             return None, f"memory: {', '.join(short)} cannot hold even one layer"
-        free = sum(d.memory_free_gb for d in devices)
-        return None, f"memory: needs about {need:.2f} GB, these devices have {free:.2f} GB free"
+        free = sum(room_gb(d, i == 0) for i, d in enumerate(devices))
+        vram = " (the first one's VRAM too)" if devices[0].vram_free_gb > 0 else ""
+        return (
+            None,
+            f"memory: needs about {need:.2f} GB, these devices have {free:.2f} GB{vram} free",
+        )
     return counts, None
 
 
@@ -133,8 +203,8 @@ def fit_ranges(
     n, total = len(devices), model.layers
 
     def fits(i: int, start: int, end: int) -> bool:
-        memory = model.shard_gb(end - start, i == 0, i == n - 1, context_length, start)
-        return memory <= devices[i].memory_free_gb + 1e-9
+        host = host_gb(model, devices[i], start, end, i == 0, i == n - 1, context_length)[0]
+        return host <= devices[i].memory_free_gb + 1e-9
 
     if counts and all(
         fits(i, end - count, end)
@@ -227,8 +297,10 @@ def _preview(
     shards, start = [], 0
     for index, (device, layers) in enumerate(zip(devices, counts, strict=True)):
         first, last = index == 0, index == len(devices) - 1
-        memory = model.shard_gb(layers, first, last, context_length, start)
-        shards.append(ShardPlan(device.device_id, index, start, start + layers, round(memory, 4)))
+        end = start + layers
+        host, on_gpu, vram = host_gb(model, device, start, end, first, last, context_length)
+        shard = ShardPlan(device.device_id, index, start, start + layers, round(host, 4))
+        shards.append(replace(shard, vram_gb=round(vram, 4), gpu_layers=on_gpu))
         start += layers
     ids = tuple(d.device_id for d in devices)
     estimate = (step or step_ms)(model, devices, counts)
@@ -257,7 +329,7 @@ def previews(
 ) -> list[Preview]:
     """One candidate per k = 1..max_shards: the k most capable live devices (``plan``)."""
     alive = [d for d in devices if not d.failed]
-    ranked = sorted(alive, key=lambda d: (-d.memory_free_gb * d.speed, d.device_id))
+    ranked = sorted(alive, key=lambda d: (-room_gb(d, True) * d.speed, d.device_id))
     if not ranked:
         return [Preview(model.name, (), (), False, "no live devices", None)]
     top = min(max_shards, len(ranked), model.layers)
@@ -270,13 +342,14 @@ def memory_proportional(
     """exo's placement, as a baseline: the devices with the most free memory, as few as hold
     the model, with layers in proportion to memory alone (speed is not considered)."""
     ranked = sorted(
-        (d for d in devices if not d.failed), key=lambda d: (-d.memory_free_gb, d.device_id)
+        (d for d in devices if not d.failed), key=lambda d: (-room_gb(d, True), d.device_id)
     )
     need = model.shard_gb(model.layers, True, True, context_length)
     chosen: list[Device] = []
     for device in ranked:
         chosen.append(device)
-        if sum(d.memory_free_gb for d in chosen) >= need and len(chosen) <= model.layers:
+        held = sum(room_gb(d, i == 0) for i, d in enumerate(chosen))
+        if held >= need and len(chosen) <= model.layers:
             break
     ids = tuple(d.device_id for d in chosen)
     limits = [
@@ -285,7 +358,7 @@ def memory_proportional(
     ]
     if not chosen or sum(limits) < model.layers:
         return Preview(model.name, ids, (), False, "memory: the fleet cannot hold it", None)
-    counts = largest_remainder(model.layers, [d.memory_free_gb for d in chosen])
+    counts = largest_remainder(model.layers, [room_gb(d, i == 0) for i, d in enumerate(chosen)])
     return _preview(model, chosen, counts, context_length)
 
 

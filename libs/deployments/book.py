@@ -64,15 +64,16 @@ class DeploymentBook:
         """The deployments not stopped (refused or failed)."""
         return [d for d in self if d.phase not in phases.FINAL]
 
-    def reserved_gb(self, without: str | None = None) -> dict[str, float]:
-        """GB the deployments (all, or all but ``without``) hold on each device; a stopped
-        one holds none (its shards were unloaded)."""
+    def reserved_gb(self, without: str | None = None, vram: bool = False) -> dict[str, float]:
+        """GB of host memory (or, ``vram``, of GPU memory) the deployments (all, or all but
+        ``without``) hold on each device; a stopped one holds none (its shards were unloaded)."""
         reserved: dict[str, float] = {}
         for deployment in self.live():
             if deployment.deployment_id == without:
                 continue
             for a in deployment.assignments:
-                reserved[a.device_id] = reserved.get(a.device_id, 0.0) + a.memory_gb
+                held = a.vram_gb if vram else a.memory_gb
+                reserved[a.device_id] = reserved.get(a.device_id, 0.0) + held
         return reserved
 
     def snapshot(self, ts: float) -> DeploymentsSnapshot:

@@ -107,6 +107,8 @@ class EmulatedDevice:
     engines: tuple[str, ...] = ()
     #: Where this device's llama.cpp RPC server listens (a ``llamacpp`` worker sets it).
     rpc_endpoint: str | None = None
+    #: GPU memory its llama.cpp offloads layers to (a CUDA build on a GPU host sets it).
+    vram_gb: float | None = None
     #: A worker's capacity: requests its engine serves at once, and each one's context where
     #: a task names none (None: no worker, the scheduler assumes its engine's defaults).
     slots: int | None = None
@@ -275,6 +277,7 @@ class EmulatedDevice:
             interval_s=interval_s,
             engines=self.engines,
             rpc_endpoint=self.rpc_endpoint,
+            vram_gb=self.vram_gb,
             slots=self.slots,
             context_length=self.context_length,
             ts=now,

@@ -90,6 +90,8 @@ def create_api(scheduler: Scheduler) -> FastAPI:
                         "layer_start": s.layer_start,
                         "layer_end": s.layer_end,
                         "memory_gb": s.memory_gb,
+                        "vram_gb": s.vram_gb,
+                        "gpu_layers": s.gpu_layers,
                     }
                     for s in p.shards
                 ],

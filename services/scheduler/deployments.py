@@ -361,6 +361,7 @@ class Deployer:
             [e for e in endpoints if e] if all(endpoints) else (),
             deployment.context_length,
             self.planner.cards.get(deployment.model),
+            shards[0].gpu_layers if shards else 0,
         )
 
     def stale_unload(

@@ -114,13 +114,17 @@ def _no(spec: ModelSpec, reason: str) -> Preview:
 
 def fleet_too_small(spec: ModelSpec, devices: Sequence[Device], context_length: int) -> str | None:
     """Why no placement can hold the model, when even all the fleet's free memory is less
-    than its weights and KV cache (one runtime overhead counted)."""
+    than its weights and KV cache (one runtime overhead counted). One device's VRAM counts
+    (a model's first shard offloads to its own GPU; the other shards serve from host memory)."""
     need = spec.shard_gb(spec.layers, True, True, context_length)
-    free = sum(d.memory_free_gb for d in devices if not d.failed)
+    live = [d for d in devices if not d.failed]
+    vram = max((d.vram_free_gb for d in live), default=0.0)
+    free = sum(d.memory_free_gb for d in live) + vram
     if need <= free:
         return None
+    gpu = f" ({vram:.2f} GB of it a GPU's)" if vram > 0 else ""
     return (
-        f"{spec.name} needs {need:.2f} GB; the whole fleet has {free:.2f} GB free: join a "
+        f"{spec.name} needs {need:.2f} GB; the whole fleet has {free:.2f} GB free{gpu}: join a "
         "machine with more memory (`make join ADDR=… TOKEN=…` there, as `tessera up --listen` "
         "prints it), or deploy a smaller quantization or a shorter --context"
     )

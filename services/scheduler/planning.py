@@ -59,7 +59,11 @@ class Planner:
     def devices(self, book: DeploymentBook, now: float, moving: str | None = None) -> list[Device]:
         """The fleet as the core sees it; memory held by deployments is not free, except that
         of deployment ``moving`` (being re-placed: its old shards are dropped)."""
-        return self.view.devices(self.load(now), book.reserved_gb(without=moving))
+        return self.view.devices(
+            self.load(now),
+            book.reserved_gb(without=moving),
+            vram=book.reserved_gb(without=moving, vram=True),
+        )
 
     def spec_of(
         self, model: str, precision: str | None = None, family: str = "ring"

@@ -98,6 +98,8 @@ def assignments_of(preview: Preview) -> tuple[Assignment, ...]:
             layer_start=s.layer_start,
             layer_end=s.layer_end,
             memory_gb=s.memory_gb,
+            vram_gb=s.vram_gb,
+            gpu_layers=s.gpu_layers,
         )
         for s in preview.shards
     )

@@ -44,8 +44,21 @@ def power_now(sample: TelemetrySample, typical_w: float) -> float:
     return typical_w * (IDLE_SHARE + (1.0 - IDLE_SHARE) * sample.cpu_utilisation)
 
 
-def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb: float) -> Device:
-    """A core ``Device`` from the scorer's row (scored, so it has a sample) and the announce."""
+def vram_free(announce: DeviceAnnounce, sample: TelemetrySample, reserved_gb: float) -> float:
+    """The GPU memory a placement may give this device's engine (0: it offloads to none): the
+    share it announced (``vram_gb``) less what deployments hold there, and, while they hold
+    none, less what the GPU has in use (another program's counts)."""
+    if not announce.vram_gb or sample.gpu is None:
+        return 0.0
+    held = reserved_gb if reserved_gb > 0 else sample.gpu.memory_used_gb
+    return max(0.0, announce.vram_gb - held)
+
+
+def to_device(
+    row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb: float, vram_gb: float = 0.0
+) -> Device:
+    """A core ``Device`` from the scorer's row (scored, so it has a sample) and the announce;
+    ``reserved_gb`` and ``vram_gb``: the host and GPU memory deployments hold there."""
     sample = row.sample
     assert sample is not None
     caps = announce.capabilities
@@ -74,6 +87,7 @@ def to_device(row: DeviceRow, announce: DeviceAnnounce, load: float, reserved_gb
         network_rtt_ms=sample.network_rtt_ms,
         network_bandwidth_mbps=sample.network_bandwidth_mbps,
         failed=row.state == DeviceState.FAILED,
+        vram_free_gb=vram_free(announce, sample, vram_gb),
     )
 
 
@@ -188,8 +202,10 @@ class ClusterView:
         load: Mapping[str, int],
         reserved: Mapping[str, float],
         only: Collection[str] | None = None,
+        vram: Mapping[str, float] | None = None,
     ) -> list[Device]:
-        """The core's devices (all, or those of ``only``); the failed ones marked failed."""
+        """The core's devices (all, or those of ``only``); the failed ones marked failed.
+        ``reserved`` and ``vram``: the host and GPU memory deployments hold on each."""
         devices = []
         for device_id, row in self.rows.items():
             if only is not None and device_id not in only:
@@ -199,6 +215,7 @@ class ClusterView:
                 self.announces[device_id],
                 float(load.get(device_id, 0)),
                 float(reserved.get(device_id, 0.0)),
+                float((vram or {}).get(device_id, 0.0)),
             )
             if device_id in self.failed and not device.failed:
                 device = replace(device, failed=True)

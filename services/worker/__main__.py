@@ -33,6 +33,7 @@ from services.worker.device.worker import DeviceWorker
 from services.worker.rpc.server import RpcServer
 from services.worker.served.llama_worker import LlamaWorker
 from services.worker.served.llama_worker import server_factory as llama_servers
+from services.worker.served.llama_worker import vram_gb as llama_vram_gb
 from services.worker.settings import WorkerSettings
 
 log = logging.getLogger("services.worker")
@@ -136,6 +137,7 @@ def make_worker(
             int(settings.rpc_cache_gb * 10**9),
             settings.rpc_announce,
         )
+        device.vram_gb = llama_vram_gb(settings)  # None: serves from host memory only
         return LlamaWorker(
             bus,
             device,

@@ -52,18 +52,24 @@ def layer_split(task: ShardTask, layers: int) -> tuple[int, list[int]]:
     return sum(counts), counts
 
 
-#: Of a GPU's free memory, what a whole model's layers may take (the rest: their KV cache and
-#: CUDA's own buffers).
+#: Of a GPU's memory, what this device announces for a model's layers and their KV cache (the
+#: rest: CUDA's own buffers and the compute graph's); the placement counts within it.
 GPU_SHARE = 0.8
 
 
-def gpu_layers(layers: int, file_bytes: int, free_vram_bytes: int) -> int:
-    """How many of llama.cpp's ``layers + 1`` (the output layer counted) go to a GPU with
-    ``free_vram_bytes`` free, at the file's average bytes per layer: all where the model fits
-    ``GPU_SHARE`` of it, else as many as do (the rest stay on the CPU: one model split between
-    the GPU and the CPU of one host)."""
-    per_layer = file_bytes / (layers + 1)
-    return max(0, min(layers + 1, int(free_vram_bytes * GPU_SHARE // per_layer)))
+def gpu_command(task: ShardTask, offloaded: int, split: Sequence[int]) -> list[str]:
+    """llama-server's offload flags where the placement put ``task.gpu_layers`` of the first
+    shard's layers (its last ones) on this host's GPU: for a whole model, that many of its
+    ``layers + 1``; for a split's head, the GPU first in the device order (RPC servers come
+    first by default), given its layers before the RPC servers' in ``--tensor-split``."""
+    if not split:
+        return ["-ngl", str(task.gpu_layers)]
+    rpcs = [f"RPC{i}" for i in range(len(split))]  # one device per RPC server, in --rpc order
+    return [
+        *("--device", ",".join(["CUDA0", *rpcs])),
+        *("-ngl", str(offloaded + task.gpu_layers)),
+        *("-ts", ",".join(str(n) for n in (task.gpu_layers, *split))),
+    ]
 
 
 class LlamaServer(EngineServer):
@@ -82,13 +88,11 @@ class LlamaServer(EngineServer):
         slots: int = 8,
         context: int = 1024,
         credentials: Credentials | None = None,
-        gpu_free_bytes: int = 0,
     ) -> None:
         """``credentials``: this device's cluster certificate, to reach other hosts' RPC
         servers through TLS tunnels (``services/worker/rpc/channel.py``); without them only
-        loopback ones. ``gpu_free_bytes``: this host's GPU memory free for a whole model, where
-        llama.cpp was built with CUDA (0: the CPU only; a split's head keeps its layers on the
-        CPU, since the placement counts host memory, not VRAM)."""
+        loopback ones. The task's ``gpu_layers`` go to this host's GPU (llama.cpp built with
+        CUDA: the device announced its VRAM), the rest of its layers stay on the CPU."""
         super().__init__()
         self.binaries, self.gguf, self.task, self.layers = binaries, gguf, task, layers
         self.threads, self.slots, self.context = threads, slots, context
@@ -96,7 +100,7 @@ class LlamaServer(EngineServer):
         #: and the template file it is given (None: the GGUF's own), read in ``prepare``.
         self.tools = False
         self.template: tuple[Path | None, bool] = (None, False)
-        self.credentials, self.gpu_free_bytes = credentials, gpu_free_bytes
+        self.credentials = credentials
         #: What ``--rpc`` names for the other shards' RPC servers: a tunnel's loopback address
         #: for each on another host (opened in ``prepare``), the endpoint itself on this one.
         self.rpc_addresses: list[str] = list(task.endpoints[1:])
@@ -134,17 +138,13 @@ class LlamaServer(EngineServer):
         template, self.tools = self.template
         if template is not None:  # the model's ChatML template, with a tool-call format
             command += ["--chat-template-file", str(template)]
+        if split:  # the RPC servers first: --device names them
+            command += ["--rpc", ",".join(self.rpc_addresses)]
+        if self.task.gpu_layers:
+            return [*command, *gpu_command(self.task, offloaded, split)], llama_env(gpu=True)
         if split:
-            command += [
-                *("--rpc", ",".join(self.rpc_addresses)),
-                *("-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)),
-            ]
+            command += ["-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)]
             return command, llama_env()
-        on_gpu = 0
-        if self.gpu_free_bytes > 0:
-            on_gpu = gpu_layers(self.layers, self.gguf.stat().st_size, self.gpu_free_bytes)
-        if on_gpu:
-            return [*command, "-ngl", str(on_gpu)], llama_env(gpu=True)
         return [*command, "-ngl", "0", "--device", "none"], llama_env()
 
     async def prepare(self) -> None:

@@ -23,6 +23,7 @@ import httpx
 from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import Sampling, ShardTask, shard_ring
 from libs.contracts.models import ModelCard
+from libs.core.catalogue import GB
 from libs.devices.emulated import EmulatedDevice
 from libs.models.engine_support import llama_build, unserved_reason
 from libs.models.shipped import MODEL_NAME, gguf_path, shipped_card
@@ -33,7 +34,7 @@ from libs.weights.whole_files import ensure_local
 from services.worker.device.gpu import read_gpu
 from services.worker.device.processes import EngineError
 from services.worker.rpc.server import RpcServer
-from services.worker.served.llama_server import LlamaServer
+from services.worker.served.llama_server import GPU_SHARE, LlamaServer
 from services.worker.served.server import EngineServer
 from services.worker.served.worker import ServedWorker
 from services.worker.settings import WorkerSettings
@@ -237,13 +238,14 @@ def local_file(card: ModelCard) -> Path | None:
     return None
 
 
-def gpu_free_bytes(settings: WorkerSettings) -> int:
-    """GPU 0's free memory (NVML) for a whole model, where this device is its host (a joined
-    host: ``tessera up``'s emulated devices share the host, whose GPU its vLLM worker serves)
-    and ``make llama`` built llama.cpp with CUDA (its stamp's third field); else 0."""
+def vram_gb(settings: WorkerSettings) -> float | None:
+    """The GPU memory this device announces for the layers placements give it (``GPU_SHARE``
+    of GPU 0's, NVML's reading), where this device is its host (a joined host: ``tessera up``'s
+    emulated devices share the host, whose GPU its vLLM worker serves) and ``make llama`` built
+    llama.cpp with CUDA (its stamp's third field); else None: it serves from host memory."""
     build = llama_build(settings.llama_bin)
     reading = read_gpu() if settings.host_device and build and build[1] == "cuda" else None
-    return 0 if reading is None else reading.memory_total_bytes - reading.memory_used_bytes
+    return None if reading is None else round(GPU_SHARE * reading.memory_total_bytes / GB, 3)
 
 
 def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServer]:
@@ -265,7 +267,6 @@ def server_factory(settings: WorkerSettings) -> Callable[[ShardTask], EngineServ
             slots=settings.llama_slots,
             context=settings.llama_context,
             credentials=settings.rpc_credentials,
-            gpu_free_bytes=gpu_free_bytes(settings) if task.shard_count == 1 else 0,
         )
 
     return make

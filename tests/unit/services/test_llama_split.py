@@ -13,7 +13,7 @@ from libs.contracts import shard_ring
 from libs.core.catalogue import GB, card_spec
 from libs.models.shipped import gguf_path, shipped_card
 from services.worker.rpc.server import SPIN_COUNT
-from services.worker.served.llama_server import LlamaServer, gpu_layers, layer_split
+from services.worker.served.llama_server import LlamaServer, layer_split
 
 ENDPOINTS = ("10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052")
 
@@ -82,22 +82,26 @@ def test_the_gguf_sizes_the_scheduler_counts_are_the_shipped_files() -> None:
     assert served.layer_gb(1024) * GB == pytest.approx(layer + 8 * 1024 * 2 * 3 * 64 * 2)
 
 
-def test_a_whole_model_goes_to_a_gpu_as_far_as_its_free_memory_holds(tmp_path: Path) -> None:
-    """With a CUDA build and a GPU (its free memory given: no GPU here, the number stands in
-    for NVML's reading), a whole model's layers go to the GPU, all where they fit 80 % of it,
-    else as many as do, the rest on the CPU; without, the GPU is hidden from llama.cpp."""
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"\0" * 31_000)  # 31 of llama.cpp's layers (30 and the output): 1,000 each
-    (task,) = ring([(0, 30)], ENDPOINTS[:1])
-    assert gpu_layers(30, 31_000, 10**9) == 31 and gpu_layers(30, 31_000, 20_000) == 16
-    for free, layers in ((10**9, "31"), (20_000, "16")):
-        server = LlamaServer(Path("/bin"), gguf, task, 30, threads=2, gpu_free_bytes=free)
-        command, env = server.command()
-        assert dict(itertools.pairwise(command))["-ngl"] == layers and "--device" not in command
-        assert "CUDA_VISIBLE_DEVICES" not in env or env["CUDA_VISIBLE_DEVICES"] != ""
-    for free in (0, 500):  # no GPU, or too little for one layer
-        command, env = LlamaServer(
-            Path("/bin"), gguf, task, 30, threads=2, gpu_free_bytes=free
-        ).command()
-        assert command[-4:] == ["-ngl", "0", "--device", "none"]
-        assert env["CUDA_VISIBLE_DEVICES"] == ""
+def test_the_layers_the_placement_put_on_the_gpu_go_there_and_no_others() -> None:
+    """The placement's ``gpu_layers`` (a device that announced its VRAM: a CUDA build on a GPU
+    host) reach llama.cpp's flags: a whole model's as ``-ngl``; a split head's own last layers
+    on its GPU, named first in the device order (RPC servers come first by default) and given
+    its count first in ``--tensor-split``, the RPC servers keeping theirs. Without, the GPU is
+    hidden and nothing but the RPC servers' layers is offloaded."""
+    (whole,) = shard_ring("load", "dep", "m", [("d0", 0, 30)], 1, 0.0, gpu_layers=31)
+    command, env = LlamaServer(Path("/bin"), Path("m.gguf"), whole, 30, threads=2).command()
+    assert dict(itertools.pairwise(command))["-ngl"] == "31" and "--device" not in command
+    assert env.get("CUDA_VISIBLE_DEVICES") != ""
+    spans = [("d0", 0, 12), ("d1", 12, 21), ("d2", 21, 30)]
+    head, *rest = shard_ring("load", "dep", "m", spans, 1, 0.0, None, ENDPOINTS, gpu_layers=5)
+    assert [t.gpu_layers for t in rest] == [0, 0]  # the RPC servers serve from host memory
+    command, env = LlamaServer(Path("/bin"), Path("m.gguf"), head, 30, threads=2).command()
+    flags = dict(itertools.pairwise(command))
+    assert flags["--device"] == "CUDA0,RPC0,RPC1" and flags["--rpc"] == ",".join(ENDPOINTS[1:])
+    assert command.index("--rpc") < command.index("--device")  # named once registered
+    # layers 7..11 on the GPU, 12..20 on d1, 21..29 and the output on d2: 24 of 31 offloaded
+    assert flags["-ngl"] == "24" and flags["-ts"] == "5,9,10"
+    assert env.get("CUDA_VISIBLE_DEVICES") != ""
+    for task in (ring([(0, 30)], ENDPOINTS[:1])[0], ring([(0, 12), (12, 30)], ENDPOINTS[:2])[0]):
+        command, env = LlamaServer(Path("/bin"), Path("m.gguf"), task, 30, threads=2).command()
+        assert "CUDA0" not in command and env["CUDA_VISIBLE_DEVICES"] == ""

@@ -79,3 +79,31 @@ def test_the_simulator_and_the_live_view_build_the_same_device_from_one_sample()
         )
         assert {f: getattr(live, f) for f in shared} == {f: getattr(simulated, f) for f in shared}
         assert live.speed == emulated.capabilities.fp32_tflops * 1000.0  # GFLOP/s
+
+
+def test_a_device_that_announced_its_vram_offers_it_apart_from_host_memory() -> None:
+    """A CUDA llama.cpp worker announces the GPU memory it offloads layers to; the view offers
+    that less what is in use on the GPU (another program's), or, once deployments hold some of
+    it, less what they hold; a device that announced none offers none, whatever its GPU."""
+    from libs.contracts.device import GpuSample
+
+    gpu = GpuSample(
+        utilisation=0.0, memory_used_gb=2.0, memory_total_gb=24.0, power_w=60.0, temperature_c=40.0
+    )
+    sample = make_telemetry("host-a", memory_total_gb=32.0, memory_available_gb=30.0, gpu=gpu)
+    row = DeviceRow(device_id="host-a", sample=sample, total=0.5, compute=0.5)
+    caps = make_capabilities()
+    announce = DeviceAnnounce(
+        device_id="host-a",
+        device_class=DeviceClass.WORKSTATION,
+        capabilities=caps,
+        emulated=False,
+        vram_gb=19.2,  # 80 % of the 24 GB
+        ts=NOW,
+    )
+    free = to_device(row, announce, load=0.0, reserved_gb=0.0)
+    assert free.vram_free_gb == 19.2 - 2.0 and free.memory_free_gb == 30.0
+    held = to_device(row, announce, load=0.0, reserved_gb=5.0, vram_gb=12.0)
+    assert held.vram_free_gb == 19.2 - 12.0 and held.memory_free_gb == 25.0
+    unannounced = announce.model_copy(update={"vram_gb": None})
+    assert to_device(row, unannounced, load=0.0, reserved_gb=0.0).vram_free_gb == 0.0
