@@ -42,22 +42,32 @@ def bar(console: Console) -> Progress:
     )
 
 
+#: How a model source that is downloaded begins.
+REMOTE = ("hf:", "http://", "https://")
+
+
+def fetched(source: str, progress: Progress) -> tuple[Path, str]:
+    """``source``'s file or folder here (downloaded into the cache first when it is a URL or
+    ``hf:``, with its progress shown), and the origin its card names."""
+    if not source.startswith(REMOTE):
+        path = Path(source).expanduser()
+        return path, str(path.resolve())
+    from libs.models.hub import DownloadError, download
+
+    task = progress.add_task(f"downloading {source}", total=None)
+    try:
+        path = download(
+            source, lambda done, total: progress.update(task, completed=done, total=total)
+        )
+    except DownloadError as exc:
+        raise SystemExit(f"could not download {source}: {exc}") from None
+    return path, source
+
+
 def local_card(source: str, name: str | None, sha256: str | None, console: Console) -> Any:
     """The card of ``source`` read here (downloaded first when it is a URL or ``hf:``)."""
-    path, origin = Path(source).expanduser(), source
     with bar(console) as progress:
-        if source.startswith(("hf:", "http://", "https://")):
-            from libs.models.hub import DownloadError, download
-
-            task = progress.add_task(f"downloading {source}", total=None)
-            try:
-                path = download(
-                    source, lambda done, total: progress.update(task, completed=done, total=total)
-                )
-            except DownloadError as exc:
-                raise SystemExit(f"could not download {source}: {exc}") from None
-        else:
-            origin = str(path.resolve())
+        path, origin = fetched(source, progress)
         card = checked_card(progress, path, name=name, source=origin, expect_sha256=sha256)
         if card.format == "hf":  # a folder stays where it lies: vLLM serves it on this host
             console.print(f"{path} is a Hugging Face folder: served on this host, not sent")
@@ -86,10 +96,11 @@ def checked_card(progress: Progress, path: Path, **read: Any) -> Any:
 
 
 def names_a_file(model: str) -> bool:
-    """Whether a command's MODEL is a model file (``*.gguf`` or a file that exists) or a model
-    folder (a folder that exists), not a registered name."""
+    """Whether a command's MODEL is a model file (``*.gguf`` or a file that exists), a model
+    folder (a folder that exists) or a source to download (a URL, ``hf:ORG/REPO``), not a
+    registered name."""
     path = Path(model).expanduser()
-    return model.endswith(".gguf") or path.is_file() or path.is_dir()
+    return model.startswith(REMOTE) or model.endswith(".gguf") or path.is_file() or path.is_dir()
 
 
 def registered_as(cards: list[dict[str, Any]], sha256: str) -> str | None:
@@ -163,14 +174,15 @@ def add_model(
 
 
 def file_card(base: str, model: str) -> Any:
-    """For ``model`` naming a file: the registered name of the same file (by its sha256), else
-    its card, read here (nothing stored or registered); None when ``model`` is a name."""
+    """For ``model`` naming a file (or a source to download, into this host's cache): the
+    registered name of the same file (by its sha256), else its card, read here (nothing
+    registered); None when ``model`` is a name."""
     if not names_a_file(model):
         return None
-    path = Path(model).expanduser()
     registered = call("GET", f"{base}/models")  # a cluster that is not there: said at once
     with bar(Console(stderr=True)) as progress:  # its checksum: minutes for a large file
-        card = checked_card(progress, path, source=str(path.resolve()))
+        path, origin = fetched(model, progress)
+        card = checked_card(progress, path, source=origin)
     return registered_as(registered, card.sha256) or card
 
 

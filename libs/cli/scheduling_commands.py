@@ -42,8 +42,9 @@ def preview(
     precision: PrecisionOption = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
-    """Every candidate placement of MODEL (a registered name, or a FILE.gguf: read here, not
-    added): layers and memory per device, or why not."""
+    """Every candidate placement of MODEL (a registered name; or a FILE.gguf, a model's
+    FOLDER, a URL or hf:ORG/REPO: read here, downloaded first where it is remote, not added):
+    layers and memory per device, or why not."""
     from libs.cli.model_commands import file_card
     from libs.cli.scheduling import show_previews
 
@@ -89,7 +90,8 @@ def deploy(
     ] = None,
     scheduler_url: SchedulerUrl = None,
 ) -> None:
-    """Deploy MODEL (a registered name, or a FILE.gguf, added first) across the fleet (split
+    """Deploy MODEL (a registered name; or a FILE.gguf, a model's FOLDER, a URL or
+    hf:ORG/REPO, added first as `tessera models add` adds it) across the fleet (split
     into shards where needed) and wait until it serves, showing its progress; exit 1 with the
     reason when it is refused or fails. Told --shards or --devices, the scheduler does exactly
     that or refuses saying why."""

@@ -99,10 +99,17 @@ class RunningCluster:
         tail = "\n".join(self.lines[-80:])
         return f"{what} ({masks}):\n{tail}"
 
-    def tessera(self, *args: str, timeout_s: float = 300.0) -> tuple[int, str]:
-        """A ``tessera`` command against this cluster (its run file): the exit status and its
-        output, stdout and stderr, on one line."""
-        env = {**os.environ, "TESSERA_RUN_FILE": str(self.run_file), "COLUMNS": "200"}
+    def tessera(
+        self, *args: str, timeout_s: float = 300.0, env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        """A ``tessera`` command against this cluster (its run file), with ``env`` added to
+        this process's: the exit status and its output, stdout and stderr, on one line."""
+        env = {
+            **os.environ,
+            "TESSERA_RUN_FILE": str(self.run_file),
+            "COLUMNS": "200",
+            **(env or {}),
+        }
         done = subprocess.run(
             [sys.executable, "-m", "libs.cli.main", *args],
             env=env, capture_output=True, text=True, timeout=timeout_s,

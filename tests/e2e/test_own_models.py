@@ -193,3 +193,39 @@ def test_a_model_with_no_chat_template_completes_and_chats_in_chatml(
 def deployed(cluster: RunningCluster) -> set[str]:
     rows = httpx.get(f"{cluster.base_url}/v1/cluster/placements", timeout=5).json()
     return {r["deployment_id"] for r in rows}
+
+
+def test_a_model_on_the_hub_is_previewed_and_deployed_by_its_hf_source(
+    cluster: RunningCluster, tmp_path: Path
+) -> None:
+    """`tessera preview hf:ORG/REPO` and `tessera deploy hf:ORG/REPO` take what `tessera models
+    add` takes: the GGUF downloaded (from a local stand-in for the Hub, as HF_ENDPOINT names a
+    mirror) into this host's cache, previewed without adding it, then added and deployed; its
+    greedy text is llama.cpp's own on the same file."""
+    from tests.hub_standin import hub_standin
+
+    undeploy(cluster, *[d for d in ("smollm2-135m-instruct",) if d in deployed(cluster)])
+    path = make_gguf(tmp_path / "hubbed.gguf", "llama", "Q8_0", layers=4, hidden=128)
+    env = {"TESSERA_MODEL_DIR": str(tmp_path / "cache")}
+    with hub_standin() as hub:
+        hub.repos["test-org/hubbed-GGUF"] = {"hubbed.Q8_0.gguf": path.read_bytes()}
+        env["HF_ENDPOINT"] = hub.url
+        before = models(cluster)
+        code, out = cluster.tessera("preview", "hf:test-org/hubbed-GGUF", env=env)
+        assert code == 0 and "device(s): ~" in out and "ms/token" in out, out
+        assert models(cluster) == before  # previewed: nothing added
+        code, out = cluster.tessera(
+            "deploy", "hf:test-org/hubbed-GGUF", "--id", "hubbed", "--timeout", "300", env=env
+        )
+    assert code == 0 and "hubbed serving on" in out, out
+    (card,) = [m for m in models(cluster) if m["sha256"] == read_card(path).sha256]
+    assert card["source"] == "hf:test-org/hubbed-GGUF"
+    body = {"model": card["name"], "prompt": "Hello there", "max_tokens": 8, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    with llama_server(path) as reference:
+        expected = reference.completion("Hello there", 8)["content"]
+    assert answer.json()["choices"][0]["text"] == expected
+    undeploy(cluster, "hubbed")
+    code, out = cluster.tessera("models", "rm", card["name"])
+    assert code == 0, out
