@@ -57,6 +57,9 @@ class ShardTask(WireModel):
     #: llama.cpp offloads them; a whole model's output layer counts as one more. 0: none, the
     #: shard serves from host memory.
     gpu_layers: Annotated[int, Field(ge=0, le=100_000)] = 0
+    #: The memory (GB) the placement counted for this shard on its device (0: not said): a
+    #: vLLM server on a GPU takes that share of the GPU's memory (``--gpu-memory-utilization``).
+    memory_gb: Annotated[float, Field(ge=0.0, le=65536.0)] = 0.0
 
     @model_validator(mode="after")
     def _shape(self) -> ShardTask:
@@ -88,11 +91,13 @@ def shard_ring(
     context_length: int | None = None,
     card: ModelCard | None = None,
     gpu_layers: int = 0,
+    memory_gb: Sequence[float] = (),
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device, the whole route (the last one sends tokens back
     to the first), every shard's layers and, where given, every device's RPC address; the
-    first shard, the ``gpu_layers`` the placement put in its device's GPU memory."""
+    first shard, the ``gpu_layers`` the placement put in its device's GPU memory; each, the
+    ``memory_gb`` it counted (in route order, where given)."""
     route = tuple(device for device, _, _ in shards)
     spans = tuple((start, end) for _, start, end in shards)
     return [
@@ -115,6 +120,7 @@ def shard_ring(
             context_length=context_length,
             card=card if action == "load" else None,
             gpu_layers=gpu_layers if i == 0 and action == "load" else 0,
+            memory_gb=memory_gb[i] if memory_gb and action == "load" else 0.0,
         )
         for i, (device, start, end) in enumerate(shards)
     ]

@@ -362,6 +362,7 @@ class Deployer:
             deployment.context_length,
             self.planner.cards.get(deployment.model),
             shards[0].gpu_layers if shards else 0,
+            [a.memory_gb for a in shards],
         )
 
     def stale_unload(

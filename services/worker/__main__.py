@@ -115,6 +115,8 @@ def make_worker(
             kv_cache_gb=settings.vllm_kv_cache_gb,
             eager=vllm_runs_eager(settings.vllm_eager, settings.vllm_python),
             context=settings.vllm_context,
+            # The GPU's memory, where the device is the GPU: each server takes its share.
+            gpu_gb=device.capabilities.memory_total_gb if isinstance(device, GpuDevice) else None,
         )
         return VllmWorker(
             bus,

@@ -84,3 +84,16 @@ def test_a_folder_added_by_path_serves_with_vllms_own_greedy_text(
         answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=120)
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["text"] == text, prompt
+    # A second model beside it on the same worker (a vLLM server each, as its memory holds):
+    # both answer, the first as before.
+    code, out = cluster.tessera(
+        "deploy", "smollm2-135m-instruct", "--id", "smol", "--timeout", "600", timeout_s=660
+    )
+    assert code == 0 and "smol serving on vllm-0" in out, out
+    body = {"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"], answer.text
+    body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": NEW_TOKENS, "temperature": 0}
+    answer = httpx.post(f"{cluster.base_url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == expected[0]

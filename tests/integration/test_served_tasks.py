@@ -281,15 +281,17 @@ async def test_each_deployment_has_its_own_server_and_an_unload_stops_only_its_o
     await rig.settled()
 
 
-def folder_card(name: str, folder: Path) -> ModelCard:
+def folder_card(name: str, folder: Path, gb: float = 0.1) -> ModelCard:
     """A Hugging Face folder's card (a llama, which vLLM's build registers) lying at ``folder``."""
     update = {"format": "hf", "source": str(folder), "architecture": "LlamaForCausalLM"}
-    return sized(name, 0.1).model_copy(update=update)
+    return sized(name, gb).model_copy(update=update)
 
 
-async def test_a_vllm_worker_takes_one_model_at_a_time_and_says_so(
+async def test_a_vllm_worker_runs_models_side_by_side_as_its_memory_holds(
     rig: Rig, tmp_path: Path
 ) -> None:
+    """A server per deployment, as Ollama and GPUStack run them: a second model beside the
+    first; refused only what its memory cannot take beside them, or a folder on another host."""
     rig.started.gate.touch()
     await rig.send("load", 1, "dep-a", folder_card("model-a", tmp_path))
     await wait_until(lambda: rig.got, timeout_s=15)
@@ -297,12 +299,17 @@ async def test_a_vllm_worker_takes_one_model_at_a_time_and_says_so(
     await wait_until(lambda: len(rig.got) == 2, timeout_s=15)
     assert [(s.deployment_id, s.state) for s in rig.got] == [
         ("dep-a", "loaded"),
-        ("dep-b", "refused"),
+        ("dep-b", "loaded"),
     ]
-    assert "one model at a time, and it serves dep-a" in (rig.got[1].reason or "")
-    elsewhere = folder_card("model-c", tmp_path / "on-another-host")  # not on this host
-    await rig.send("load", 1, "dep-c", elsewhere)
+    assert set(rig.served.hosted) == {"dep-a", "dep-b"}
+    big = folder_card("model-c", tmp_path, rig.served.device.memory_limit_gb * MEMORY_SHARE)
+    await rig.send("load", 1, "dep-c", big)
     await wait_until(lambda: len(rig.got) == 3, timeout_s=15)
     assert rig.got[2].state == "refused"
-    assert "a Hugging Face folder is served on the host it lies on" in (rig.got[2].reason or "")
+    assert "memory cannot take dep-c" in (rig.got[2].reason or "")
+    elsewhere = folder_card("model-d", tmp_path / "on-another-host")  # not on this host
+    await rig.send("load", 1, "dep-d", elsewhere)
+    await wait_until(lambda: len(rig.got) == 4, timeout_s=15)
+    assert rig.got[3].state == "refused"
+    assert "a Hugging Face folder is served on the host it lies on" in (rig.got[3].reason or "")
     await rig.settled()

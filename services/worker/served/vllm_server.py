@@ -31,11 +31,14 @@ class VllmServer(EngineServer):
         max_model_len: int = DEFAULT_CONTEXT_TOKENS,
         kv_cache_gb: int = 1,
         eager: bool = True,
+        gpu_share: float | None = None,
     ) -> None:
+        """``gpu_share``: of the GPU's memory, what this server takes (None: vLLM's default;
+        the CPU build's KV cache is ``kv_cache_gb`` instead)."""
         super().__init__()
         self.python, self.folder, self.name = python, folder, name
         self.dtype, self.max_model_len = dtype, max_model_len
-        self.kv_cache_gb, self.eager = kv_cache_gb, eager
+        self.kv_cache_gb, self.eager, self.gpu_share = kv_cache_gb, eager, gpu_share
 
     def check(self) -> None:
         if not self.python.exists():
@@ -57,6 +60,7 @@ class VllmServer(EngineServer):
             *("--host", "127.0.0.1", "--port", str(self.port)),
             *("--dtype", self.dtype, "--max-model-len", str(self.max_model_len)),
             *(["--enforce-eager"] if self.eager else []),
+            *(["--gpu-memory-utilization", str(self.gpu_share)] if self.gpu_share else []),
         ]
         env = engine_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb), HF_HUB_OFFLINE="1")
         return command, env

@@ -45,13 +45,7 @@ class VllmWorker(ServedWorker):
                 f"{self.device_id} runs vLLM, which serves whole models: shard "
                 f"{task.shard_index + 1} of {task.shard_count} belongs on a torch worker"
             )
-        others = sorted(set(self.hosted) - {task.deployment_id})
-        if others:  # its server takes a fixed share of the GPU's memory (gpu_memory_utilization)
-            return (
-                f"{self.device_id} runs vLLM, whose server takes its share of the GPU's memory: "
-                f"one model at a time, and it serves {others[0]}"
-            )
-        return None
+        return None  # beside others, as its memory holds (``no_room``): a server each
 
     def same_server(self, current: ShardTask, task: ShardTask) -> bool:
         """A whole model's server serves every epoch of its deployment."""
@@ -101,10 +95,15 @@ def server_factory(
     kv_cache_gb: int,
     eager: bool,
     context: int = DEFAULT_CONTEXT_TOKENS,
+    gpu_gb: float | None = None,
 ) -> Callable[[ShardTask], EngineServer]:
+    """``gpu_gb``: the GPU's memory where vLLM's GPU build serves from it (None: the CPU
+    build, whose KV cache is ``kv_cache_gb``)."""
+
     def make(task: ShardTask) -> EngineServer:
         """The server of ``task``'s model: a Hugging Face folder's where it lies, else the
-        shipped model's converted ``folder``; its context no longer than the model's own."""
+        shipped model's converted ``folder``; its context no longer than the model's own; on a
+        GPU, its share of the GPU's memory the placement's (``gpu_share``)."""
         card = task.card
         model = Path(card.source) if card is not None and card.format == "hf" else folder
         longest = task.context_length or context
@@ -118,6 +117,22 @@ def server_factory(
             kv_cache_gb=kv_cache_gb,
             eager=eager,
             max_model_len=longest,
+            gpu_share=gpu_share(task.memory_gb, gpu_gb) if gpu_gb else None,
         )
 
     return make
+
+
+#: What a vLLM server takes on a GPU beyond the weights and KV cache the placement counts
+#: (CUDA's context, the activations of its profiling batch, CUDA graphs), GB.
+GPU_EXTRA_GB = 1.5
+
+
+def gpu_share(memory_gb: float, gpu_gb: float) -> float:
+    """``--gpu-memory-utilization`` for a deployment the placement counted ``memory_gb`` for,
+    on a GPU of ``gpu_gb``: that and ``GPU_EXTRA_GB``, between 5 % and 90 % of the GPU (the
+    whole 90 % where the placement said nothing), so that servers of several deployments fit
+    side by side."""
+    if memory_gb <= 0:
+        return 0.9
+    return round(min(0.9, max(0.05, (memory_gb + GPU_EXTRA_GB) / gpu_gb)), 3)
