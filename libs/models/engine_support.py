@@ -133,6 +133,26 @@ def vllm_declared(venv: Path = VLLM_DIR) -> Declared | None:
     return Declared(names, frozenset(), f"vLLM {vllm_build(venv) or '?'}'s model registry")
 
 
+def vllm_reads_gguf(venv: Path = VLLM_DIR) -> bool:
+    """Whether vLLM's build in ``venv`` has a GGUF loader (its GGUF quantization module):
+    vLLM removed it, so neither 0.32's CPU build nor 0.34's GPU build reads a GGUF."""
+    found = venv.glob("lib/python*/site-packages/vllm/model_executor/layers/quantization/gguf.py")
+    return any(found)
+
+
+def gguf_on_vllm(card: ModelCard, vllm_dir: Path) -> str:
+    """Why vLLM does not serve the GGUF ``card`` (the shipped model's aside, served from its
+    converted folder), read from its build."""
+    folder = "add the model as a Hugging Face folder (`tessera models add DIR | hf:ORG/REPO`)"
+    build = vllm_build(vllm_dir) or "(not built)"
+    if not vllm_reads_gguf(vllm_dir):
+        return (
+            f"vllm {build} reads no GGUF (its build has no GGUF loader): llamacpp serves "
+            f"{card.name}; or {folder}"
+        )
+    return f"vllm serves GGUF files here only as {MODEL_NAME}'s converted folder: {folder}"
+
+
 def folder_reason(engine: str, card: ModelCard, vllm_dir: Path) -> str | None:
     """Why ``engine`` cannot run the Hugging Face folder ``card`` (None: it can)."""
     if engine == "llamacpp":
@@ -158,10 +178,7 @@ def unserved_reason(
     if card.format == "hf":
         return folder_reason(engine, card, vllm_dir)
     if engine == "vllm" and card.name != MODEL_NAME:
-        return (
-            f"vllm serves a GGUF here only as {MODEL_NAME}'s converted folder: add "
-            f"{card.name} as a Hugging Face folder (`tessera models add DIR`)"
-        )
+        return gguf_on_vllm(card, vllm_dir)
     if engine == "torch" and card.name != MODEL_NAME:
         # Its workers hold one converted folder, the shipped model's (shipped.prepare).
         return f"{engine} serves only {MODEL_NAME} here"

