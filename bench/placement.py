@@ -349,7 +349,7 @@ async def run(
                 for load in (1, args.streams):
                     stages = stages_of(fleet, c)
                     factors[load] = corrected(
-                        {}, stages, c.predicted.tokens_per_s[load], c.measured[load]
+                        {}, stages, c.predicted.tokens_per_s[load], c.measured[load], spec.name
                     )
         sweep = await link_sweep(args, spec, fleet, gguf, card.layers, prompt)
     return summary(args, spec, fleet, ordered, factors, total, sweep)

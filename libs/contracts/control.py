@@ -40,6 +40,11 @@ class SchedulerCheckpoint(WireModel):
     placements: tuple[PlacementDecision, ...] = ()
     queue: tuple[PlacementRequest, ...] = ()
     counters: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    #: The prediction's corrections, as the deployments' measurements left them
+    #: (``libs/core/predict.py: corrected``; ``MODEL@DEVICE``, ``DEVICE``, ``MODEL@*``, ``*``).
+    factors: dict[
+        Annotated[str, Field(max_length=300)], Annotated[float, Field(gt=0.0, le=1e6)]
+    ] = Field(default_factory=dict, max_length=100_000)
 
 
 class JoinRequest(WireModel):

@@ -8,9 +8,10 @@ device calibrated; the output layer runs on the first stage where the model ties
 embeddings (llama.cpp keeps that tensor where the embeddings are), else on the last; each stage
 after the first adds ``TRIPS_PER_STEP`` round trips of its link. A device's ``factor`` (1 until
 measured) scales its stages' time: after a placement has served, ``corrected`` sets the factor
-of each of its devices from the measured rate, and the default factor (``"*"``) of devices not
-measured yet, so the next prediction is closer: for those devices, and for others on the same
-engine.
+of each of its devices for that model (``MODEL@DEVICE``) from the measured rate, and, where
+none was measured before, the device's for other models (``DEVICE``), the model's on devices
+not measured yet (``MODEL@*``) and everything's (``*``), so the next prediction is closer: the
+most particular factor known is used (``factor_of``).
 
 Time to first token: the prompt's tokens computed at once through every stage, plus the round
 trips, plus one decode step. Watts: each device's idle draw, plus its span to full load for the
@@ -24,6 +25,7 @@ engine or machine starts from them and corrects itself by its first measurement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -70,9 +72,14 @@ class Prediction:
     watts: dict[int, float] = field(default_factory=dict)
 
 
-def factor_of(factors: Mapping[str, float], device_id: str) -> float:
-    """The device's own factor, else the default one (``"*"``), else 1."""
-    return factors.get(device_id, factors.get("*", 1.0))
+def factor_of(factors: Mapping[str, float], device_id: str, model: str = "") -> float:
+    """The factor for ``model`` on ``device_id``: measured so (``MODEL@DEVICE``), else the
+    device's on other models, else the model's on other devices (``MODEL@*``), else the
+    default (``*``), else 1."""
+    for key in (f"{model}@{device_id}", device_id, f"{model}@*", "*"):
+        if key in factors:
+            return factors[key]
+    return 1.0
 
 
 def _stage_s(
@@ -100,7 +107,9 @@ def step_s(
     factors = factors or {}
     total = 0.0
     for i, stage in enumerate(stages):
-        total += _stage_s(model, stages, i, streams, factor_of(factors, stage.device_id))
+        total += _stage_s(
+            model, stages, i, streams, factor_of(factors, stage.device_id, model.name)
+        )
         total += trips * stage.rtt_ms / 1000.0
     return total
 
@@ -157,22 +166,34 @@ def watts(
     step = step_s(model, stages, streams, factors)
     total = 0.0
     for i, stage in enumerate(stages):
-        busy = _stage_s(model, stages, i, streams, factor_of(factors, stage.device_id)) / step
+        factor = factor_of(factors, stage.device_id, model.name)
+        busy = _stage_s(model, stages, i, streams, factor) / step
         total += stage.idle_w + (stage.max_w - stage.idle_w) * min(1.0, busy)
     return total
 
 
 def corrected(
-    factors: Mapping[str, float], stages: Sequence[Stage], predicted: float, measured: float
+    factors: Mapping[str, float],
+    stages: Sequence[Stage],
+    predicted: float,
+    measured: float,
+    model: str = "",
 ) -> dict[str, float]:
-    """``factors`` with each of ``stages``' devices scaled by how much slower (or faster) the
-    placement measured than predicted (tokens/s, at the same streams), and the default of the
-    devices never measured set to the same ratio where none was measured before."""
+    """``factors`` with ``model`` on each of ``stages``' devices scaled by how much slower (or
+    faster) the placement measured than predicted (tokens/s, at the same streams); where none
+    was known before, the same factor for the device on other models, for the model on devices
+    never measured, and for everything."""
     if predicted <= 0 or measured <= 0:
         raise ValueError("rates must be positive")
     ratio = predicted / measured
     out = dict(factors)
-    out.setdefault("*", ratio)
+    found = []
     for stage in stages:
-        out[stage.device_id] = factor_of(factors, stage.device_id) * ratio
+        factor = factor_of(factors, stage.device_id, model) * ratio
+        out[f"{model}@{stage.device_id}"] = factor
+        out.setdefault(stage.device_id, factor)
+        found.append(factor)
+    typical = math.prod(found) ** (1.0 / len(found)) if found else ratio  # geometric mean
+    out.setdefault(f"{model}@*", typical)
+    out.setdefault("*", typical)
     return out

@@ -106,7 +106,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 news.deployment_id, {"predicted": predicted, "measured": news.measured}
             )
 
-        background.every(SEND_EVERY_S, lambda: speeds.send(tell))
+        background.every(
+            SEND_EVERY_S,
+            lambda: speeds.send(tell, [d.deployment_id for d in deployments.book.live()]),
+        )
 
         # What is deployed now, once (tried again every 2 s until the scheduler answers);
         # from here on each change arrives as a deployment event.

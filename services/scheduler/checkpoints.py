@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -100,9 +100,10 @@ def checkpoint_of(
     tasks: TaskState,
     queue: Sequence[PlacementRequest],
     now: float,
+    factors: Mapping[str, float] | None = None,
 ) -> SchedulerCheckpoint:
     """What a checkpoint holds: the deployment book, the mode and policy, the decisions,
-    the requests waiting and the counters."""
+    the requests waiting, the counters and the prediction's corrections."""
     return SchedulerCheckpoint(
         ts=now,
         mode=modes.mode,
@@ -113,6 +114,7 @@ def checkpoint_of(
         placements=tuple(tasks.decisions),
         queue=tuple(queue),
         counters=dict(tasks.counters) | {"mode_changes": modes.changes},
+        factors=dict(factors or {}),
     )
 
 

@@ -38,14 +38,16 @@ class Planner:
         self.view, self.load = view, load
         #: The registered models' cards, as last read from the registry (``Scheduler.learn``).
         self.cards: dict[str, ModelCard] = {}
-        #: How much slower than predicted each device measured (``predict.corrected``; "*":
-        #: the devices not measured yet): the predictions and the splits weigh speeds by it.
+        #: How much slower than predicted each model measured on each device
+        #: (``predict.corrected``: ``MODEL@DEVICE``, with the device's, the model's and the
+        #: default for what was not measured): the predictions and the splits weigh speeds by
+        #: it. Kept in the scheduler's checkpoints.
         self.factors: dict[str, float] = {}
 
-    def corrected(self, device: Device) -> Device:
-        """``device`` at the speed its measurements showed (its calibrated speed over its
-        factor)."""
-        factor = factor_of(self.factors, device.device_id)
+    def corrected(self, device: Device, model: str) -> Device:
+        """``device`` at the speed its measurements showed for ``model`` (its calibrated
+        speed over its factor)."""
+        factor = factor_of(self.factors, device.device_id, model)
         return device if factor == 1.0 else dataclasses.replace(device, speed=device.speed / factor)
 
     @staticmethod
@@ -117,7 +119,7 @@ class Planner:
             if too_small and usable and not told and shard_count is None:
                 options.append(Preview(model, (), (), False, too_small, None))
                 continue
-            group = [self.corrected(d) for d in group]
+            group = [self.corrected(d, model) for d in group]
             options += fit.told_options(
                 spec, group, context_length, max_shards, shard_count, told, without,
                 self.step(family),
@@ -232,7 +234,9 @@ class Planner:
             return None
         spec, stages = found
         at_one = predict(spec, stages, (1,), factors=self.factors).tokens_per_s[1]
-        self.factors = corrected(self.factors, stages, at_one, measured.tokens_per_s_1)
+        self.factors = corrected(
+            self.factors, stages, at_one, measured.tokens_per_s_1, deployment.model
+        )
         return self.factors
 
 

@@ -169,6 +169,7 @@ class Scheduler:
         self.modes.changes = counters.pop("mode_changes", 0)  # the mode keeper counts these
         self.tasks.counters.update(counters)
         self.pending = [(r, None, None) for r in checkpoint.queue]
+        self.planner.factors = dict(checkpoint.factors)
         log.info(
             "restored checkpoint",
             extra={
@@ -181,7 +182,7 @@ class Scheduler:
 
     def checkpoint(self, now: float) -> SchedulerCheckpoint:
         queue = [r for r, _, _ in self.pending]
-        return checkpoint_of(self.book, self.modes, self.tasks, queue, now)
+        return checkpoint_of(self.book, self.modes, self.tasks, queue, now, self.planner.factors)
 
     async def stop(self) -> None:
         """Stop taking news, apply the commands already queued, and save the state."""

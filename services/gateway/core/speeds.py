@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from libs.contracts import DeploymentMeasured, Speed
@@ -107,8 +107,24 @@ class Speeds:
         )
         return speed, len(alone) + len(crowded)
 
-    async def send(self, publish: Callable[[DeploymentMeasured], Awaitable[None]]) -> None:
-        """Each deployment measured since the last sending, as ``DeploymentMeasured``."""
+    def keep_only(self, live: Collection[str]) -> None:
+        """Forget the figures of every deployment not in ``live`` and with no request in
+        flight: one that was removed is measured no more."""
+        for gone in (set(self.seen) | set(self.running)) - set(live):
+            if not self.running.get(gone):
+                for held in (self.seen, self.epochs, self.running):
+                    held.pop(gone, None)
+                self.fresh.discard(gone)
+
+    async def send(
+        self,
+        publish: Callable[[DeploymentMeasured], Awaitable[None]],
+        live: Collection[str] | None = None,
+    ) -> None:
+        """Each deployment measured since the last sending, as ``DeploymentMeasured``;
+        ``live``: the deployments there are now (the others are forgotten first)."""
+        if live is not None:
+            self.keep_only(live)
         fresh, self.fresh = self.fresh, set()
         for deployment_id in sorted(fresh):
             figures, epoch = self.measured(deployment_id), self.epochs.get(deployment_id)

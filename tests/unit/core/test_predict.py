@@ -15,6 +15,7 @@ from libs.core.predict import (
     TRIPS_PER_STEP,
     Stage,
     corrected,
+    factor_of,
     predict,
     step_s,
 )
@@ -64,14 +65,36 @@ def test_each_stage_after_the_first_pays_its_links_round_trips() -> None:
 def test_a_measured_placement_corrects_its_devices_and_the_default_for_the_others() -> None:
     stages = whole("a")
     predicted = predict(MODEL, stages).tokens_per_s[1]
-    factors = corrected({}, stages, predicted, measured=predicted / 2)  # twice as slow
+    factors = corrected({}, stages, predicted, measured=predicted / 2, model=MODEL.name)
     assert predict(MODEL, stages, factors=factors).tokens_per_s[1] == pytest.approx(predicted / 2)
     # a device never measured is predicted with the same ratio
     other = predict(MODEL, whole("b"), factors=factors).tokens_per_s[1]
     assert other == pytest.approx(predicted / 2)
-    # measured again, faster: its own factor moves, the default stays
-    again = corrected(factors, stages, predicted / 2, measured=predicted)
-    assert again["a"] == pytest.approx(1.0) and again["*"] == factors["*"]
+    # measured again, faster: the model's factor on it moves, the defaults stay
+    again = corrected(factors, stages, predicted / 2, measured=predicted, model=MODEL.name)
+    assert again[f"{MODEL.name}@a"] == pytest.approx(1.0)
+    assert again["*"] == factors["*"] and again["a"] == factors["a"]
+
+
+def test_a_models_correction_is_its_own_where_it_was_measured() -> None:
+    """Two models measured on one device keep their own factors (a quantization runs at its
+    own share of the device's speed); a third, never measured there, takes the device's
+    first, and a model measured elsewhere only, its own from there."""
+    other = replace(MODEL, name="other")
+    stages = whole("a")
+    first = predict(MODEL, stages).tokens_per_s[1]
+    factors = corrected({}, stages, first, measured=first / 2, model=MODEL.name)
+    second = predict(other, stages, factors=factors).tokens_per_s[1]  # the device's: 2
+    assert second == pytest.approx(predict(other, stages).tokens_per_s[1] / 2)
+    factors = corrected(factors, stages, second, measured=second * 2, model="other")
+    assert factor_of(factors, "a", "other") == pytest.approx(1.0)
+    assert factor_of(factors, "a", MODEL.name) == pytest.approx(2.0)
+    assert factor_of(factors, "a", "third") == pytest.approx(2.0)  # the device's, first known
+    # On b, predicted with the default (2) and measured half as fast again: 4 there, and
+    # for the third model on devices it was never measured on; the default stays.
+    elsewhere = corrected(factors, whole("b"), 10.0, measured=5.0, model="third")
+    assert factor_of(elsewhere, "c", "third") == pytest.approx(4.0)
+    assert factor_of(elsewhere, "c", MODEL.name) == pytest.approx(2.0)
 
 
 def test_nonsense_is_refused() -> None:

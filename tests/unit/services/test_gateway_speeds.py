@@ -82,3 +82,24 @@ async def test_each_deployment_is_sent_once_per_new_figures() -> None:
     run_alone(speeds, "a")
     await speeds.send(publish)
     assert [n.deployment_id for n in sent[2:]] == ["a"]
+
+
+async def test_a_removed_deployment_is_forgotten_once_its_requests_ended() -> None:
+    """The gateway keeps figures only of deployments there are: a removed one's go at the
+    next sending (not sent), unless a request of it is still in flight."""
+    speeds = Speeds()
+    run_alone(speeds, "gone")
+    run_alone(speeds, "kept")
+    still = speeds.began("leaving", 1)
+    sent: list[DeploymentMeasured] = []
+
+    async def publish(news: DeploymentMeasured) -> None:
+        sent.append(news)
+
+    await speeds.send(publish, live=["kept"])
+    assert [n.deployment_id for n in sent] == ["kept"]
+    assert speeds.measured("gone") is None and set(speeds.seen) == {"kept"}
+    assert speeds.running["leaving"] == [still]  # in flight: kept until it ends
+    speeds.ended(still, 21, 0.5, 2.5, 0.0, 1)
+    await speeds.send(publish, live=["kept"])
+    assert "leaving" not in speeds.seen and "leaving" not in speeds.running

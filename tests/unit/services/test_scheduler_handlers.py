@@ -380,6 +380,17 @@ async def test_a_deployment_measured_slower_than_predicted_is_predicted_closer_n
             folded, _ = follow(folded, event)
         assert folded.by_id["smol"].measured == slower  # followers see it beside the prediction
         assert not [t for t in bus.sent(SHARD_TASK) if t.action == "unload"]  # nothing moved
+        # The correction is the model's on those devices, and a restarted scheduler keeps it.
+        saved = service.checkpoint(NOW)
+        assert {f"{MODEL}@{d}" for d, _ in route} <= set(saved.factors)
+        service.planner.factors = {}
+        assert service.planner.predicted(MODEL, route, seen) != again  # forgotten: as before
+
+        async def restore() -> None:
+            service.restore(saved)
+
+        await service.loop.call(restore, "restore")
+        assert service.planner.predicted(MODEL, route, seen) == again
     finally:
         await service.abandon()
         await bus.close()
