@@ -6,9 +6,10 @@ gives the VRAM a worker announces: ``GPU_SHARE`` of the GPU's memory, less what 
 through NVML as the worker reads it; ``libs/core/partition.py: gpu_part``), split between the
 GPU and the CPU of one process (half its layers on each), split between a CPU-only head and a
 ``ggml-rpc-server`` serving from the GPU (the mixed split of a CPU host and a GPU host), and a
-split whose head runs its layers on its GPU with the rest on a CPU-only RPC server, with the
-worker's own flags (``gpu_command``: the GPU named first in the device order): each one's greedy
-tokens beside the CPU run's, and tokens/s.
+split whose head runs its layers on its GPU with the rest on a CPU-only RPC server, and one
+whose CPU head sends the rest to a GPU host's RPC server (its CPU, then its GPU), both with the
+workers' own flags (``gpu_command``, ``RpcServer.command``): each one's greedy tokens beside
+the CPU run's, and tokens/s.
 
 Where a step cannot run (no CUDA toolkit, no driver listing a GPU) it is reported as skipped
 with the reason, and the steps that can run still do; the JSON names every step.
@@ -151,7 +152,9 @@ def step(
         return {"status": "failed", "error": str(exc)[-2000:]}
 
 
-GPU_STEPS = ("gpu_whole", "gpu_cpu_split", "rpc_gpu_split", "gpu_head_split")
+GPU_STEPS = (
+    "gpu_whole", "gpu_cpu_split", "rpc_gpu_split", "gpu_head_split", "gpu_rpc_worker_split"
+)  # fmt: skip
 
 
 def placed_on_gpu(gguf: Path, total_bytes: int, used_bytes: int) -> int:
@@ -165,34 +168,45 @@ def placed_on_gpu(gguf: Path, total_bytes: int, used_bytes: int) -> int:
 
     spec = card_spec(read_card(gguf, checksum=False), "llamacpp", slots=1)
     vram_gb = (GPU_SHARE * total_bytes - used_bytes) / GB
-    return gpu_part(spec, spec.layers, True, 2048, vram_gb)[0]
+    return gpu_part(spec, 0, spec.layers, True, 2048, vram_gb)[0]
 
 
-def head_on_gpu(
-    gguf: Path, cuda: Path, layers: int, tokens: int, threads: int
+def worker_split(
+    gguf: Path, cuda: Path, layers: int, tokens: int, threads: int, gpu: list[int | None]
 ) -> dict[str, object]:
-    """A split of ``layers`` in two: the head's half on its GPU, the rest (and the output
-    layer) on a CPU-only RPC server, with the flags the worker gives llama-server."""
+    """A split of ``layers`` in two halves with the flags the workers give llama.cpp
+    (``gpu_command``, ``RpcServer.command``): ``gpu`` the layers each half holds on its
+    device's GPU (None: a device without one): a head on its GPU before a CPU-only RPC
+    server, or a CPU head before a GPU host's RPC server (its CPU, then its GPU)."""
     from libs.contracts import shard_ring
+    from libs.runtime.procs import free_port, wait_for_port
+    from services.worker.rpc.server import RpcServer
     from services.worker.served.llama_server import gpu_command, layer_split
     from tests.made_models import llama_server
 
     half = layers // 2
-    with rpc_server(cuda, threads, gpu=False) as address:
-        spans = [("gpu", 0, half), ("cpu", half, layers)]
-        head = shard_ring(
-            "load", "check", "m", spans, 1, 0.0, None, ("-", address), gpu_layers=half
-        )[0]
+    rpc = RpcServer(cuda, "127.0.0.1", free_port(), threads, gpu=gpu[1] is not None)
+    command, env = rpc.command(cuda / "ggml-rpc-server")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", rpc.local_port, 60, proc)
+        address = f"127.0.0.1:{rpc.local_port}"
+        spans = [("head", 0, half), ("rpc", half, layers)]
+        ends = ("127.0.0.1:1", address)  # the head's own: not used
+        head = shard_ring("load", "check", "m", spans, 1, 0.0, None, ends, gpu=gpu)[0]
         offload = gpu_command(head, *layer_split(head, layers))
         with llama_server(
             gguf, binaries=cuda, threads=threads, timeout_s=180, rpc=address, offload=offload
         ) as server:
             server.completion(PROMPT, 4)
             answer = server.completion(PROMPT, tokens, ignore_eos=True)
+    finally:
+        proc.kill()
+        proc.wait()
     timings = answer.get("timings", {})
     return {
         "status": "ran",
-        "gpu_layers": half,
+        "gpu_layers": sum(g or 0 for g in gpu),
         "text": answer["content"],
         "tokens": [int(t) for t in answer.get("tokens") or ()],
         "tokens_per_s": round(float(timings.get("predicted_per_second", 0.0)), 1),
@@ -219,7 +233,12 @@ def gpu_steps(
         "gpu_whole": step(serve, gguf, cuda, whole, tokens, threads),
         "gpu_cpu_split": step(serve, gguf, cuda, half, tokens, threads),
         "rpc_gpu_split": step(on_rpc),
-        "gpu_head_split": step(head_on_gpu, gguf, cuda, args.layers, tokens, threads),
+        "gpu_head_split": step(
+            worker_split, gguf, cuda, args.layers, tokens, threads, [args.layers // 2, None]
+        ),
+        "gpu_rpc_worker_split": step(
+            worker_split, gguf, cuda, args.layers, tokens, threads, [None, args.layers // 4]
+        ),
     }
     report = {
         name: beside_cpu(ran, cpu) if "tokens" in ran else ran for name, ran in report.items()

@@ -52,11 +52,16 @@ class ShardTask(WireModel):
     #: The model's card (its file, architecture and sizes), on a load: a worker serves a
     #: registered model from it (None: a task built outside a deployment, or an unload).
     card: ModelCard | None = None
-    #: Of this shard's layers, how many the placement put in the device's GPU memory (a first
-    #: shard or a whole model on a device that announced ``vram_gb``): its last ones, as
-    #: llama.cpp offloads them; a whole model's output layer counts as one more. 0: none, the
-    #: shard serves from host memory.
+    #: Of this shard's layers, how many the placement put in the device's GPU memory (a device
+    #: that announced ``vram_gb``): its last ones, as llama.cpp offloads them; the last
+    #: shard's output layer counts as one more. 0: none, the shard serves from host memory.
     gpu_layers: Annotated[int, Field(ge=0, le=100_000)] = 0
+    #: Every shard's ``gpu_layers`` in route order, None for a device whose engine has no GPU
+    #: (its RPC server serves from the CPU alone); empty where no device of the route has one.
+    #: A split's head names each RPC server's devices by it (one with a GPU lends two).
+    gpu_spans: tuple[Annotated[int, Field(ge=0, le=100_000)] | None, ...] = Field(
+        default=(), max_length=256
+    )
     #: The memory (GB) the placement counted for this shard on its device (0: not said): a
     #: vLLM server on a GPU takes that share of the GPU's memory (``--gpu-memory-utilization``).
     memory_gb: Annotated[float, Field(ge=0.0, le=65536.0)] = 0.0
@@ -71,11 +76,13 @@ class ShardTask(WireModel):
             len(self.route) != self.shard_count or self.route[self.shard_index] != self.device_id
         ):
             raise ValueError("route must list shard_count devices with this one at shard_index")
-        for name in ("spans", "endpoints"):
+        for name in ("spans", "endpoints", "gpu_spans"):
             if getattr(self, name) and len(getattr(self, name)) != self.shard_count:
                 raise ValueError(f"{name} must list shard_count entries")
         if self.spans and self.spans[self.shard_index] != (self.layer_start, self.layer_end):
             raise ValueError("spans must hold this shard's layers at shard_index")
+        if self.gpu_spans and (self.gpu_spans[self.shard_index] or 0) != self.gpu_layers:
+            raise ValueError("gpu_spans must hold this shard's gpu_layers at shard_index")
         return self
 
 
@@ -90,16 +97,18 @@ def shard_ring(
     endpoints: Sequence[str] = (),
     context_length: int | None = None,
     card: ModelCard | None = None,
-    gpu_layers: int = 0,
+    gpu: Sequence[int | None] = (),
     memory_gb: Sequence[float] = (),
 ) -> list[ShardTask]:
     """One task per shard of a pipeline: ``shards`` lists (device, layer_start, layer_end) in
     order; each shard learns the next device, the whole route (the last one sends tokens back
     to the first), every shard's layers and, where given, every device's RPC address; the
-    first shard, the ``gpu_layers`` the placement put in its device's GPU memory; each, the
-    ``memory_gb`` it counted (in route order, where given)."""
+    ``gpu``: each shard's layers the placement put in its device's GPU memory (None: a device
+    with no GPU), and ``memory_gb``: the memory it counted each (in route order, where given)."""
     route = tuple(device for device, _, _ in shards)
     spans = tuple((start, end) for _, start, end in shards)
+    loading = action == "load"
+    gpu_spans = tuple(gpu) if loading and any(g is not None for g in gpu) else ()
     return [
         ShardTask(
             action=action,
@@ -119,8 +128,9 @@ def shard_ring(
             endpoints=tuple(endpoints),
             context_length=context_length,
             card=card if action == "load" else None,
-            gpu_layers=gpu_layers if i == 0 and action == "load" else 0,
-            memory_gb=memory_gb[i] if memory_gb and action == "load" else 0.0,
+            gpu_layers=(gpu_spans[i] or 0) if gpu_spans else 0,
+            gpu_spans=gpu_spans,
+            memory_gb=memory_gb[i] if memory_gb and loading else 0.0,
         )
         for i, (device, start, end) in enumerate(shards)
     ]

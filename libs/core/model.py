@@ -78,8 +78,8 @@ class Device:
     #: Seconds since it last had work (it sleeps after ``energy.SLEEP_AFTER_S``).
     idle_s: float = 0.0
     #: GPU memory (GB) its engine may offload a model's layers to, counted apart from
-    #: ``memory_free_gb``: llama.cpp built with CUDA on a host with a GPU. Only a split's first
-    #: shard or a whole model takes it (the other shards' RPC servers serve from host memory).
+    #: ``memory_free_gb``: llama.cpp built with CUDA on a host with a GPU (the head's server
+    #: and its RPC server both serve from it).
     vram_free_gb: float = 0.0
 
     def __post_init__(self) -> None:

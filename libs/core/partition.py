@@ -16,9 +16,9 @@ chosen option is the feasible one with the smallest estimated per-token step tim
 every extra hop costs the network round trip — so a poor network prefers fewer devices, and a
 model that fits whole on a device faster than any split stays whole.
 
-A device whose engine offloads layers to a GPU (``Device.vram_free_gb``) holds a first shard
-or a whole model in its VRAM and host memory together, counted apart: the shard's part that
-fits the VRAM is its ``vram_gb``, the rest its ``memory_gb`` (``room_gb``, ``_preview``).
+A device whose engine offloads layers to a GPU (``Device.vram_free_gb``) holds its shard in its
+VRAM and host memory together, counted apart: the shard's last layers that fit the VRAM are its
+``gpu_layers`` and ``vram_gb``, the rest its ``memory_gb`` (``room_gb``, ``host_gb``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ShardPlan:
     #: Host memory the shard takes, and the part of it held in the device's VRAM instead.
     memory_gb: float
     vram_gb: float = 0.0
-    #: Its last layers held in the VRAM (``gpu_part``; a whole model's output layer is one).
+    #: Its last layers held in the VRAM (``gpu_part``; the last shard's output layer is one).
     gpu_layers: int = 0
 
     @property
@@ -81,11 +81,9 @@ def largest_remainder(total: int, weights: Sequence[float], minimum: int = 1) ->
     return [c + minimum for c in counts]
 
 
-def room_gb(device: Device, first: bool) -> float:
-    """What a shard may take on ``device``: its free host memory, and its VRAM where the
-    shard is the first (llama.cpp's head offloads its layers to its own GPU; an RPC server
-    serves from host memory)."""
-    return device.memory_free_gb + (device.vram_free_gb if first else 0.0)
+def room_gb(device: Device) -> float:
+    """What a shard may take on ``device``: its free host memory and its free VRAM."""
+    return device.memory_free_gb + device.vram_free_gb
 
 
 def output_gb(model: ModelSpec) -> float:
@@ -95,43 +93,56 @@ def output_gb(model: ModelSpec) -> float:
 
 
 def gpu_part(
-    model: ModelSpec, layers: int, whole: bool, context_length: int, vram_gb: float
+    model: ModelSpec, start: int, end: int, output: bool, context_length: int, vram_gb: float
 ) -> tuple[int, float]:
-    """What a first shard of ``layers`` layers (``whole``: the whole model) holds in ``vram_gb``
-    of GPU memory: how many layers, counted from its last as llama.cpp offloads them (a whole
-    model's output layer is the last, and one more), and the GB they take with their KV cache."""
+    """What a shard of layers ``start`` to ``end - 1`` (``output``: and the output layer, the
+    last shard's) holds in ``vram_gb`` of GPU memory: how many layers, counted from its last as
+    llama.cpp offloads them (the output layer first, and one of them), and the GB they take
+    with their KV cache."""
     if vram_gb <= 0:
         return 0, 0.0
     count, used = 0, 0.0
-    if whole:
+    if output:
         if output_gb(model) > vram_gb:
             return 0, 0.0
         count, used = 1, output_gb(model)
-    for start in reversed(range(layers)):
-        size = model.layers_gb(start, start + 1, context_length)
+    for layer in reversed(range(start, end)):
+        size = model.layers_gb(layer, layer + 1, context_length)
         if used + size > vram_gb + 1e-9:
             break
         count, used = count + 1, used + size
     return count, used
 
 
+def gpu_held_gb(
+    model: ModelSpec, start: int, end: int, output: bool, context_length: int, count: int
+) -> float:
+    """The GB the last ``count`` layers of a shard of layers ``start`` to ``end - 1`` take on
+    its GPU (``output``: the output layer the first of them), as ``gpu_part`` put them."""
+    if count <= 0:
+        return 0.0
+    held = output_gb(model) if output else 0.0
+    layers = count - 1 if output else count
+    return held + model.layers_gb(max(start, end - layers), end, context_length)
+
+
 def capacity_weights(devices: Sequence[Device]) -> list[float]:
-    rooms = [room_gb(d, i == 0) for i, d in enumerate(devices)]
+    rooms = [room_gb(d) for d in devices]
     memory = sum(rooms) or 1.0
     speed = sum(d.speed for d in devices) or 1.0
     return [0.5 * r / memory + 0.5 * d.speed / speed for r, d in zip(rooms, devices, strict=True)]
 
 
 def _max_layers(model: ModelSpec, device: Device, first: bool, last: bool, ctx: int) -> int:
-    """The most layers of the mean size ``device`` holds as a shard: in host memory, and a
-    first shard's in its VRAM besides (``gpu_part``: a whole model's output layer too)."""
+    """The most layers of the mean size ``device`` holds as a shard: in host memory and in its
+    VRAM (``gpu_part``: the last shard's output layer too)."""
     fixed = model.shard_gb(0, first, last, ctx)
     on_gpu = 0
-    if first and device.vram_free_gb > 0:
-        on_gpu = gpu_part(model, model.layers, last, ctx, device.vram_free_gb)[0]
-        if last and on_gpu:  # the output layer among them (a tied one's a copy)
-            on_gpu -= 1
-            fixed -= 0.0 if model.tied else output_gb(model)
+    if device.vram_free_gb > 0:
+        on_gpu = gpu_part(model, 0, model.layers, last, ctx, device.vram_free_gb)[0]
+        if last and on_gpu:  # the output layer among them, out of host memory (a tied
+            on_gpu -= 1  # model's, where the embeddings are here too, is a copy)
+            fixed -= 0.0 if model.tied and first else output_gb(model)
     room = device.memory_free_gb - fixed
     if room < 0:
         return 0
@@ -144,8 +155,7 @@ def host_gb(
     """A shard of layers ``start`` to ``end - 1`` on ``device``: the host memory it takes, and
     what of it sits in the VRAM instead (``gpu_part``: layers, GB)."""
     memory = model.shard_gb(end - start, first, last, ctx, start)
-    vram = device.vram_free_gb if first else 0.0
-    on_gpu, held = gpu_part(model, end - start, first and last, ctx, vram)
+    on_gpu, held = gpu_part(model, start, end, last, ctx, device.vram_free_gb)
     if first and last and model.tied and on_gpu:  # the GPU's output layer: a copy of the
         memory += output_gb(model)  # embeddings, which stay in host memory too
     return memory - held, on_gpu, held
@@ -181,8 +191,8 @@ def split_layers(
         short = [d.device_id for d, lim in zip(devices, limits, strict=True) if lim < 1]
         if short:
             return None, f"memory: {', '.join(short)} cannot hold even one layer"
-        free = sum(room_gb(d, i == 0) for i, d in enumerate(devices))
-        vram = " (the first one's VRAM too)" if devices[0].vram_free_gb > 0 else ""
+        free = sum(room_gb(d) for d in devices)
+        vram = " (VRAM too)" if any(d.vram_free_gb > 0 for d in devices) else ""
         return (
             None,
             f"memory: needs about {need:.2f} GB, these devices have {free:.2f} GB{vram} free",
@@ -329,7 +339,7 @@ def previews(
 ) -> list[Preview]:
     """One candidate per k = 1..max_shards: the k most capable live devices (``plan``)."""
     alive = [d for d in devices if not d.failed]
-    ranked = sorted(alive, key=lambda d: (-room_gb(d, True) * d.speed, d.device_id))
+    ranked = sorted(alive, key=lambda d: (-room_gb(d) * d.speed, d.device_id))
     if not ranked:
         return [Preview(model.name, (), (), False, "no live devices", None)]
     top = min(max_shards, len(ranked), model.layers)
@@ -341,14 +351,12 @@ def memory_proportional(
 ) -> Preview:
     """exo's placement, as a baseline: the devices with the most free memory, as few as hold
     the model, with layers in proportion to memory alone (speed is not considered)."""
-    ranked = sorted(
-        (d for d in devices if not d.failed), key=lambda d: (-room_gb(d, True), d.device_id)
-    )
+    ranked = sorted((d for d in devices if not d.failed), key=lambda d: (-room_gb(d), d.device_id))
     need = model.shard_gb(model.layers, True, True, context_length)
     chosen: list[Device] = []
     for device in ranked:
         chosen.append(device)
-        held = sum(room_gb(d, i == 0) for i, d in enumerate(chosen))
+        held = sum(room_gb(d) for d in chosen)
         if held >= need and len(chosen) <= model.layers:
             break
     ids = tuple(d.device_id for d in chosen)
@@ -358,7 +366,7 @@ def memory_proportional(
     ]
     if not chosen or sum(limits) < model.layers:
         return Preview(model.name, ids, (), False, "memory: the fleet cannot hold it", None)
-    counts = largest_remainder(model.layers, [room_gb(d, i == 0) for i, d in enumerate(chosen)])
+    counts = largest_remainder(model.layers, [room_gb(d) for d in chosen])
     return _preview(model, chosen, counts, context_length)
 
 

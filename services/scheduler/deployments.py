@@ -361,7 +361,10 @@ class Deployer:
             [e for e in endpoints if e] if all(endpoints) else (),
             deployment.context_length,
             self.planner.cards.get(deployment.model),
-            shards[0].gpu_layers if shards else 0,
+            [
+                a.gpu_layers if n is not None and n.vram_gb else None
+                for a, n in zip(shards, announces, strict=True)
+            ],
             [a.memory_gb for a in shards],
         )
 

@@ -114,11 +114,11 @@ def _no(spec: ModelSpec, reason: str) -> Preview:
 
 def fleet_too_small(spec: ModelSpec, devices: Sequence[Device], context_length: int) -> str | None:
     """Why no placement can hold the model, when even all the fleet's free memory is less
-    than its weights and KV cache (one runtime overhead counted). One device's VRAM counts
-    (a model's first shard offloads to its own GPU; the other shards serve from host memory)."""
+    than its weights and KV cache (one runtime overhead counted), the VRAM of devices whose
+    engine offloads to a GPU counted too."""
     need = spec.shard_gb(spec.layers, True, True, context_length)
     live = [d for d in devices if not d.failed]
-    vram = max((d.vram_free_gb for d in live), default=0.0)
+    vram = sum(d.vram_free_gb for d in live)
     free = sum(d.memory_free_gb for d in live) + vram
     if need <= free:
         return None

@@ -130,6 +130,7 @@ def make_worker(
         )
     if settings.engine == "llamacpp":
         threads = settings.llama_thread_count
+        device.vram_gb = llama_vram_gb(settings)  # None: serves from host memory only
         rpc = RpcServer(
             settings.llama_bin,
             settings.rpc_host,
@@ -138,8 +139,8 @@ def make_worker(
             settings.rpc_credentials,
             int(settings.rpc_cache_gb * 10**9),
             settings.rpc_announce,
+            gpu=device.vram_gb is not None,
         )
-        device.vram_gb = llama_vram_gb(settings)  # None: serves from host memory only
         return LlamaWorker(
             bus,
             device,

@@ -134,7 +134,16 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
     ),
     "gpu_check": (
         ["--layers", "2", "--hidden", "256", "--tokens", "8"],
-        {"cpu", "gpu", "cuda_build", "gpu_whole", "gpu_cpu_split", "rpc_gpu_split"},
+        {
+            "cpu",
+            "gpu",
+            "cuda_build",
+            "gpu_whole",
+            "gpu_cpu_split",
+            "rpc_gpu_split",
+            "gpu_head_split",
+            "gpu_rpc_worker_split",
+        },
         NO_LLAMA,
     ),
     "models": (

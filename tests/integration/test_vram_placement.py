@@ -143,7 +143,7 @@ async def test_a_model_larger_than_host_memory_goes_to_the_vram_and_the_next_cou
                 await wait_until_async(feasible, timeout_s=30)
                 (second,) = (await preview())["shards"]
                 left = VRAM_GB - held["vram_gb"]
-                expected = gpu_part(spec, spec.layers, True, CONTEXT, left)[0]
+                expected = gpu_part(spec, 0, spec.layers, True, CONTEXT, left)[0]
                 assert 0 < second["gpu_layers"] == expected < 31 and second["vram_gb"] <= left
         finally:
             assert scheduler.stop() == 0, scheduler.tail()

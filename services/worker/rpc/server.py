@@ -60,7 +60,9 @@ DEFAULT_CACHE_BYTES = 20 * 10**9
 
 
 class RpcServer:
-    """This device's ``ggml-rpc-server``: its CPU, lent to the llama-server of a placement.
+    """This device's ``ggml-rpc-server``: its CPU (and, ``gpu``, its GPU after it: two
+    devices, the shard's first layers on the CPU and its last on the GPU, as the placement
+    counted them), lent to the llama-server of a placement.
 
     The server itself listens on 127.0.0.1 only. Lent to other hosts (``host`` not loopback),
     it is reached through a mutual-TLS listener on ``host:port`` that lets in only peers with
@@ -77,8 +79,9 @@ class RpcServer:
         credentials: Credentials | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         announce: str | None = None,
+        gpu: bool = False,
     ) -> None:
-        self.binaries, self.host, self.threads = binaries, host, threads
+        self.binaries, self.host, self.threads, self.gpu = binaries, host, threads, gpu
         #: Where others reach it, where that is not ``host:port`` (a relay in front of it).
         self.announce = announce
         self.credentials, self.cache_bytes = credentials, cache_bytes
@@ -90,6 +93,19 @@ class RpcServer:
         self.local_port = self.port
         self.proc: asyncio.subprocess.Process | None = None
         self.listener: Listener | None = None
+
+    def command(self, binary: Path) -> tuple[list[str], dict[str, str]]:
+        """The server's command and environment: its CPU, or, ``gpu``, its CPU then its GPU
+        (the head names them RPCn and RPCn+1 in that order: ``llama_server.gpu_command``)."""
+        command = [
+            *(str(binary), "-H", LOOPBACK, "-p", str(self.local_port), "-t", str(self.threads)),
+            # Keep received tensors in a file cache by hash (under LLAMA_CACHE): a head that
+            # places the same model here again sends hashes, not weights (tensors over 10 MiB);
+            # the least recently used are removed before a start beyond ``cache_bytes``.
+            "-c",
+            *(("-d", "CPU,CUDA0") if self.gpu else ()),
+        ]
+        return command, {**llama_env(gpu=self.gpu), "LLAMA_CACHE": str(rpc_cache_dir())}
 
     @property
     def endpoint(self) -> str:
@@ -106,18 +122,12 @@ class RpcServer:
                 "authentication: it needs this device's cluster certificate (tessera join)"
             )
         await asyncio.to_thread(trim, rpc_cache_dir(), self.cache_bytes)
-        command = [
-            *(str(binary), "-H", LOOPBACK, "-p", str(self.local_port), "-t", str(self.threads)),
-            # Keep received tensors in a file cache by hash (under LLAMA_CACHE): a head that
-            # places the same model here again sends hashes, not weights (tensors over 10 MiB);
-            # the least recently used are removed before a start beyond ``cache_bytes``.
-            "-c",
-        ]
+        command, env = self.command(binary)
         self.proc = await asyncio.create_subprocess_exec(
             *command,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            env={**llama_env(), "LLAMA_CACHE": str(rpc_cache_dir())},
+            env=env,
             **child_kwargs(signal.SIGKILL),
         )
         loop = asyncio.get_running_loop()

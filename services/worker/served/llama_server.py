@@ -58,17 +58,27 @@ GPU_SHARE = 0.8
 
 
 def gpu_command(task: ShardTask, offloaded: int, split: Sequence[int]) -> list[str]:
-    """llama-server's offload flags where the placement put ``task.gpu_layers`` of the first
-    shard's layers (its last ones) on this host's GPU: for a whole model, that many of its
-    ``layers + 1``; for a split's head, the GPU first in the device order (RPC servers come
-    first by default), given its layers before the RPC servers' in ``--tensor-split``."""
+    """llama-server's offload flags where the placement put layers on GPUs (``gpu_spans``):
+    for a whole model, ``task.gpu_layers`` of its ``layers + 1``; for a split, every device
+    named in pipeline order (RPC servers come first by default): the head's GPU for its own
+    last layers, then each RPC server's one device (its CPU), or two for a GPU host's (its
+    CPU for the shard's first layers, its GPU for the last: ``RpcServer(gpu=True)``), each
+    given its layers in ``--tensor-split``."""
     if not split:
         return ["-ngl", str(task.gpu_layers)]
-    rpcs = [f"RPC{i}" for i in range(len(split))]  # one device per RPC server, in --rpc order
+    devices, counts, n = [], [], 0
+    if task.gpu_layers:
+        devices, counts = ["CUDA0"], [task.gpu_layers]
+    spans = task.gpu_spans or (None,) * task.shard_count
+    for count, on_gpu in zip(split, spans[1:], strict=True):
+        parts = [count] if on_gpu is None else [count - on_gpu, on_gpu]
+        devices += [f"RPC{n + i}" for i in range(len(parts))]  # in --rpc order
+        counts += parts
+        n += len(parts)
     return [
-        *("--device", ",".join(["CUDA0", *rpcs])),
+        *("--device", ",".join(devices)),
         *("-ngl", str(offloaded + task.gpu_layers)),
-        *("-ts", ",".join(str(n) for n in (task.gpu_layers, *split))),
+        *("-ts", ",".join(str(c) for c in counts)),
     ]
 
 
@@ -140,8 +150,9 @@ class LlamaServer(EngineServer):
             command += ["--chat-template-file", str(template)]
         if split:  # the RPC servers first: --device names them
             command += ["--rpc", ",".join(self.rpc_addresses)]
-        if self.task.gpu_layers:
-            return [*command, *gpu_command(self.task, offloaded, split)], llama_env(gpu=True)
+        if self.task.gpu_spans:  # a device of the route serves layers from its GPU
+            gpu = self.task.gpu_layers > 0
+            return [*command, *gpu_command(self.task, offloaded, split)], llama_env(gpu=gpu)
         if split:
             command += ["-ngl", str(offloaded), "-ts", ",".join(str(n) for n in split)]
             return command, llama_env()

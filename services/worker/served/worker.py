@@ -26,19 +26,18 @@ from dataclasses import dataclass
 
 from libs.agents.emulated_fleet import shard_intensity, work_key
 from libs.contracts import (
-    DEFAULT_CONTEXT_TOKENS,
     HIDDEN,
     ContractError,
     GenerationCancel,
     GenerationRequest,
     ShardTask,
 )
-from libs.core.catalogue import card_spec
 from libs.devices.emulated import EmulatedDevice
 from libs.runtime.bus import Bus, Delivery
 from services.worker.device.metrics import WorkerMetrics
 from services.worker.device.processes import EngineError
 from services.worker.device.worker import DeviceWorker, failure
+from services.worker.served.held import held_gb
 from services.worker.served.server import EngineServer
 from services.worker.served.streams import Streams
 
@@ -63,21 +62,6 @@ class Hosted:
     server: EngineServer | None = None
     watcher: asyncio.Task[None] | None = None
     starting: asyncio.Task[None] | None = None
-
-
-def held_gb(task: ShardTask) -> float:
-    """GB that ``task``'s layers hold on its device, as the placement counts them
-    (``card_spec``: the file's bytes of those layers as stored, the embeddings on the first
-    shard, the output on the last), with one request's KV cache at the task's context; 0 for
-    a task that carries no card."""
-    card = task.card
-    if card is None:
-        return 0.0
-    spec = card_spec(card, "llamacpp", slots=1)
-    first, last = task.shard_index == 0, task.shard_index == task.shard_count - 1
-    context = task.context_length or DEFAULT_CONTEXT_TOKENS
-    layers = task.layer_end - task.layer_start
-    return spec.shard_gb(layers, first, last, context, start=task.layer_start)
 
 
 class ServedWorker(DeviceWorker):

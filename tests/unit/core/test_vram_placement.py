@@ -1,6 +1,6 @@
 """A device whose engine offloads layers to a GPU: the placement counts its VRAM apart from its
-host memory, for a whole model or a split's first shard (the RPC servers of the other shards
-serve from host memory), and says what each shard holds where."""
+host memory, for a whole model and for any shard of a split (the head's server and a GPU
+host's RPC server both serve from its GPU), and says what each shard holds where."""
 
 from __future__ import annotations
 
@@ -46,21 +46,26 @@ def test_a_model_that_fits_the_vram_is_held_there_entirely() -> None:
     assert shard.memory_gb == pytest.approx(LLAMA8.embedding_params * 2 / 1e9 + 0.25, abs=1e-3)
 
 
-def test_only_the_first_shard_counts_vram() -> None:
-    """A split's head offloads its own last layers to its GPU; a later shard is served by an
-    RPC server from host memory, so its device's VRAM does not count."""
+def test_every_shard_on_a_gpu_host_counts_its_vram() -> None:
+    """A split's head offloads its own last layers to its GPU, and a GPU host's RPC server
+    serves its shard's last layers (the last shard's output layer first) from its GPU: either
+    way the shard holds more than its host memory could."""
     cpu = make_device("cpu", memory_total_gb=32.0, memory_free_gb=10.0)
     head = plan(LLAMA8, [gpu_host(host_gb=2.0, vram_gb=6.0), cpu], CONTEXT)
     assert head.feasible, head.reason
     first, second = head.shards
     assert first.gpu_layers > 0 and first.vram_gb <= 6.0 and first.memory_gb <= 2.0
     assert second.gpu_layers == 0 and second.vram_gb == 0.0
-    # The GPU split's head holds more layers than its 2 GB of host memory could.
     assert first.layers > 2.0 / LLAMA8.layer_gb(CONTEXT)
-    # Behind a CPU head, the GPU host offers only its 2 GB of host memory: 10 + 2 GB cannot
-    # hold 16.85 GB.
     behind = plan(LLAMA8, [cpu, gpu_host(host_gb=2.0, vram_gb=6.0)], CONTEXT)
-    assert not behind.feasible and "memory" in (behind.reason or "")
+    assert behind.feasible, behind.reason
+    front, last = behind.shards
+    # The last shard: the output layer (1.05 GB) and then its last layers in the 6 GB.
+    assert last.gpu_layers == 1 + int((6.0 - 1.0507) / LLAMA8.layer_gb(CONTEXT))
+    assert last.vram_gb <= 6.0 and last.memory_gb <= 2.0 and front.gpu_layers == 0
+    # Without its VRAM counted, 10 + 2 GB cannot hold 16.85 GB.
+    cpu_only = plan(LLAMA8, [cpu, gpu_host(host_gb=2.0, vram_gb=0.0)], CONTEXT)
+    assert not cpu_only.feasible and "memory" in (cpu_only.reason or "")
 
 
 def test_previews_put_the_gpu_host_first_and_serve_the_model_whole_there() -> None:
@@ -78,12 +83,12 @@ def test_a_model_larger_than_the_gpu_and_host_refused_saying_so() -> None:
 
 
 def test_gpu_part_counts_layers_from_the_last_and_nothing_without_vram() -> None:
-    assert gpu_part(LLAMA8, 10, False, CONTEXT, 0.0) == (0, 0.0)
-    count, used = gpu_part(LLAMA8, 10, False, CONTEXT, 1.0)  # two layers of 0.45 GB
+    assert gpu_part(LLAMA8, 0, 10, False, CONTEXT, 0.0) == (0, 0.0)
+    count, used = gpu_part(LLAMA8, 4, 14, False, CONTEXT, 1.0)  # two layers of 0.45 GB
     assert count == 2 and used == pytest.approx(2 * LLAMA8.layer_gb(CONTEXT))
-    # A whole model's output layer goes first (llama.cpp offloads from the end): with less
-    # VRAM than it takes, nothing is offloaded.
-    assert gpu_part(LLAMA8, LLAMA8.layers, True, CONTEXT, 1.0) == (0, 0.0)
+    # The output layer goes first (llama.cpp offloads from the end): with less VRAM than it
+    # takes, nothing is offloaded.
+    assert gpu_part(LLAMA8, 0, LLAMA8.layers, True, CONTEXT, 1.0) == (0, 0.0)
 
 
 def test_a_tied_models_output_on_the_gpu_is_a_copy_its_host_memory_keeps() -> None:
@@ -111,3 +116,15 @@ def test_the_preview_table_shows_vram_only_where_a_shard_holds_some() -> None:
     assert "VRAM" not in shown([cpu])
     gpu = {**cpu, "memory_gb": 0.25, "vram_gb": 0.14, "gpu_layers": 31}
     assert "VRAM" in shown([gpu]) and "0.14 (31 layers)" in shown([gpu])
+
+
+def test_a_worker_counts_in_host_memory_what_the_placement_left_there() -> None:
+    """The worker's own check of its memory (``held_gb``) leaves out the layers the placement
+    put in the VRAM: what ``gpu_held_gb`` gives for those layers is what ``gpu_part`` counted."""
+    from libs.core.partition import gpu_held_gb
+
+    for start, end, output in ((0, 32, True), (10, 20, False), (20, 32, True)):
+        count, used = gpu_part(LLAMA8, start, end, output, CONTEXT, 5.0)
+        assert count > 0
+        assert gpu_held_gb(LLAMA8, start, end, output, CONTEXT, count) == pytest.approx(used)
+    assert gpu_held_gb(LLAMA8, 0, 32, True, CONTEXT, 0) == 0.0

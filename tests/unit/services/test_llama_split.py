@@ -83,18 +83,21 @@ def test_the_gguf_sizes_the_scheduler_counts_are_the_shipped_files() -> None:
 
 
 def test_the_layers_the_placement_put_on_the_gpu_go_there_and_no_others() -> None:
-    """The placement's ``gpu_layers`` (a device that announced its VRAM: a CUDA build on a GPU
+    """The placement's GPU layers (devices that announced their VRAM: a CUDA build on a GPU
     host) reach llama.cpp's flags: a whole model's as ``-ngl``; a split head's own last layers
     on its GPU, named first in the device order (RPC servers come first by default) and given
-    its count first in ``--tensor-split``, the RPC servers keeping theirs. Without, the GPU is
-    hidden and nothing but the RPC servers' layers is offloaded."""
-    (whole,) = shard_ring("load", "dep", "m", [("d0", 0, 30)], 1, 0.0, gpu_layers=31)
+    its count first in ``--tensor-split``; a GPU host's RPC server lends two devices, its CPU
+    for its shard's first layers and its GPU for the last. Without, the GPU is hidden and
+    nothing but the RPC servers' layers is offloaded."""
+    (whole,) = shard_ring("load", "dep", "m", [("d0", 0, 30)], 1, 0.0, gpu=[31])
     command, env = LlamaServer(Path("/bin"), Path("m.gguf"), whole, 30, threads=2).command()
     assert dict(itertools.pairwise(command))["-ngl"] == "31" and "--device" not in command
     assert env.get("CUDA_VISIBLE_DEVICES") != ""
     spans = [("d0", 0, 12), ("d1", 12, 21), ("d2", 21, 30)]
-    head, *rest = shard_ring("load", "dep", "m", spans, 1, 0.0, None, ENDPOINTS, gpu_layers=5)
-    assert [t.gpu_layers for t in rest] == [0, 0]  # the RPC servers serve from host memory
+    head, *rest = shard_ring(
+        "load", "dep", "m", spans, 1, 0.0, None, ENDPOINTS, gpu=[5, None, None]
+    )
+    assert [t.gpu_layers for t in rest] == [0, 0]
     command, env = LlamaServer(Path("/bin"), Path("m.gguf"), head, 30, threads=2).command()
     flags = dict(itertools.pairwise(command))
     assert flags["--device"] == "CUDA0,RPC0,RPC1" and flags["--rpc"] == ",".join(ENDPOINTS[1:])
@@ -102,6 +105,29 @@ def test_the_layers_the_placement_put_on_the_gpu_go_there_and_no_others() -> Non
     # layers 7..11 on the GPU, 12..20 on d1, 21..29 and the output on d2: 24 of 31 offloaded
     assert flags["-ngl"] == "24" and flags["-ts"] == "5,9,10"
     assert env.get("CUDA_VISIBLE_DEVICES") != ""
+    # A CPU head, d1 a GPU host holding 4 of its 9 layers on its GPU: its RPC server lends its
+    # CPU (RPC1: layers 12..16) and its GPU (RPC2: 17..20); the head's own GPU stays hidden.
+    head, lent, _ = shard_ring(
+        "load", "dep", "m", spans, 1, 0.0, None, ENDPOINTS, gpu=[None, 4, None]
+    )
+    assert lent.gpu_layers == 4 and lent.gpu_spans == (None, 4, None)
+    command, env = LlamaServer(Path("/bin"), Path("m.gguf"), head, 30, threads=2).command()
+    flags = dict(itertools.pairwise(command))
+    assert flags["--device"] == "RPC0,RPC1,RPC2" and flags["-ts"] == "5,4,10"
+    assert flags["-ngl"] == "19" and env["CUDA_VISIBLE_DEVICES"] == ""
     for task in (ring([(0, 30)], ENDPOINTS[:1])[0], ring([(0, 12), (12, 30)], ENDPOINTS[:2])[0]):
         command, env = LlamaServer(Path("/bin"), Path("m.gguf"), task, 30, threads=2).command()
         assert "CUDA0" not in command and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_gpu_hosts_rpc_server_lends_its_cpu_then_its_gpu() -> None:
+    """A device that announced its VRAM runs its RPC server on its CPU and its GPU, in that
+    order (the head names them so); any other, on its CPU with the GPU hidden."""
+    from services.worker.rpc.server import RpcServer
+
+    binary = Path("/bin/ggml-rpc-server")
+    command, env = RpcServer(Path("/bin"), "127.0.0.1", 50052, gpu=True).command(binary)
+    assert dict(itertools.pairwise(command))["-d"] == "CPU,CUDA0"
+    assert env.get("CUDA_VISIBLE_DEVICES") != ""
+    command, env = RpcServer(Path("/bin"), "127.0.0.1", 50053).command(binary)
+    assert "-d" not in command and env["CUDA_VISIBLE_DEVICES"] == ""
