@@ -33,15 +33,38 @@ RUN pip install --no-deps --no-build-isolation . \
  && python -m libs.models \
  && chmod -R a+rX /opt/tessera/models
 
-# -- runtime: the virtualenv and the model, run as a non-root user --------------------------------
+# -- llama: llama.cpp's server, RPC server and quantizer (deploy/build_llama.sh, for the CPU the
+#    image is built on: its AVX flags), or the build deploy/images/llama holds (make compose-test
+#    copies the host's there, built by the same script) ---------------------------------------
+FROM ${PYTHON_IMAGE} AS llama
+COPY deploy/build_llama.sh /src/build_llama.sh
+RUN --mount=type=secret,id=pip_cert --mount=type=bind,source=deploy/images/llama,target=/prebuilt \
+    if [ -x /prebuilt/llama-server ]; then \
+        mkdir -p /opt/tessera/llama && cp -L /prebuilt/* /prebuilt/.installed /opt/tessera/llama/; \
+    else \
+        if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+     && apt-get update && apt-get install -y --no-install-recommends cmake ninja-build g++ \
+     && bash /src/build_llama.sh /tmp/llama && mkdir -p /opt/tessera/llama \
+     && cp -L /tmp/llama/* /tmp/llama/.installed /opt/tessera/llama/; \
+    fi \
+ && rm -f /opt/tessera/llama/README.md
+
+# -- runtime: the virtualenv, the model and llama.cpp (and socat: its RPC between containers,
+#    over mutual TLS), run as a non-root user --------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONUNBUFFERED=1 PATH=/opt/tessera/venv/bin:$PATH TESSERA_MODEL_DIR=/opt/tessera/models \
-    HF_HUB_OFFLINE=1
+    HF_HUB_OFFLINE=1 TESSERA_WORKER_LLAMA_BIN=/opt/tessera/llama
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 libstdc++6 socat \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/tessera /opt/tessera
+COPY --from=llama /opt/tessera/llama /opt/tessera/llama
 # /checkpoints: where the compose file mounts the training runs' checkpoints (a named volume
 # starts as this folder is, so the non-root user can write there).
+# /opt/tessera/models/gguf and llama-rpc: where a llama.cpp worker keeps the model files it
+# fetches and the tensors its RPC server receives (the rest of the folder stays read-only).
 RUN useradd --create-home --uid 10001 tessera \
- && mkdir /checkpoints && chown tessera:tessera /checkpoints
+ && mkdir -p /checkpoints /opt/tessera/models/gguf /opt/tessera/models/llama-rpc \
+ && chown tessera:tessera /checkpoints /opt/tessera/models/gguf /opt/tessera/models/llama-rpc
 USER tessera
 WORKDIR /home/tessera
 CMD ["python", "-m", "services.gateway"]

@@ -177,7 +177,7 @@ chaos: deps llama venv model
 ## docker-compose.yml run for real (not part of `test`): installs Docker from Debian when
 ## missing, makes the base images Docker Hub cannot give here, builds tessera:latest, brings the
 ## stack up, checks it as a user would and takes it down. ~4 min from nothing, ~2 min again.
-compose-test: deps-test venv
+compose-test: deps-test venv llama
 	$(BIN)/python deploy/compose_test.py $(ARGS)
 
 clean:

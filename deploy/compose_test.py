@@ -34,6 +34,10 @@ from openai.types.chat import ChatCompletionMessageParam
 ROOT = Path(__file__).resolve().parents[1]
 ACCESS = ROOT / "deploy" / "access"
 WHEELS = ROOT / "deploy" / "images" / "wheels"
+LLAMA, PREBUILT = ROOT / ".llama", ROOT / "deploy" / "images" / "llama"
+LLAMA_FILES = (
+    "llama-server", "ggml-rpc-server", "llama-quantize", "architectures.txt", "tensor_types.txt"
+)  # fmt: skip
 PROJECT = "tessera-compose-test"
 MODEL = "smollm2-135m-instruct"
 GATEWAY = "http://127.0.0.1:8000"
@@ -159,9 +163,24 @@ def pip_setting(name: str) -> str:
     return ""
 
 
+def host_llama() -> None:
+    """The host's CPU build of llama.cpp (``make llama``, the script the image runs) into
+    ``deploy/images/llama``, which the image then takes instead of compiling its own."""
+    build = (LLAMA / ".installed").read_text().split() if (LLAMA / ".installed").exists() else []
+    if len(build) < 3 or build[2] != "cpu":
+        print("   llama.cpp: no CPU build here (make llama): the image builds it", flush=True)
+        return
+    for name in (".installed", *LLAMA_FILES):
+        shutil.copyfile(LLAMA / name, PREBUILT / name)  # the file, not its link
+        shutil.copymode(LLAMA / name, PREBUILT / name)
+    print(f"   llama.cpp {build[0]} from {LLAMA}", flush=True)
+
+
 def project_image(docker: str) -> None:
     """tessera:latest; where pip is configured with a local wheel folder holding CPU torch (the
-    PyTorch index is not reachable), that wheel is preferred; pip's CA bundle is a build secret."""
+    PyTorch index is not reachable), that wheel is preferred; pip's CA bundle is a build secret;
+    the host's llama.cpp build is taken where there is one (``host_llama``)."""
+    host_llama()
     args = [docker, "build", "--target", "cpu", "-t", "tessera:latest"]
     for folder in pip_setting("find-links").split():
         for wheel in Path(folder).glob("torch-*+cpu-*.whl"):
@@ -287,6 +306,7 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
         wrong = httpx.get(f"{GATEWAY}/v1/models", headers={"Authorization": "Bearer wrong"})
         if wrong.status_code != 401:
             raise CheckFailed(f"a wrong API key got {wrong.status_code}", "gateway")
+    check_split(stack, client, reference)
     check_batches(stack, client)
     with step("Prometheus: every target up, alert rules loaded"):
 
@@ -335,6 +355,36 @@ def check_stack(stack: Stack, docker: str, up_at: float) -> None:
     if "nats-2" in stack.states():
         kill_a_nats_server(stack, docker, client, reference)
     restart_redis_and_scheduler(stack, client, reference)
+
+
+def check_split(stack: Stack, client: OpenAI, reference: str) -> None:
+    """A second copy of the model split over both worker containers: llama.cpp's RPC from one
+    container's server to the other's, through mutual TLS with the certificates `tessera
+    access` wrote; asked by its id, it answers as the whole model does."""
+    with step("a copy split over both worker containers (llama.cpp's RPC between them, TLS)"):
+        asked = {"model": MODEL, "deployment_id": "split", "shards": 2}
+        placed = stack.http.post("/v1/cluster/placements", json=asked, timeout=60)
+        if placed.status_code != 201:
+            raise CheckFailed(f"the split was not placed: {placed.text}", "scheduler")
+
+        def serving() -> list[str] | None:
+            state = stack.http.get("/v1/cluster/placements/split").raise_for_status().json()
+            if state["phase"] in ("refused", "failed"):
+                raise CheckFailed(f"the split {state['phase']}: {state['reason']}", "worker-0")
+            shards = [s["device_id"] for s in state["shards"]]
+            return shards if state["phase"] == "serving" else None
+
+        devices = until("the split serving", serving, 180, "worker-0")
+        chat = client.chat.completions.create(
+            model="split", messages=PROMPT, max_tokens=48, temperature=0
+        )
+        answer = chat.choices[0].message.content or ""
+        stack.http.delete("/v1/cluster/placements/split", timeout=60).raise_for_status()
+        if sorted(devices) != ["worker-0", "worker-1"]:
+            raise CheckFailed(f"the split runs on {devices}, not on both workers", "scheduler")
+        if answer != reference:
+            raise CheckFailed(f"split: {answer!r}, whole: {reference!r}", "worker-0")
+        print(f"   shards on {devices}; the same answer as the whole model", flush=True)
 
 
 def check_batches(stack: Stack, client: OpenAI) -> None:
@@ -447,7 +497,15 @@ def main() -> int:
         stack.down()  # what an interrupted run left
         up_at = time.monotonic()
         with step("docker compose up"):
-            stack("up", "-d")
+            try:
+                stack("up", "-d")
+            except CheckFailed as failed:  # compose names a container: say which service
+                states = stack.states()
+                bad = sorted(
+                    (s for s, v in states.items() if v not in ("healthy", "exited (exit 0)")),
+                    key=lambda s: "unhealthy" not in states[s] and "exit" not in states[s],
+                )
+                raise CheckFailed(str(failed), bad[0] if bad else "") from None
             for service, why in LEFT_OUT.items():
                 print(f"   left out: {service} ({why})", flush=True)
         check_stack(stack, docker, up_at)

@@ -301,12 +301,15 @@ def access(
 ) -> None:
     """Write NATS users, Redis ACL users and their URLs for `docker compose` (new passwords)."""
     from libs.cluster.access import AccessControl, service_grants
-    from libs.cluster.compose_access import COMPOSE_DEVICES, write_compose
+    from libs.cluster.compose_access import COMPOSE_DEVICES, write_compose, write_rpc_certificates
 
     if nats_servers == 2:
         raise typer.BadParameter("use 1 or 3 (quorum)", param_hint="--nats-servers")
     locks = AccessControl(device or list(COMPOSE_DEVICES))
     env = write_compose(locks, out, [*service_grants(), "admin"], nats_servers)
     typer.echo(f"wrote {out}/nats.conf, {out}/users.acl and {env} (mode 0600)")
+    for line in write_rpc_certificates(out, list(locks.devices)):
+        typer.echo(f"note: {line}")
+    typer.echo(f"wrote {out}/rpc/DEVICE: each worker's certificate for llama.cpp's RPC")
     profile = " --profile nats-cluster" if nats_servers > 1 else ""
     typer.echo(f"start with: docker compose{profile} --env-file {env} up")

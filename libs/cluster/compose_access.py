@@ -4,13 +4,38 @@ stack's NATS, Redis and services read, with the grants of ``libs/cluster/access.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
 from libs.cluster.access import REDIS_USERS, AccessControl
+from libs.runtime.pki import ClusterCA
 
 #: The worker devices of docker-compose.yml (the last one in its `gpu` profile).
 COMPOSE_DEVICES = ("worker-0", "worker-1", "worker-gpu")
+#: The user the image's services run as (the Dockerfile's ``useradd --uid``).
+IMAGE_UID = 10001
+
+
+def write_rpc_certificates(folder: Path, devices: list[str]) -> list[str]:
+    """A cluster CA (``folder/ca``, kept: a second run reuses it) and each worker device's
+    certificate and key (``folder/rpc/DEVICE``: ca.pem, cert.pem, key.pem), with which its
+    llama.cpp RPC server is lent to the other containers over mutual TLS. Run as root, the
+    device's files are handed to the image's user (mode 0600 kept); else its key is made
+    readable to all (the containers run as another user), and that is said (the lines
+    returned)."""
+    ca = ClusterCA.kept_in(folder / "ca")
+    said = []
+    for device in devices:
+        files = ca.issue(folder / "rpc" / device, device)
+        if os.geteuid() == 0:
+            for path in (files.ca, files.cert, files.key, files.key.parent):
+                os.chown(path, IMAGE_UID, IMAGE_UID)
+        else:
+            files.key.chmod(0o644)
+            files.key.parent.chmod(0o755)
+            said.append(f"{files.key}: readable by every user of this host (not run as root)")
+    return said
 
 
 def write_compose(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -109,6 +110,37 @@ def test_tessera_access_writes_every_credential_compose_asks_for(tmp_path: Path)
     assert "TESSERA_API_KEY" in defined  # the gateway's key, asked as ${TESSERA_API_KEY:?…}
     assert {"nats.conf", "users.acl"} <= {p.name for p in tmp_path.iterdir()}
     assert env.stat().st_mode & 0o077 == 0
+
+
+def test_compose_workers_run_llama_cpp_lent_to_each_other_over_tls(tmp_path: Path) -> None:
+    """The engine rule of `tessera up` holds in compose: its workers run llama.cpp (the image
+    builds it), each RPC server on its container's own address, reached by the others through
+    mutual TLS with the certificate `tessera access` wrote for that device (a CA's, naming
+    it), mounted read-only where its settings name it."""
+    from cryptography import x509
+
+    from libs.cluster.compose_access import write_rpc_certificates
+
+    said = write_rpc_certificates(tmp_path, ["worker-0", "worker-1"])
+    services = compose()["services"]
+    for device in ("worker-0", "worker-1"):
+        env = services[device]["environment"]
+        assert env["TESSERA_WORKER_ENGINE"] == "llamacpp"
+        assert (
+            env["TESSERA_WORKER_RPC_HOST"] == device and env["TESSERA_WORKER_DEVICE_ID"] == device
+        )
+        mounted = dict(v.rsplit(":", 2)[:2] for v in services[device]["volumes"])
+        folder = mounted[f"./deploy/access/rpc/{device}"]
+        for setting, name in (("CA", "ca.pem"), ("CERT", "cert.pem"), ("KEY", "key.pem")):
+            assert env[f"TESSERA_WORKER_RPC_{setting}"] == f"{folder}/{name}"
+            assert (tmp_path / "rpc" / device / name).exists()
+        cert = x509.load_pem_x509_certificate((tmp_path / "rpc" / device / "cert.pem").read_bytes())
+        assert cert.subject.rfc4514_string() == f"CN={device}"
+    again = (tmp_path / "rpc" / "worker-0" / "cert.pem").read_bytes()
+    write_rpc_certificates(tmp_path, ["worker-0"])  # a second run keeps what it wrote
+    assert (tmp_path / "rpc" / "worker-0" / "cert.pem").read_bytes() == again
+    assert bool(said) != (os.geteuid() == 0)  # not root: the key made readable, and said
+    assert "TESSERA_WORKER_LLAMA_BIN=/opt/tessera/llama" in (ROOT / "Dockerfile").read_text()
 
 
 def test_tessera_access_for_three_nats_servers_routes_the_compose_profiles_servers(
