@@ -1,12 +1,12 @@
 """An elastic training job: a small PyTorch model trained for N steps, checkpointed so it can move.
 
 Every ``every`` steps the job writes its state (weights, optimiser, step, attempt) to shared
-storage, atomically (write, then rename). Started again anywhere, it resumes from the
-checkpoint's step. Each step's batch is drawn from a generator seeded by the step, so a run that
-moved ends with exactly the weights of one that never stopped. ``attempt`` grows with each
-dispatch: an older attempt that finds a newer one's checkpoint stops (it was superseded).
-``stop`` (asked every ``STOP_EVERY_S``) ends a run early, checkpointed at the step it reached:
-the run is elastic, preempted here and resumed there.
+storage, atomically (each writer its own file, then renamed). Started again anywhere, it
+resumes from the checkpoint's step. Each step's batch is drawn from a generator seeded by the
+step, so a run that moved ends with exactly the weights of one that never stopped. ``attempt``
+grows with each dispatch: an older attempt that finds a newer one's checkpoint stops (it was
+superseded). ``stop`` (asked every ``STOP_EVERY_S``) ends a run early, checkpointed at the step
+it reached: the run is elastic, preempted here and resumed there.
 
 ``seed`` draws another run of the same model (its initial weights and its batches).
 """
@@ -14,6 +14,8 @@ the run is elastic, preempted here and resumed there.
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from torch import nn
 
 #: How often a run asks ``stop`` (s).
 STOP_EVERY_S = 0.2
+_SEEDED = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,12 @@ class TrainResult:
 
 
 def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    """The model's initial weights, drawn from torch's one global generator: seeded and drawn
+    under a lock, as a worker's threads start runs side by side (unlocked, one run's seed
+    could draw another's weights)."""
+    with _SEEDED:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
 
 
 def batch(step: int, size: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +147,9 @@ def _save(
         "attempt": attempt,
         "loss": loss,
     }
-    partial = path.with_suffix(".partial")
+    # A writer's own partial file: an attempt stopping as a newer one starts never writes
+    # into the file the other renames.
+    partial = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.partial")
     torch.save(state, partial)
     partial.replace(path)
 
