@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations, pairwise, permutations
 from pathlib import Path
 
@@ -417,11 +417,14 @@ def summary(
     dwps = next(c for c in placed if "dwps" in c.roles)
     exo = next((c for c in placed if "exo" in c.roles), None)
     best = {n: max(c.measured[n] for c in placed) for n in loads}
-    errors, after = [], []
+    errors, after, sizes_only = [], [], []
+    untyped = replace(spec, layer_types=(), output_type="")  # one share for every type
     for c in placed:
         assert c.predicted is not None
         for n in loads:
             errors.append(error(c.predicted.tokens_per_s[n], c.measured[n]))
+            plain = predict(untyped, stages_of(fleet, c), (n,)).tokens_per_s[n]
+            sizes_only.append(error(plain, c.measured[n]))
             if c is not dwps:  # the one it corrected from is not counted
                 again = predict(spec, stages_of(fleet, c), (n,), factors=factors[n])
                 after.append(error(again.tokens_per_s[n], c.measured[n]))
@@ -460,6 +463,8 @@ def summary(
         ),
         "prediction_error_median": round(statistics.median(errors), 3),
         "prediction_error_median_corrected": round(statistics.median(after), 3) if after else None,
+        # the prediction without the weight types' kernels (ENGINE_SHARE for all), beside it
+        "prediction_error_median_sizes_only": round(statistics.median(sizes_only), 3),
         "placements": rows,
         "sweep": sweep,
     }
@@ -505,12 +510,25 @@ def main() -> None:
             gguf = make_gguf(Path(tmp) / "made.gguf", "llama", "Q8_0", layers=16,
                              target_bytes=int(args.size_gb * 1e9))  # fmt: skip
         result = asyncio.run(run(args, specs, gguf))
+    title = "Placements measured on a fleet the kernel holds"
+    finish(args, result, started, "placement", title, "placements")
+
+
+def finish(
+    args: argparse.Namespace,
+    result: dict[str, object],
+    started: float,
+    name: str,
+    title: str,
+    rows_key: str,
+) -> None:
+    """The run's time and command added to ``result``, its report written (the table of its
+    rows, the list under ``rows_key``, then the other figures), and it printed."""
     result["seconds"] = round(time.monotonic() - started, 1)
     result["command"] = " ".join(["python", *sys.argv])
-    rows: list[dict[str, object]] = result["placements"]  # type: ignore[assignment]
-    figures = {k: v for k, v in result.items() if k != "placements"}
-    title = "Placements measured on a fleet the kernel holds"
-    write_report(args.results, "placement", title, table(rows) + "\n\n" + table(figures))
+    rows: list[dict[str, object]] = result[rows_key]  # type: ignore[assignment]
+    figures = {k: v for k, v in result.items() if k != rows_key}
+    write_report(args.results, name, title, table(rows) + "\n\n" + table(figures))
     print(json.dumps(result, indent=2) if args.json else table(rows))
 
 

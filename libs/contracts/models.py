@@ -68,6 +68,13 @@ class ModelCard(WireModel):
     context_train: Annotated[int, Field(ge=0)]
     #: The tensor types the file holds ("Q8_0", "F16", "Q4_K", …).
     tensor_types: tuple[Annotated[str, Field(max_length=32)], ...] = Field(max_length=64)
+    #: The layers' weights by tensor type ({"Q4_K": …, "Q6_K": …}; the norms' F32 too): each
+    #: type's kernels run at their own speed (``libs/core/predict.py``). Empty where unread.
+    layer_type_params: dict[Annotated[str, Field(max_length=32)], Bytes] = Field(
+        default_factory=dict, max_length=64
+    )
+    #: The tensor type of the output layer's matrix (the token embeddings' where tied).
+    output_type: Annotated[str, Field(max_length=32)] = ""
     params: Bytes
     chat_template: Annotated[str, Field(max_length=200_000)] | None = None
     bos_token: TokenText | None = None

@@ -4,6 +4,7 @@ from a registered model's card (``card_spec``) or, for the simulator, written do
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -36,6 +37,11 @@ class ModelSpec:
     embedding_bytes_per_param: float | None = None
     #: Each layer's weights in bytes, where they differ; empty: all the same.
     layer_bytes: tuple[float, ...] = ()
+    #: The layers' weights by tensor type, as shares of them (("Q4_K", 0.8), ("Q6_K", 0.2)),
+    #: and the output layer's type: the speed prediction runs each at its kernels' rate
+    #: (``libs/core/predict.py``). Empty: not known (a catalogue model, the torch ring).
+    layer_types: tuple[tuple[str, float], ...] = ()
+    output_type: str = ""
     #: ``layer_bytes`` summed: element i is the bytes of layers 0..i-1.
     _before: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -120,6 +126,10 @@ class CardSizes(Protocol):
     def tied(self) -> bool: ...
     @property
     def kv_bytes_per_token(self) -> int: ...
+    @property
+    def layer_type_params(self) -> Mapping[str, int]: ...
+    @property
+    def output_type(self) -> str: ...
 
 
 def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = None) -> ModelSpec:
@@ -148,6 +158,7 @@ def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = 
     embedding_bytes = max(1, card.embedding_bytes) / embedding_params
     uneven = len(set(card.layer_bytes)) > 1
     head = card.output_bytes + (card.embedding_bytes if card.tied else 0)
+    typed = sum(card.layer_type_params.values())
     return ModelSpec(
         card.name,
         card.layers,
@@ -159,6 +170,8 @@ def card_spec(card: CardSizes, family: str, slots: int, precision: str | None = 
         tied=card.tied,
         embedding_bytes_per_param=embedding_bytes,
         layer_bytes=tuple(float(b) for b in card.layer_bytes) if uneven else (),
+        layer_types=tuple((t, n / typed) for t, n in card.layer_type_params.items() if typed),
+        output_type=card.output_type,
     )
 
 

@@ -2,9 +2,12 @@
 
 One decode step of ``streams`` requests at once runs every stage in turn (llama.cpp's RPC
 split: the head sends each device its layers' work and waits). A stage computes its layers'
-FLOPs for every stream's token, plus a fixed part per step (``STEP_TOKENS``: reading and
-unpacking the weights once, whatever the streams), at ``ENGINE_SHARE`` of the FP32 rate its
-device calibrated; the output layer runs on the first stage where the model ties it to the
+FLOPs for every stream's token, plus a fixed part per step (reading and unpacking the weights
+once, whatever the streams), at a share of the FP32 rate its device calibrated: each weight
+type at its kernels' own (``KERNELS``, where the file's types are known), with each layer's
+other operations and, on the first stage, the tokens' own work (``OP_GFLOP``,
+``TOKEN_GFLOP``); a model known by its sizes only at ``ENGINE_SHARE`` with ``STEP_TOKENS``.
+The output layer runs on the first stage where the model ties it to the
 embeddings (llama.cpp keeps that tensor where the embeddings are), else on the last; each stage
 after the first adds ``TRIPS_PER_STEP`` round trips of its link. A device's ``factor`` (1 until
 measured) scales its stages' time: after a placement has served, ``corrected`` sets the factor
@@ -18,9 +21,11 @@ trips, plus one decode step. Watts: each device's idle draw, plus its span to fu
 share of a step it computes, from the draws it reports (its class's where it has no meter: the
 prediction is as good as they are, and nothing here measures watts to check it).
 
-The two constants were fitted to llama.cpp's CPU build on devices held to CPU quotas
-(``bench/placement.py``, 15 placements of a 0.5 GB Q8_0 model at 1 and 8 streams); another
-engine or machine starts from them and corrects itself by its first measurement.
+The constants were fitted to llama.cpp's CPU build: ``KERNELS`` and the per-operation and
+per-token parts to 52 made models of 13 weight types on one held core
+(``bench/kernel_rates.py``), ``ENGINE_SHARE`` and ``STEP_TOKENS`` to 15 placements of a Q8_0
+model (``bench/placement.py``); another engine or machine starts from them and corrects itself
+by its first measurement.
 """
 
 from __future__ import annotations
@@ -44,6 +49,27 @@ RING_TRIPS_PER_STEP = 1
 ENGINE_SHARE = 0.30
 #: A step's fixed part, as tokens' worth of compute (its weights read once per step).
 STEP_TOKENS = 0.26
+#: Each weight type's kernels in llama.cpp's CPU build, fitted to made models run whole on one
+#: held core (``bench/kernel_rates.py``, ``bench/results/kernel_rates.md``): the share of the
+#: calibrated FP32 GFLOP/s its matrix products reach per token, and a step's fixed part in
+#: tokens' worth (paid once per step, whatever its streams).
+KERNELS: dict[str, tuple[float, float]] = {
+    "F32": (0.617, 4.178), "F16": (0.524, 1.214), "BF16": (0.673, 1.906),
+    "Q8_0": (0.554, 0.454), "Q4_0": (0.867, 0.417), "Q4_1": (0.404, 0.022),
+    "Q5_0": (0.738, 1.311), "Q5_1": (0.334, 0.239), "Q3_K": (0.45, 0.119),
+    "Q4_K": (0.721, 0.138), "Q5_K": (0.664, 0.701), "Q6_K": (0.43, 0.0),
+    "IQ4_XS": (0.69, 0.807),
+}  # fmt: skip
+#: A type not measured, in a file whose types are known: the measured types' medians.
+OTHER_KERNEL = (
+    sorted(k[0] for k in KERNELS.values())[len(KERNELS) // 2],
+    sorted(k[1] for k in KERNELS.values())[len(KERNELS) // 2],
+)
+#: A layer's work besides its matrices (norms, attention, rope, the graph's own), GFLOP at
+#: the calibrated rate per step and per stream; and the tokens' work outside the graph
+#: (sampling, the server's), on the first stage. Fitted with ``KERNELS``.
+OP_GFLOP = (0.0, 0.00373)
+TOKEN_GFLOP = (0.0, 0.02738)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +108,37 @@ def factor_of(factors: Mapping[str, float], device_id: str, model: str = "") -> 
     return 1.0
 
 
+def _matrices_s(
+    params: float, types: Sequence[tuple[str, float]], tokens: int, rate: float
+) -> float:
+    """Seconds for ``tokens`` tokens at once through ``params`` weights of ``types`` (each
+    type's share of them; none known: the default kernel) at ``rate`` GFLOP/s."""
+    total = 0.0
+    for name, part in types:
+        share, fixed = KERNELS.get(name, OTHER_KERNEL)
+        total += 2.0 * params * part * (fixed + tokens) / 1e9 / (rate * share)
+    if not types:  # sizes only (a catalogue model, the torch ring)
+        total = 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / (rate * ENGINE_SHARE)
+    return total
+
+
 def _stage_s(
     model: ModelSpec, stages: Sequence[Stage], i: int, tokens: int, factor: float
 ) -> float:
     """Seconds for ``tokens`` tokens at once through stage ``i``'s layers (and the output
-    layer, where it runs there)."""
+    layer, where it runs there; and the tokens' own work, on the first)."""
     stage = stages[i]
-    params = model.params_per_layer * (stage.layer_end - stage.layer_start)
+    layers = stage.layer_end - stage.layer_start
+    rate = max(stage.gflops, 1e-9)
+    seconds = _matrices_s(model.params_per_layer * layers, model.layer_types, tokens, rate)
     if i == (0 if model.tied else len(stages) - 1):
-        params += model.head_params
-    rate = max(stage.gflops, 1e-9) * ENGINE_SHARE
-    return 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / rate * factor
+        head = ((model.output_type, 1.0),) if model.output_type else ()
+        seconds += _matrices_s(model.head_params, head, tokens, rate)
+    if model.layer_types:  # a llama.cpp file: its operations and tokens as measured
+        seconds += layers * (OP_GFLOP[0] + OP_GFLOP[1] * tokens) / rate
+        if i == 0:
+            seconds += (TOKEN_GFLOP[0] + TOKEN_GFLOP[1] * tokens) / rate
+    return seconds * factor
 
 
 def step_s(

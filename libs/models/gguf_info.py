@@ -163,6 +163,8 @@ def _sizes(
     embedding = [0, 0]
     output = [0, 0]
     types: set[str] = set()
+    by_type: dict[str, int] = {}  # the layers' weights by tensor type
+    output_type = embedding_type = ""
     end = 0
     for tensor in tensors:
         n_bytes, n_elements = tensor.n_bytes, tensor.n_elements
@@ -177,10 +179,15 @@ def _sizes(
                 )
             layer_bytes[index] += n_bytes
             layer_params[index] += n_elements
+            by_type[tensor.type_name] = by_type.get(tensor.type_name, 0) + n_elements
         elif tensor.name.startswith("output"):
             output[0] += n_bytes
             output[1] += n_elements
+            output_type = tensor.type_name if tensor.name == "output.weight" else output_type
         else:
+            embedding_type = (
+                tensor.type_name if tensor.name == "token_embd.weight" else embedding_type
+            )
             embedding[0] += n_bytes
             embedding[1] += n_elements
     if end > size:
@@ -213,6 +220,8 @@ def _sizes(
         "kv_bytes_per_token": _kv_bytes(fields, arch, layers),
         "context_train": _int(fields.get(f"{arch}.context_length")),
         "tensor_types": tuple(sorted(types)),
+        "layer_type_params": dict(sorted(by_type.items())),
+        "output_type": output_type or embedding_type,
         "params": sum(layer_params) + embedding[1] + output[1],
         "chat_template": template if isinstance(template, str) and template else None,
         "bos_token": _token(tokens, fields.get("tokenizer.ggml.bos_token_id")),

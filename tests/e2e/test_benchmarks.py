@@ -101,6 +101,11 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         {"dwps_over_best", "dwps_over_exo", "prediction_error_median", "sweep"},
         NO_LLAMA or limits.unavailable(),
     ),
+    "kernel_rates": (
+        ["--types", "Q8_0,Q4_0", "--tokens", "8", "--streams", "2"],
+        {"kernels", "op_gflop", "token_gflop", "fit_error_median"},
+        NO_LLAMA or limits.unavailable(),
+    ),
     "serving": (
         ["--rounds", "1", "--requests", "1", "--levels", "1"],
         {"concurrency", "identical_tokens"},

@@ -11,7 +11,10 @@ import pytest
 
 from libs.core.catalogue import ModelSpec
 from libs.core.predict import (
+    ENGINE_SHARE,
+    KERNELS,
     STEP_TOKENS,
+    TOKEN_GFLOP,
     TRIPS_PER_STEP,
     Stage,
     corrected,
@@ -112,3 +115,34 @@ def test_watts_are_each_devices_idle_draw_plus_its_span_for_the_share_it_compute
     # Each computes less than half a step (the other's half and the link's round trips).
     assert 20.0 < guess.watts[1] < 10.0 + 10.0 + 50.0
     assert guess.watts[1] < guess.watts[8]  # more streams: more of each step is compute
+
+
+def test_a_files_weight_types_run_at_their_kernels_measured_rates() -> None:
+    """The same sizes in two types: each at its kernels' share; a type never measured between
+    the measured ones; sizes without types at the default share."""
+    typed = {t: replace(MODEL, layer_types=((t, 1.0),), output_type=t) for t in KERNELS}
+    rates = {t: predict(m, whole(), (8,)).tokens_per_s[8] for t, m in typed.items()}
+    slow, fast = min(rates, key=rates.__getitem__), max(rates, key=rates.__getitem__)
+    assert KERNELS[slow][0] < KERNELS[fast][0]
+    unknown = replace(MODEL, layer_types=(("Q9_9", 1.0),), output_type="Q9_9")
+    assert rates[slow] < predict(unknown, whole(), (8,)).tokens_per_s[8] < rates[fast]
+    untyped = predict(MODEL, whole(), (1,)).tokens_per_s[1]
+    expected = 100.0 * ENGINE_SHARE / (2 * (16 * 25e6 + 4e6) / 1e9 * (STEP_TOKENS + 1))
+    assert untyped == pytest.approx(expected)
+
+
+def test_a_mixed_file_costs_each_of_its_types_share_of_the_weights() -> None:
+    a, b = "Q4_K", "Q6_K"
+    mixed = replace(MODEL, layer_types=((a, 0.5), (b, 0.5)), output_type=a)
+    only = {t: replace(MODEL, layer_types=((t, 1.0),), output_type=a) for t in (a, b)}
+    step = {t: step_s(m, whole()) for t, m in only.items()}
+    assert step_s(mixed, whole()) == pytest.approx((step[a] + step[b]) / 2)
+
+
+def test_the_tokens_own_work_is_the_first_stages() -> None:
+    """Sampling and the server's work run where llama-server runs: a slow head costs it."""
+    typed = replace(MODEL, layer_types=(("Q8_0", 1.0),), output_type="Q8_0", tied=True)
+    fast_head = step_s(typed, halves(200.0, 100.0))
+    slow_head = [Stage("a", 0, 8, 100.0), Stage("b", 8, 16, 200.0)]
+    assert step_s(typed, slow_head) > fast_head
+    assert TOKEN_GFLOP[1] > 0

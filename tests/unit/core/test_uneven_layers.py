@@ -4,7 +4,8 @@ wider) must not be split as if every layer weighed the mean."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
@@ -102,6 +103,8 @@ class Card:
     output_bytes: int = 50
     tied: bool = False
     kv_bytes_per_token: int = 64
+    layer_type_params: Mapping[str, int] = field(default_factory=lambda: {"Q8_0": 1600})
+    output_type: str = "Q8_0"
 
 
 def test_a_cards_spec_keeps_each_layers_bytes_and_an_even_card_the_mean() -> None:
@@ -113,6 +116,7 @@ def test_a_cards_spec_keeps_each_layers_bytes_and_an_even_card_the_mean() -> Non
     overhead = spec.runtime_overhead_gb * GB
     assert spec.shard_gb(2, False, True, 10) * GB == pytest.approx(400 + 2 * kv + 50 + overhead)
     assert spec.weights_gb * GB == 800 + 1000
+    assert spec.layer_types == (("Q8_0", 1.0),) and spec.output_type == "Q8_0"  # the kernels'
     even = card_spec(Card(layer_bytes=(200,) * 4), "llamacpp", slots=2)
     assert even.layer_bytes == () and even.layers_gb(1, 3, 10) * GB == pytest.approx(400 + 2 * kv)
     assert HYPOTHETICAL_MODELS["llama-3.1-8b-instruct"].layer_bytes == ()

@@ -36,6 +36,9 @@ def test_the_shipped_model_reads_as_its_file_says() -> None:
     assert card.kv_bytes_per_token == 30 * 3 * 64 * 2 * 2  # 3 KV heads of 64, K and V, f16
     assert card.context_train == 8192
     assert set(card.tensor_types) == {"F32", "Q4_1", "Q8_0"}
+    # the layers' weights by type (the norms' F32: 2 × 576 a layer), the output's type
+    assert card.layer_type_params == {"F32": 30 * 2 * 576, "Q4_1": sum(card.layer_params) - 34_560}
+    assert card.output_type == "Q8_0"  # tied: the token embeddings'
     assert card.chat_template and "<|im_start|>" in card.chat_template
     assert card.eos_token == "<|im_end|>" and card.stop_tokens == ("<|im_end|>",)
     assert card.tokenizer_model == "gpt2"
@@ -64,6 +67,7 @@ def test_generated_models_of_other_architectures_add_up(
     assert_adds_up(card)
     assert len(set(card.layer_bytes)) == 1  # the same tensors in every layer
     assert tensor_type in card.tensor_types
+    assert set(card.layer_type_params) == {"F32", tensor_type} and card.output_type == tensor_type
     assert card.kv_bytes_per_token == 3 * 2 * 32 * 2 * 2  # 2 KV heads of 128 / 4, K and V, f16
     assert card.output_bytes > (0 if tied else card.embedding_bytes // 2)
 
@@ -89,8 +93,10 @@ def test_k_quant_and_i_quant_files_are_counted_to_the_byte(tmp_path: Path, file_
     for index, layer in enumerate(card.layer_bytes):
         assert layer == sum(b for n, b in counted.items() if n.startswith(f"blk.{index}."))
     assert card.weights_bytes == sum(counted.values())
+    assert sum(card.layer_type_params.values()) == sum(card.layer_params)
     if file_type.endswith("_M"):  # a mixed quantization: some layers wider (Q6_K attn_v, ffn)
         assert len(set(card.layer_bytes)) > 1
+        assert set(QUANTIZED_TYPES[file_type]) <= set(card.layer_type_params)
 
 
 def test_a_file_that_is_not_a_gguf_is_refused(tmp_path: Path) -> None:
