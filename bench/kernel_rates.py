@@ -3,14 +3,13 @@ prediction (``libs/core/predict.py``: ``KERNELS``, ``OP_GFLOP``, ``TOKEN_GFLOP``
 
 A made model of each type runs whole in a group held to one core (as ``bench/placement.py``
 holds a device), at two depths and two widths, each at 1 stream and at ``--streams`` at once.
-The deeper model's extra time is its extra layers' own: per weight, per step and per stream,
-that is the type's share of the calibrated FP32 rate and its fixed part per step (what a step
-pays once, whatever its streams: weights read once). The narrow width's layers take longer
-than their weights account for: that excess, per layer and step, is the per-operation part.
-What the shallow model takes beyond its layers and its output layer is the per-token part
-(sampling, the server's own work).
+One fit over every run (``fit``) gives each type's share of the calibrated FP32 rate per token
+and its fixed part per step (what a step pays once, whatever its streams: weights read once);
+the depths tell a layer's own time from the rest, the widths its weights' part from the part
+every layer pays (norms, attention, the graph's own); what is left is each token's own work
+outside the layers (sampling, the server's).
 
-    python bench/kernel_rates.py --json [--types Q8_0,Q4_K_M] [--cpus 1]
+    python bench/kernel_rates.py --json [--types Q8_0,Q4_K] [--cpus 1]
 
 Needs root (cgroups) and ``make llama``.
 """
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import secrets
 import subprocess
 import sys
@@ -92,13 +92,9 @@ def made(folder: Path, weight_type: str, hidden: int, ffn: int, layers: int) -> 
 async def one(
     held: HeldDevice, path: Path, file_type: str, prompt: list[int], args: argparse.Namespace
 ) -> Run:
-    from gguf import GGUFReader
-
     card = read_card(path, checksum=False)
-    reader = GGUFReader(path)
-    types = {t.name: t.tensor_type.name for t in reader.tensors}
-    head = types.get("output.weight", types["token_embd.weight"])
-    layer = sorted({v for k, v in types.items() if k.startswith("blk.") and v != "F32"})
+    head = card.output_type
+    layer = sorted(t for t in card.layer_type_params if t != "F32")  # (the norms')
     fleet = {held.id: held}
     candidate = Candidate("whole", (held.id,), (card.layers,))
     rates = await measure(fleet, path, card.layers, candidate, prompt, args)
@@ -120,9 +116,12 @@ def fit(runs: list[Run], gflops: float, streams: int) -> dict[str, object]:
     from scipy.optimize import nnls
 
     types = list(dict.fromkeys(r.type for r in runs))
-    rows = []
+    rows, unmeasured = [], 0
     for r in runs:
         for n in (1, streams):
+            if not math.isfinite(r.step_ms[n]) or r.step_ms[n] <= 0:
+                unmeasured += 1  # no decode window (a stream cut short): left out of the fit
+                continue
             row = np.zeros(2 * len(types) + 4)
             for name, gflop in ((r.type, 2 * r.layers * r.layer_params / 1e9),
                                 (r.head_type, 2 * r.head_params / 1e9)):  # fmt: skip
@@ -130,6 +129,8 @@ def fit(runs: list[Run], gflops: float, streams: int) -> dict[str, object]:
                 row[2 * i : 2 * i + 2] += (gflop, gflop * n)  # fixed / share, 1 / share
             row[-4:] = (r.layers, r.layers * n, 1.0, n)
             rows.append(row / (r.step_ms[n] / 1e3 * gflops))
+    if not rows:
+        sys.exit("kernel rates bench: no run measured a decode window (give more --tokens)")
     solution, _ = nnls(np.array(rows), np.ones(len(rows)))
     misses = np.abs(np.array(rows) @ solution - 1.0)
     kernels = {}
@@ -147,6 +148,7 @@ def fit(runs: list[Run], gflops: float, streams: int) -> dict[str, object]:
         "token_gflop": {"step": round(token_step, 5), "stream": round(token_stream, 5)},
         "fit_error_median": round(float(np.median(misses)), 3),
         "fit_error_max": round(float(misses.max()), 3),
+        "unmeasured": unmeasured,
     }
 
 

@@ -102,7 +102,7 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
         NO_LLAMA or limits.unavailable(),
     ),
     "kernel_rates": (
-        ["--types", "Q8_0,Q4_0", "--tokens", "8", "--streams", "2"],
+        ["--types", "Q8_0,Q4_0", "--tokens", "16", "--streams", "2"],
         {"kernels", "op_gflop", "token_gflop", "fit_error_median"},
         NO_LLAMA or limits.unavailable(),
     ),
