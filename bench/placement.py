@@ -421,12 +421,13 @@ def summary(
     untyped = replace(spec, layer_types=(), output_type="")  # one share for every type
     for c in placed:
         assert c.predicted is not None
+        stages = stages_of(fleet, c)
         for n in loads:
             errors.append(error(c.predicted.tokens_per_s[n], c.measured[n]))
-            plain = predict(untyped, stages_of(fleet, c), (n,)).tokens_per_s[n]
+            plain = predict(untyped, stages, (n,)).tokens_per_s[n]
             sizes_only.append(error(plain, c.measured[n]))
             if c is not dwps:  # the one it corrected from is not counted
-                again = predict(spec, stages_of(fleet, c), (n,), factors=factors[n])
+                again = predict(spec, stages, (n,), factors=factors[n])
                 after.append(error(again.tokens_per_s[n], c.measured[n]))
     rows = []
     for c in placed:

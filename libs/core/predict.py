@@ -31,6 +31,7 @@ by its first measurement.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -62,8 +63,8 @@ KERNELS: dict[str, tuple[float, float]] = {
 }  # fmt: skip
 #: A type not measured, in a file whose types are known: the measured types' medians.
 OTHER_KERNEL = (
-    sorted(k[0] for k in KERNELS.values())[len(KERNELS) // 2],
-    sorted(k[1] for k in KERNELS.values())[len(KERNELS) // 2],
+    statistics.median(k[0] for k in KERNELS.values()),
+    statistics.median(k[1] for k in KERNELS.values()),
 )
 #: A layer's work besides its matrices (norms, attention, rope, the graph's own), GFLOP at
 #: the calibrated rate per step and per stream; and the tokens' work outside the graph
@@ -113,12 +114,12 @@ def _matrices_s(
 ) -> float:
     """Seconds for ``tokens`` tokens at once through ``params`` weights of ``types`` (each
     type's share of them; none known: the default kernel) at ``rate`` GFLOP/s."""
+    if not types:  # sizes only (a catalogue model, the torch ring)
+        return 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / (rate * ENGINE_SHARE)
     total = 0.0
     for name, part in types:
         share, fixed = KERNELS.get(name, OTHER_KERNEL)
         total += 2.0 * params * part * (fixed + tokens) / 1e9 / (rate * share)
-    if not types:  # sizes only (a catalogue model, the torch ring)
-        total = 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / (rate * ENGINE_SHARE)
     return total
 
 

@@ -164,7 +164,6 @@ def _sizes(
     output = [0, 0]
     types: set[str] = set()
     by_type: dict[str, int] = {}  # the layers' weights by tensor type
-    output_type = embedding_type = ""
     end = 0
     for tensor in tensors:
         n_bytes, n_elements = tensor.n_bytes, tensor.n_elements
@@ -183,11 +182,7 @@ def _sizes(
         elif tensor.name.startswith("output"):
             output[0] += n_bytes
             output[1] += n_elements
-            output_type = tensor.type_name if tensor.name == "output.weight" else output_type
         else:
-            embedding_type = (
-                tensor.type_name if tensor.name == "token_embd.weight" else embedding_type
-            )
             embedding[0] += n_bytes
             embedding[1] += n_elements
     if end > size:
@@ -197,8 +192,8 @@ def _sizes(
     if min(layer_bytes) == 0:
         empty = layer_bytes.index(0)
         raise ModelFileError(f"{path}: layer {empty} of {layers} has no tensors")
-    names = {t.name for t in tensors}
-    tied = "output.weight" not in names
+    named = {t.name: t.type_name for t in tensors}
+    tied = "output.weight" not in named
     tokens = fields.get("tokenizer.ggml.tokens")
     eos = _token(tokens, fields.get("tokenizer.ggml.eos_token_id"))
     stops = [
@@ -221,7 +216,7 @@ def _sizes(
         "context_train": _int(fields.get(f"{arch}.context_length")),
         "tensor_types": tuple(sorted(types)),
         "layer_type_params": dict(sorted(by_type.items())),
-        "output_type": output_type or embedding_type,
+        "output_type": named.get("output.weight", named.get("token_embd.weight", "")),
         "params": sum(layer_params) + embedding[1] + output[1],
         "chat_template": template if isinstance(template, str) and template else None,
         "bos_token": _token(tokens, fields.get("tokenizer.ggml.bos_token_id")),
