@@ -3,11 +3,13 @@ prediction (``libs/core/predict.py``: ``KERNELS``, ``OP_GFLOP``, ``TOKEN_GFLOP``
 
 A made model of each type runs whole in a group held to one core (as ``bench/placement.py``
 holds a device), at two depths and two widths, each at 1 stream and at ``--streams`` at once.
-One fit over every run (``fit``) gives each type's share of the calibrated FP32 rate per token
-and its fixed part per step (what a step pays once, whatever its streams: weights read once);
-the depths tell a layer's own time from the rest, the widths its weights' part from the part
-every layer pays (norms, attention, the graph's own); what is left is each token's own work
-outside the layers (sampling, the server's).
+The group's speed and bandwidth are calibrated again before each run (the machine's neighbours
+move them). One fit over every run (``fit``) gives each type's share of the calibrated FP32
+rate per token, and the share of the calibrated bandwidth at which a step reads its weights
+once (each type's bytes per weight, whatever its streams); the depths tell a layer's own time
+from the rest, the widths its weights' part from the part every layer pays (norms, attention,
+the graph's own); what is left is each token's own work outside the layers (sampling, the
+server's).
 
     python bench/kernel_rates.py --json [--types Q8_0,Q4_K] [--cpus 1]
 
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import math
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,7 @@ from placement import (
     REPO,
     Candidate,
     HeldDevice,
+    calibrate,
     finish,
     held_fleet,
     measure,
@@ -40,6 +44,7 @@ from placement import (
 from report import add_results_option
 
 from libs.cluster.limits import unavailable
+from libs.core.predict import BYTES_PER_WEIGHT
 from libs.devices.fleetfile import WorkerSpec
 from libs.models.gguf_info import read_card
 from services.worker.rpc.server import llama_env
@@ -65,6 +70,9 @@ class Run:
     head_params: float
     head_type: str
     layer_types: tuple[str, ...]
+    read_gb: float  # the weights a step reads: every layer's and the output's
+    gflops: float  # the group's, calibrated just before
+    bandwidth_gbps: float
     step_ms: dict[int, float]  # per number of streams: one step (every stream's token)
 
 
@@ -95,22 +103,29 @@ async def one(
     card = read_card(path, checksum=False)
     head = card.output_type
     layer = sorted(t for t in card.layer_type_params if t != "F32")  # (the norms')
+    read = card.embedding_params * BYTES_PER_WEIGHT[head] + sum(
+        n * BYTES_PER_WEIGHT[t] for t, n in card.layer_type_params.items()
+    )
     fleet = {held.id: held}
     candidate = Candidate("whole", (held.id,), (card.layers,))
+    calibrate(held)
     rates = await measure(fleet, path, card.layers, candidate, prompt, args)
     return Run(
         file_type, card.embedding_params // 49152, card.layers,
         sum(card.layer_params) / card.layers, float(card.embedding_params), head, tuple(layer),
+        read / 1e9, held.gflops, held.bandwidth_gbps,
         {n: 1000.0 * n / rate for n, rate in rates.items()},
     )  # fmt: skip
 
 
-def fit(runs: list[Run], gflops: float, streams: int) -> dict[str, object]:
+def fit(runs: list[Run], streams: int) -> dict[str, object]:
     """The constants from the runs, fitted to every run at once (least squares on relative
-    error, none negative), each in GFLOP at the calibrated rate. A step of ``n`` streams takes
+    error, none negative), at each run's own calibration (GFLOP/s ``g``, GB/s ``b``). A step
+    of ``n`` streams takes
 
-        Σ over matrices 2 × weights × (fixed + n) / share   (each type its share and fixed)
-        + layers × (op_step + op_stream × n) + token_step + token_stream × n
+        read GB / (b × read_share)                                   (weights read once)
+        + Σ over matrices 2 × weights × n / (g × share)              (each type its share)
+        + (layers × (op_step + op_stream × n) + token_step + token_stream × n) / g
     """
     import numpy as np
     from scipy.optimize import nnls
@@ -122,28 +137,23 @@ def fit(runs: list[Run], gflops: float, streams: int) -> dict[str, object]:
             if not math.isfinite(r.step_ms[n]) or r.step_ms[n] <= 0:
                 unmeasured += 1  # no decode window (a stream cut short): left out of the fit
                 continue
-            row = np.zeros(2 * len(types) + 4)
+            row = np.zeros(1 + len(types) + 4)
+            row[0] = r.read_gb / r.bandwidth_gbps
             for name, gflop in ((r.type, 2 * r.layers * r.layer_params / 1e9),
                                 (r.head_type, 2 * r.head_params / 1e9)):  # fmt: skip
-                i = types.index(name if name in types else r.type)
-                row[2 * i : 2 * i + 2] += (gflop, gflop * n)  # fixed / share, 1 / share
-            row[-4:] = (r.layers, r.layers * n, 1.0, n)
-            rows.append(row / (r.step_ms[n] / 1e3 * gflops))
+                row[1 + types.index(name if name in types else r.type)] += gflop * n / r.gflops
+            row[-4:] = np.array((r.layers, r.layers * n, 1.0, n)) / r.gflops
+            rows.append(row / (r.step_ms[n] / 1e3))
     if not rows:
         sys.exit("kernel rates bench: no run measured a decode window (give more --tokens)")
     solution, _ = nnls(np.array(rows), np.ones(len(rows)))
     misses = np.abs(np.array(rows) @ solution - 1.0)
-    kernels = {}
-    for i, t in enumerate(types):
-        fixed, per_stream = solution[2 * i : 2 * i + 2]
-        if per_stream > 0:
-            kernels[t] = {
-                "share": round(1 / per_stream, 3),
-                "step_tokens": round(fixed / per_stream, 3),
-            }
+    kernels = {t: round(1 / x, 3) for t, x in zip(types, solution[1:], strict=False) if x > 0}
     op_step, op_stream, token_step, token_stream = solution[-4:]
     return {
         "kernels": kernels,
+        "read_share": round(1 / solution[0], 3) if solution[0] > 0 else None,
+        "gbps_per_gflops": round(statistics.median(r.bandwidth_gbps / r.gflops for r in runs), 3),
         "op_gflop": {"step": round(op_step, 5), "stream": round(op_stream, 5)},
         "token_gflop": {"step": round(token_step, 5), "stream": round(token_stream, 5)},
         "fit_error_median": round(float(np.median(misses)), 3),
@@ -175,11 +185,11 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, object]:
                         + ", ".join(f"c{n} {ms:.2f} ms/step" for n, ms in r.step_ms.items()),
                         file=sys.stderr,
                     )
-        gflops = held[0].gflops
     rows = [
         {
             "type": r.type, "hidden": r.hidden, "layers": r.layers,
             "layer types": ",".join(r.layer_types), "head type": r.head_type,
+            "gflops": round(r.gflops, 1), "gbps": round(r.bandwidth_gbps, 1),
             **{f"c{n} ms/step": round(ms, 3) for n, ms in r.step_ms.items()},
         }
         for r in runs
@@ -187,9 +197,9 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, object]:
     return {
         "bench": "kernel_rates",
         "cpus": args.cpus,
-        "gflops": round(gflops, 1),
+        "gflops_median": round(statistics.median(r.gflops for r in runs), 1),
         "streams": args.streams,
-        **fit(runs, gflops, args.streams),
+        **fit(runs, args.streams),
         "runs": rows,
     }
 

@@ -6,7 +6,9 @@ limit) on this machine, calibrated inside it as a held worker calibrates itself.
 placement runs as a llama.cpp split does in Tessera: ``llama-server`` on the first device's
 layers, inside that device's group; every other device's layers on its ``ggml-rpc-server``,
 inside its own group. Each candidate is measured at 1 stream and at ``--streams`` at once
-(decode tokens/s, after a warm-up), and predicted before it runs (``libs/core/predict.py``).
+(decode tokens/s, after a warm-up), and predicted before it runs (``libs/core/predict.py``)
+from its devices' speed and bandwidth calibrated again just before (a shared machine's
+neighbours move both between candidates).
 
 The candidates: DWPS's choice (what the scheduler's ``partition.choose`` picks from its
 previews of this fleet, each split weighed by the predictor's step as the scheduler weighs a
@@ -72,6 +74,7 @@ DEFAULT_FLEET = REPO / "deploy" / "fleets" / "home.yaml"
 PROCESS_GB = 0.3
 CONTEXT = 256  # per request slot: the prompt and the answer
 PROMPT = "Write a long story about a fox who finds a key in the snow."
+READINGS = 3  # a device's speed and bandwidth: the median of its last calibrations
 CALIBRATE = (
     "import json; from libs.devices.calibration import measure;"
     "c = measure(sustained_s=1.0);"  # as a held worker calibrates itself
@@ -87,6 +90,7 @@ class HeldDevice:
     bandwidth_gbps: float = 0.0
     rpc: subprocess.Popen[bytes] | None = None
     rpc_port: int = 0
+    readings: list[tuple[float, float]] = field(default_factory=list)  # (GFLOP/s, GB/s)
 
     @property
     def id(self) -> str:
@@ -108,6 +112,7 @@ class HeldDevice:
             thermal_limit_c=90.0,
             delta_t_c=20.0,
             speed=self.gflops,
+            memory_gbps=self.bandwidth_gbps,
             slots=8,
             network_rtt_ms=rtt_ms,
         )
@@ -120,6 +125,7 @@ class Candidate:
     counts: tuple[int, ...]
     roles: list[str] = field(default_factory=list)
     predicted: Prediction | None = None
+    stages: list[Stage] = field(default_factory=list)  # what the prediction read
     measured: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -139,6 +145,19 @@ def run_in(group: Group, code: str) -> str:
     return done.stdout
 
 
+def calibrate(d: HeldDevice) -> None:
+    """``d``'s speed and bandwidth measured again inside its group (a shared machine's
+    neighbours change them: the prediction reads what holds now, as a host's probe would),
+    each the median of its last ``READINGS`` (one second under a quota of a fraction of a
+    core varies by half)."""
+    d.readings.append(json.loads(run_in(d.group, CALIBRATE)))
+    last = d.readings[-READINGS:]
+    d.gflops = statistics.median(r[0] for r in last)
+    d.bandwidth_gbps = statistics.median(r[1] for r in last)
+    said = f"{d.id}: {d.spec.cpus:g} cores, {d.spec.memory_gb:g} GB: "
+    print(f"{said}{d.gflops:.1f} GFLOP/s, {d.bandwidth_gbps:.1f} GB/s", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def held_fleet(specs: Sequence[WorkerSpec], tag: str) -> Iterator[list[HeldDevice]]:
     """Each device's group, calibrated inside it, with its RPC server running there."""
@@ -146,9 +165,8 @@ def held_fleet(specs: Sequence[WorkerSpec], tag: str) -> Iterator[list[HeldDevic
     try:
         for d in devices:
             d.group.create()
-            d.gflops, d.bandwidth_gbps = json.loads(run_in(d.group, CALIBRATE))
-            said = f"{d.id}: {d.spec.cpus:g} cores, {d.spec.memory_gb:g} GB: "
-            print(f"{said}{d.gflops:.1f} GFLOP/s, {d.bandwidth_gbps:.1f} GB/s", file=sys.stderr)
+            for _ in range(READINGS - 1):
+                calibrate(d)
             d.rpc_port = free_port()
             command = [str(BINARIES / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(d.rpc_port)]
             d.rpc = subprocess.Popen(
@@ -241,7 +259,8 @@ def stages_of(fleet: dict[str, HeldDevice], c: Candidate) -> list[Stage]:
     """``c``'s stages as the predictor reads them (its RPC servers on this machine: no link)."""
     out, start = [], 0
     for device, count in zip(c.devices, c.counts, strict=True):
-        out.append(Stage(device, start, start + count, fleet[device].gflops))
+        d = fleet[device]
+        out.append(Stage(device, start, start + count, d.gflops, memory_gbps=d.bandwidth_gbps))
         start += count
     return out
 
@@ -342,14 +361,16 @@ async def run(
         ordered = sorted(chosen, key=lambda c: "dwps" not in c.roles)  # DWPS's first: it corrects
         factors: dict[int, dict[str, float]] = {}
         for n, c in enumerate(ordered, 1):
-            c.predicted = predict(spec, stages_of(fleet, c), (1, args.streams))
             print(f"[{n}/{len(ordered)}] {c.name}: {c.devices} {c.counts}", file=sys.stderr)
+            for device in c.devices:
+                calibrate(fleet[device])
+            c.stages = stages_of(fleet, c)
+            c.predicted = predict(spec, c.stages, (1, args.streams))
             c.measured = await measure(fleet, gguf, card.layers, c, prompt, args)
             if n == 1:  # the model corrects itself from this one deployment's measurements
                 for load in (1, args.streams):
-                    stages = stages_of(fleet, c)
                     factors[load] = corrected(
-                        {}, stages, c.predicted.tokens_per_s[load], c.measured[load], spec.name
+                        {}, c.stages, c.predicted.tokens_per_s[load], c.measured[load], spec.name
                     )
         sweep = await link_sweep(args, spec, fleet, gguf, card.layers, prompt)
     return summary(args, spec, fleet, ordered, factors, total, sweep)
@@ -421,7 +442,7 @@ def summary(
     untyped = replace(spec, layer_types=(), output_type="")  # one share for every type
     for c in placed:
         assert c.predicted is not None
-        stages = stages_of(fleet, c)
+        stages = c.stages  # as the device read when it was predicted
         for n in loads:
             errors.append(error(c.predicted.tokens_per_s[n], c.measured[n]))
             plain = predict(untyped, stages, (n,)).tokens_per_s[n]

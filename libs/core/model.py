@@ -65,6 +65,8 @@ class Device:
     thermal_limit_c: float
     delta_t_c: float
     speed: float = 1.0
+    #: Memory bandwidth (GB/s) as calibrated; 0 when unknown.
+    memory_gbps: float = 0.0
     slots: int = 1
     load: float = 0.0
     battery_percent: float | None = None

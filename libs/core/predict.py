@@ -1,12 +1,14 @@
 """A placement's speed, predicted before it is made and corrected by what it then measures.
 
 One decode step of ``streams`` requests at once runs every stage in turn (llama.cpp's RPC
-split: the head sends each device its layers' work and waits). A stage computes its layers'
-FLOPs for every stream's token, plus a fixed part per step (reading and unpacking the weights
-once, whatever the streams), at a share of the FP32 rate its device calibrated: each weight
-type at its kernels' own (``KERNELS``, where the file's types are known), with each layer's
-other operations and, on the first stage, the tokens' own work (``OP_GFLOP``,
-``TOKEN_GFLOP``); a model known by its sizes only at ``ENGINE_SHARE`` with ``STEP_TOKENS``.
+split: the head sends each device its layers' work and waits). A stage reads its layers'
+weights once (their bytes at a share of the memory bandwidth its device calibrated,
+``READ_SHARE``) and computes their FLOPs for every stream's token at a share of the FP32 rate
+it calibrated: each weight type at its kernels' own (``KERNELS``, where the file's types are
+known), with each layer's other operations and, on the first stage, the tokens' own work
+(``OP_GFLOP``, ``TOKEN_GFLOP``). Reading and computing are counted apart because they move
+apart: a neighbour that takes the memory bus halves the first and leaves the second. A model
+known by its sizes only runs at ``ENGINE_SHARE`` with a fixed part of ``STEP_TOKENS`` tokens.
 The output layer runs on the first stage where the model ties it to the
 embeddings (llama.cpp keeps that tensor where the embeddings are), else on the last; each stage
 after the first adds ``TRIPS_PER_STEP`` round trips of its link. A device's ``factor`` (1 until
@@ -21,8 +23,8 @@ trips, plus one decode step. Watts: each device's idle draw, plus its span to fu
 share of a step it computes, from the draws it reports (its class's where it has no meter: the
 prediction is as good as they are, and nothing here measures watts to check it).
 
-The constants were fitted to llama.cpp's CPU build: ``KERNELS`` and the per-operation and
-per-token parts to 52 made models of 13 weight types on one held core
+The constants were fitted to llama.cpp's CPU build: ``KERNELS``, ``READ_SHARE`` and the
+per-operation and per-token parts to 52 made models of 13 weight types on one held core
 (``bench/kernel_rates.py``), ``ENGINE_SHARE`` and ``STEP_TOKENS`` to 15 placements of a Q8_0
 model (``bench/placement.py``); another engine or machine starts from them and corrects itself
 by its first measurement.
@@ -50,27 +52,33 @@ RING_TRIPS_PER_STEP = 1
 ENGINE_SHARE = 0.30
 #: A step's fixed part, as tokens' worth of compute (its weights read once per step).
 STEP_TOKENS = 0.26
+#: Bytes per weight of each of ggml's types (its block's bytes over its weights).
+BYTES_PER_WEIGHT: dict[str, float] = {
+    "F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32,
+    "Q5_0": 22 / 32, "Q5_1": 24 / 32, "Q2_K": 84 / 256, "Q3_K": 110 / 256, "Q4_K": 144 / 256,
+    "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_K": 292 / 256, "IQ4_XS": 136 / 256,
+    "IQ4_NL": 18 / 32,
+}  # fmt: skip
 #: Each weight type's kernels in llama.cpp's CPU build, fitted to made models run whole on one
 #: held core (``bench/kernel_rates.py``, ``bench/results/kernel_rates.md``): the share of the
-#: calibrated FP32 GFLOP/s its matrix products reach per token, and a step's fixed part in
-#: tokens' worth (paid once per step, whatever its streams).
-KERNELS: dict[str, tuple[float, float]] = {
-    "F32": (0.617, 4.178), "F16": (0.524, 1.214), "BF16": (0.673, 1.906),
-    "Q8_0": (0.554, 0.454), "Q4_0": (0.867, 0.417), "Q4_1": (0.404, 0.022),
-    "Q5_0": (0.738, 1.311), "Q5_1": (0.334, 0.239), "Q3_K": (0.45, 0.119),
-    "Q4_K": (0.721, 0.138), "Q5_K": (0.664, 0.701), "Q6_K": (0.43, 0.0),
-    "IQ4_XS": (0.69, 0.807),
+#: calibrated FP32 GFLOP/s its matrix products reach per token.
+KERNELS: dict[str, float] = {
+    "F32": 0.588, "F16": 0.44, "BF16": 0.448, "Q8_0": 0.591, "Q4_0": 0.539, "Q4_1": 0.381,
+    "Q5_0": 0.392, "Q5_1": 0.315, "Q3_K": 0.378, "Q4_K": 0.628, "Q5_K": 0.377, "Q6_K": 0.331,
+    "IQ4_XS": 0.362,
 }  # fmt: skip
-#: A type not measured, in a file whose types are known: the measured types' medians.
-OTHER_KERNEL = (
-    statistics.median(k[0] for k in KERNELS.values()),
-    statistics.median(k[1] for k in KERNELS.values()),
-)
+#: A type not measured, in a file whose types are known: the measured types' median.
+OTHER_KERNEL = statistics.median(KERNELS.values())
+#: The share of the calibrated memory bandwidth (a copy's: read and write) at which a step
+#: reads its weights, fitted with ``KERNELS``.
+READ_SHARE = 1.386
+#: A device whose bandwidth is unknown: this many GB/s per calibrated GFLOP/s (the fit's).
+GBPS_PER_GFLOPS = 0.157
 #: A layer's work besides its matrices (norms, attention, rope, the graph's own), GFLOP at
 #: the calibrated rate per step and per stream; and the tokens' work outside the graph
 #: (sampling, the server's), on the first stage. Fitted with ``KERNELS``.
-OP_GFLOP = (0.0, 0.00373)
-TOKEN_GFLOP = (0.0, 0.02738)
+OP_GFLOP = (0.0, 0.00396)
+TOKEN_GFLOP = (0.0, 0.05287)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,8 @@ class Stage:
     gflops: float
     #: Round trip from the head to this device (ms); 0 for the head itself.
     rtt_ms: float = 0.0
+    #: Memory bandwidth (GB/s), as calibrated there; 0: unknown (``GBPS_PER_GFLOPS``).
+    memory_gbps: float = 0.0
     #: The device's draw idle and at full load (W), as it reports them.
     idle_w: float = 0.0
     max_w: float = 0.0
@@ -110,16 +120,23 @@ def factor_of(factors: Mapping[str, float], device_id: str, model: str = "") -> 
 
 
 def _matrices_s(
-    params: float, types: Sequence[tuple[str, float]], tokens: int, rate: float
+    params: float,
+    types: Sequence[tuple[str, float]],
+    tokens: int,
+    rate: float,
+    bandwidth: float,
+    size: float,
 ) -> float:
     """Seconds for ``tokens`` tokens at once through ``params`` weights of ``types`` (each
-    type's share of them; none known: the default kernel) at ``rate`` GFLOP/s."""
+    type's share of them; none known: the default kernel) at ``rate`` GFLOP/s, their bytes
+    read once at ``bandwidth`` GB/s (a type of unknown size: ``size`` bytes per weight)."""
     if not types:  # sizes only (a catalogue model, the torch ring)
         return 2.0 * params * (STEP_TOKENS + tokens) / 1e9 / (rate * ENGINE_SHARE)
     total = 0.0
     for name, part in types:
-        share, fixed = KERNELS.get(name, OTHER_KERNEL)
-        total += 2.0 * params * part * (fixed + tokens) / 1e9 / (rate * share)
+        weights = params * part
+        total += weights * BYTES_PER_WEIGHT.get(name, size) / 1e9 / (bandwidth * READ_SHARE)
+        total += 2.0 * weights * tokens / 1e9 / (rate * KERNELS.get(name, OTHER_KERNEL))
     return total
 
 
@@ -131,10 +148,14 @@ def _stage_s(
     stage = stages[i]
     layers = stage.layer_end - stage.layer_start
     rate = max(stage.gflops, 1e-9)
-    seconds = _matrices_s(model.params_per_layer * layers, model.layer_types, tokens, rate)
+    bandwidth = stage.memory_gbps or rate * GBPS_PER_GFLOPS
+    size = model.bytes_per_param
+    seconds = _matrices_s(
+        model.params_per_layer * layers, model.layer_types, tokens, rate, bandwidth, size
+    )
     if i == (0 if model.tied else len(stages) - 1):
         head = ((model.output_type, 1.0),) if model.output_type else ()
-        seconds += _matrices_s(model.head_params, head, tokens, rate)
+        seconds += _matrices_s(model.head_params, head, tokens, rate, bandwidth, size)
     if model.layer_types:  # a llama.cpp file: its operations and tokens as measured
         seconds += layers * (OP_GFLOP[0] + OP_GFLOP[1] * tokens) / rate
         if i == 0:
@@ -167,7 +188,7 @@ def stages_of(devices: Sequence[Device], counts: Sequence[int]) -> list[Stage]:
     ends = list(accumulate(counts))
     return [
         Stage(d.device_id, end - n, end, d.speed, d.network_rtt_ms if i else 0.0,
-              d.power_idle_w, d.power_max_w)
+              d.memory_gbps, d.power_idle_w, d.power_max_w)
         for i, (d, n, end) in enumerate(zip(devices, counts, ends, strict=True))
     ]  # fmt: skip
 

@@ -163,6 +163,7 @@ class ServingSimulation:
             thermal_limit_c=caps.thermal_limit_c,
             delta_t_c=caps.delta_t_c,
             speed=speed_gflops(caps.fp32_tflops),
+            memory_gbps=caps.memory_bandwidth_gbps,
             slots=sd.slots,
             load=0.0,
             battery_percent=e.battery_percent,

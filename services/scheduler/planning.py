@@ -46,9 +46,13 @@ class Planner:
 
     def corrected(self, device: Device, model: str) -> Device:
         """``device`` at the speed its measurements showed for ``model`` (its calibrated
-        speed over its factor)."""
+        speed and bandwidth over its factor)."""
         factor = factor_of(self.factors, device.device_id, model)
-        return device if factor == 1.0 else dataclasses.replace(device, speed=device.speed / factor)
+        if factor == 1.0:
+            return device
+        return dataclasses.replace(
+            device, speed=device.speed / factor, memory_gbps=device.memory_gbps / factor
+        )
 
     @staticmethod
     def step(family: str) -> Step:

@@ -79,6 +79,7 @@ def to_device(
         delta_t_c=caps.delta_t_c,
         # The announced speed, scaled down by the scorer when the device measures far slower.
         speed=speed_gflops(caps.fp32_tflops, row.speed_scale),
+        memory_gbps=caps.memory_bandwidth_gbps * row.speed_scale,
         slots=slots,
         # The busier of what this scheduler placed there and what the device reports.
         load=max(load / slots, sample.cpu_utilisation),

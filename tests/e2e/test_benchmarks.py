@@ -103,7 +103,7 @@ CASES: dict[str, tuple[list[str], set[str], str | None]] = {
     ),
     "kernel_rates": (
         ["--types", "Q8_0,Q4_0", "--tokens", "16", "--streams", "2"],
-        {"kernels", "op_gflop", "token_gflop", "fit_error_median"},
+        {"kernels", "read_share", "op_gflop", "token_gflop", "fit_error_median"},
         NO_LLAMA or limits.unavailable(),
     ),
     "serving": (

@@ -11,8 +11,11 @@ import pytest
 
 from libs.core.catalogue import ModelSpec
 from libs.core.predict import (
+    BYTES_PER_WEIGHT,
     ENGINE_SHARE,
+    GBPS_PER_GFLOPS,
     KERNELS,
+    READ_SHARE,
     STEP_TOKENS,
     TOKEN_GFLOP,
     TRIPS_PER_STEP,
@@ -123,7 +126,7 @@ def test_a_files_weight_types_run_at_their_kernels_measured_rates() -> None:
     typed = {t: replace(MODEL, layer_types=((t, 1.0),), output_type=t) for t in KERNELS}
     rates = {t: predict(m, whole(), (8,)).tokens_per_s[8] for t, m in typed.items()}
     slow, fast = min(rates, key=rates.__getitem__), max(rates, key=rates.__getitem__)
-    assert KERNELS[slow][0] < KERNELS[fast][0]
+    assert rates["F32"] < rates["Q4_0"]  # four times the bytes, a slower kernel
     unknown = replace(MODEL, layer_types=(("Q9_9", 1.0),), output_type="Q9_9")
     assert rates[slow] < predict(unknown, whole(), (8,)).tokens_per_s[8] < rates[fast]
     untyped = predict(MODEL, whole(), (1,)).tokens_per_s[1]
@@ -146,3 +149,22 @@ def test_the_tokens_own_work_is_the_first_stages() -> None:
     slow_head = [Stage("a", 0, 8, 100.0), Stage("b", 8, 16, 200.0)]
     assert step_s(typed, slow_head) > fast_head
     assert TOKEN_GFLOP[1] > 0
+
+
+def test_a_step_reads_its_weights_once_at_the_bandwidth_its_device_calibrated() -> None:
+    """A neighbour that takes the memory bus (half the bandwidth, the same FLOP/s) slows the
+    part of a step that reads the weights, once per step whatever its streams: one stream
+    loses more than eight. A device with no bandwidth known reads at the fit's ratio."""
+    q8 = replace(MODEL, layer_types=(("Q8_0", 1.0),), output_type="Q8_0")
+    stage = Stage("a", 0, 16, 100.0, memory_gbps=30.0)
+    starved = replace(stage, memory_gbps=15.0)
+    read_s = (16 * 25e6 + 4e6) * BYTES_PER_WEIGHT["Q8_0"] / 1e9 / (30.0 * READ_SHARE)
+    for streams in (1, 8):
+        assert step_s(q8, [starved], streams) - step_s(q8, [stage], streams) == pytest.approx(
+            read_s
+        )
+    one, eight = (predict(q8, [s], (1, 8)).tokens_per_s for s in (stage, starved))
+    assert eight[1] / one[1] < eight[8] / one[8] < 1.0
+    guessed = replace(stage, memory_gbps=0.0)
+    known = replace(stage, memory_gbps=100.0 * GBPS_PER_GFLOPS)
+    assert step_s(q8, [guessed]) == pytest.approx(step_s(q8, [known]))

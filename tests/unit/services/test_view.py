@@ -74,11 +74,13 @@ def test_the_simulator_and_the_live_view_build_the_same_device_from_one_sample()
             "thermal_limit_c",
             "delta_t_c",
             "speed",
+            "memory_gbps",
             "battery_percent",
             "plugged",
         )
         assert {f: getattr(live, f) for f in shared} == {f: getattr(simulated, f) for f in shared}
         assert live.speed == emulated.capabilities.fp32_tflops * 1000.0  # GFLOP/s
+        assert live.memory_gbps == emulated.capabilities.memory_bandwidth_gbps > 0
 
 
 def test_a_device_that_announced_its_vram_offers_it_apart_from_host_memory() -> None:
