@@ -148,7 +148,8 @@ def fit(runs: list[Run], streams: int) -> dict[str, object]:
         sys.exit("kernel rates bench: no run measured a decode window (give more --tokens)")
     solution, _ = nnls(np.array(rows), np.ones(len(rows)))
     misses = np.abs(np.array(rows) @ solution - 1.0)
-    kernels = {t: round(1 / x, 3) for t, x in zip(types, solution[1:], strict=False) if x > 0}
+    shares = solution[1 : 1 + len(types)]
+    kernels = {t: round(1 / x, 3) for t, x in zip(types, shares, strict=True) if x > 0}
     op_step, op_stream, token_step, token_stream = solution[-4:]
     return {
         "kernels": kernels,
