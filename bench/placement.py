@@ -53,7 +53,14 @@ from libs.contracts import Sampling, shard_ring
 from libs.core import partition
 from libs.core.catalogue import ModelSpec, card_spec
 from libs.core.model import Device
-from libs.core.predict import Prediction, Stage, corrected, placement_step_ms, predict
+from libs.core.predict import (
+    Prediction,
+    Stage,
+    corrected,
+    placement_step_ms,
+    predict,
+    stages_of,
+)
 from libs.devices.fleetfile import WorkerSpec, load_fleet, read_fleet_file
 from libs.models.gguf_info import read_card
 from libs.runtime.procs import free_port
@@ -258,16 +265,6 @@ async def measure(
     return {1: one, args.streams: many}
 
 
-def stages_of(fleet: dict[str, HeldDevice], c: Candidate) -> list[Stage]:
-    """``c``'s stages as the predictor reads them (its RPC servers on this machine: no link)."""
-    out, start = [], 0
-    for device, count in zip(c.devices, c.counts, strict=True):
-        d = fleet[device]
-        out.append(Stage(device, start, start + count, d.gflops, memory_gbps=d.bandwidth_gbps))
-        start += count
-    return out
-
-
 def fits(
     spec: ModelSpec, fleet: dict[str, HeldDevice], devices: Sequence[str], counts: Sequence[int]
 ) -> bool:
@@ -367,7 +364,8 @@ async def run(
             print(f"[{n}/{len(ordered)}] {c.name}: {c.devices} {c.counts}", file=sys.stderr)
             for device in c.devices:
                 calibrate(fleet[device])
-            c.stages = stages_of(fleet, c)
+            # its RPC servers run on this machine: no link
+            c.stages = stages_of([fleet[d].device(0.0) for d in c.devices], c.counts)
             c.predicted = predict(spec, c.stages, (1, args.streams))
             c.measured = await measure(fleet, gguf, card.layers, c, prompt, args)
             if n == 1:  # the model corrects itself from this one deployment's measurements
